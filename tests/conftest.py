@@ -1,0 +1,57 @@
+"""Test-session setup: every test runs inside a loopback-only network namespace.
+
+Ray, gloo and the API/metrics servers the tests start listen on sockets; the project's rule is that
+they only ever see loopback. When pytest is started outside such a namespace, it re-executes itself
+under ``unshare -n`` with ``lo`` up (root or user namespaces needed). Set ``KUBERL_NO_NETNS=1`` to opt
+out deliberately (tests that need the namespace then skip with that reason).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared"
+
+
+def interfaces() -> list[str]:
+    """Names of this network namespace's interfaces (/proc/net/dev is per-namespace; sysfs is not)."""
+    lines = Path("/proc/self/net/dev").read_text().splitlines()[2:]
+    return sorted(line.split(":", 1)[0].strip() for line in lines)
+
+
+def in_loopback_only_netns() -> bool:
+    return interfaces() == ["lo"]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if in_loopback_only_netns() or os.environ.get("KUBERL_NO_NETNS") == "1":
+        return
+    if os.environ.get("KUBERL_NETNS_REEXEC") == "1":
+        raise pytest.UsageError("re-executed under `unshare -n` but other interfaces are still visible")
+    if shutil.which("unshare") is None or shutil.which("ip") is None:
+        raise pytest.UsageError("tests need `unshare` and `ip` (util-linux, iproute2) for a loopback-only netns")
+    os.environ["KUBERL_NETNS_REEXEC"] = "1"
+    argv = [sys.executable, "-m", "pytest", *config.invocation_params.args]
+    os.chdir(config.invocation_params.dir)
+    os.execvp("unshare", ["unshare", "-n", "sh", "-c", 'ip link set lo up && exec "$@"', "sh", *argv])
+
+
+@pytest.fixture(scope="session")
+def netns() -> None:
+    """Skip (with the reason) unless running in a loopback-only network namespace."""
+    if not in_loopback_only_netns():
+        pytest.skip(f"needs a loopback-only network namespace; visible interfaces: {interfaces()}")
+
+
+@pytest.fixture(scope="session")
+def shared_dir() -> Path:
+    """The shared/ folder beside the checkout (fixtures, KubeRay CRDs); skip when absent."""
+    if not SHARED.is_dir():
+        pytest.skip(f"{SHARED} not present: shared fixtures and KubeRay schemas are unavailable")
+    return SHARED
