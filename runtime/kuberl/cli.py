@@ -1,0 +1,94 @@
+"""`kuberl` command line: validate, run, crd, topology, and (with the operator extra) operator, render.
+
+Every command returns an exit code; user errors print one line per problem on stderr and never a
+traceback. Heavy imports (torch, ray, kopf) happen inside the command that needs them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from typing import Callable, Optional, Sequence
+
+from .spec import SpecInvalid, crd_yaml, load_manifest
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    try:
+        job = load_manifest(args.job)
+    except SpecInvalid as exc:
+        for err in exc.errors:
+            print(f"error: {err}", file=sys.stderr)
+        return 1
+    print(f"{args.job}: valid {job.kind} {job.metadata.name!r} ({job.spec.algorithm.name}, {job.spec.trainer.steps} steps)")
+    return 0
+
+
+def cmd_crd(args: argparse.Namespace) -> int:
+    text = crd_yaml()
+    if args.output:
+        with open(args.output, "w") as fh:
+            fh.write(text)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from .run import run_command
+
+    return run_command(args)
+
+
+def add_run_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("run", help="run a job on this machine (local Ray or in-process)")
+    p.add_argument("job", help="RLTrainingJob manifest (YAML)")
+    p.add_argument("--out", default="runs/job", help="output directory: metrics.jsonl, reward curve, checkpoints")
+    p.add_argument("--steps", type=int, help="override spec.trainer.steps")
+    p.add_argument("--backend", choices=["ray", "local"], default="ray", help="ray: one Ray actor group per role; local: in-process, no Ray")
+    p.add_argument("--ray-address", help="connect to an existing Ray cluster instead of starting one")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    p.add_argument("--fault", action="append", default=[], metavar="ROLE:STEP", help="kill ROLE's worker process at STEP (repeatable)")
+    p.add_argument("--no-progress", action="store_true", help="plain log lines instead of a progress bar")
+    p.set_defaults(func=cmd_run)
+
+
+def _plugins() -> list[Callable[[argparse._SubParsersAction], None]]:
+    """`register(subparsers)` of each optional command package that is installed."""
+    regs = []
+    for module in ("kuberl.topology.cli", "kuberl_operator.cli"):
+        try:
+            regs.append(importlib.import_module(module).register)
+        except ModuleNotFoundError as exc:
+            if not (exc.name or "").startswith(module.split(".")[0]) and exc.name not in ("kopf",):
+                raise
+    return regs
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kuberl", description="RL post-training of language models, on Kubernetes or one machine.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("validate", help="check an RLTrainingJob manifest")
+    p.add_argument("job")
+    p.set_defaults(func=cmd_validate)
+    p = sub.add_parser("crd", help="print the RLTrainingJob CRD generated from the spec model")
+    p.add_argument("-o", "--output")
+    p.set_defaults(func=cmd_crd)
+    add_run_parser(sub)
+    for register in _plugins():
+        register(sub)
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,24 @@
+"""The RLTrainingJob contract: pure pydantic, importing no torch or ray (the operator uses it)."""
+
+from .crd import crd_yaml, generate_crd
+from .errors import SpecError, SpecInvalid
+from .load import load_manifest, parse_yaml, validate_manifest
+from .model import (
+    API_VERSION,
+    GROUP,
+    KIND,
+    PLURAL,
+    ROLES,
+    SHORT_NAME,
+    VERSION,
+    JobSpec,
+    RLTrainingJob,
+    RoleSpec,
+    enabled_roles,
+)
+
+__all__ = [
+    "API_VERSION", "GROUP", "KIND", "PLURAL", "ROLES", "SHORT_NAME", "VERSION",
+    "JobSpec", "RLTrainingJob", "RoleSpec", "SpecError", "SpecInvalid",
+    "crd_yaml", "enabled_roles", "generate_crd", "load_manifest", "parse_yaml", "validate_manifest",
+]

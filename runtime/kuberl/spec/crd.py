@@ -1,0 +1,156 @@
+"""Generate the RLTrainingJob CustomResourceDefinition from the pydantic spec model.
+
+pydantic emits JSON Schema (2020-12); Kubernetes wants a *structural* OpenAPI v3.0 schema:
+no $ref, no anyOf-with-null (use nullable), boolean exclusive bounds, no additionalProperties
+beside properties. `structural()` does that conversion; cross-field rules stay in the model and
+are enforced by the operator and `kuberl validate`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .model import GROUP, KIND, PLURAL, SHORT_NAME, VERSION, JobSpec
+
+STATUS_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "x-kubernetes-preserve-unknown-fields": True,
+    "properties": {
+        "phase": {"type": "string", "enum": ["Pending", "Provisioning", "Running", "Restarting", "Succeeded", "Failed", "Suspended"]},
+        "step": {"type": "integer"},
+        "totalSteps": {"type": "integer"},
+        "tokensPerSec": {"type": "number"},
+        "restarts": {"type": "integer", "description": "Restarts summed over roles."},
+        "rayCluster": {"type": "string"},
+        "observedGeneration": {"type": "integer"},
+        "message": {"type": "string"},
+        "conditions": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["type", "status"],
+                "properties": {
+                    "type": {"type": "string"},
+                    "status": {"type": "string", "enum": ["True", "False", "Unknown"]},
+                    "reason": {"type": "string"},
+                    "message": {"type": "string"},
+                    "observedGeneration": {"type": "integer"},
+                    "lastTransitionTime": {"type": "string", "format": "date-time"},
+                },
+            },
+        },
+        "roles": {
+            "type": "object",
+            "additionalProperties": {
+                "type": "object",
+                "x-kubernetes-preserve-unknown-fields": True,
+                "properties": {
+                    "desired": {"type": "integer"},
+                    "ready": {"type": "integer"},
+                    "restarts": {"type": "integer"},
+                    "lastFailure": {"type": "string"},
+                    "worstLink": {"type": "string"},
+                },
+            },
+        },
+    },
+}
+
+PRINTER_COLUMNS = [
+    {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
+    {"name": "Step", "type": "integer", "jsonPath": ".status.step"},
+    {"name": "Tokens/s", "type": "number", "jsonPath": ".status.tokensPerSec"},
+    {"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts"},
+    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+]
+
+_DROP = {"title", "$defs", "additionalProperties"}
+
+
+def structural(node: Any, defs: dict[str, Any]) -> Any:
+    """Convert a pydantic JSON-Schema node into a structural OpenAPI v3.0 schema node."""
+    if isinstance(node, list):
+        return [structural(n, defs) for n in node]
+    if not isinstance(node, dict):
+        return node
+    if "$ref" in node:
+        target = defs[node["$ref"].split("/")[-1]]
+        merged = {**target, **{k: v for k, v in node.items() if k != "$ref"}}
+        return structural(merged, defs)
+    any_of = node.get("anyOf")
+    if any_of is not None:
+        kept = [s for s in any_of if s.get("type") != "null"]
+        if len(kept) != 1:
+            raise ValueError(f"cannot express anyOf {any_of} structurally")
+        rest = {k: v for k, v in node.items() if k != "anyOf"}
+        out = structural({**kept[0], **rest}, defs)
+        out["nullable"] = True
+        out.pop("default", None) if rest.get("default") is None else None
+        return out
+    out: dict[str, Any] = {}
+    for key, value in node.items():
+        if key in _DROP:
+            continue
+        if key == "const":
+            out["enum"] = [value]
+        elif key in ("exclusiveMinimum", "exclusiveMaximum"):
+            out["minimum" if key == "exclusiveMinimum" else "maximum"] = value
+            out[key] = True
+        elif key == "properties":
+            out[key] = {name: structural(sub, defs) for name, sub in value.items()}
+        elif key == "default" and value is None:
+            continue
+        else:
+            out[key] = structural(value, defs)
+    if "enum" in out and "type" not in out:
+        out["type"] = "string"
+    return out
+
+
+def spec_schema() -> dict[str, Any]:
+    """The structural schema of `.spec`."""
+    raw = JobSpec.model_json_schema(by_alias=True, mode="validation")
+    return structural(raw, raw.get("$defs", {}))
+
+
+def generate_crd() -> dict[str, Any]:
+    """The full CustomResourceDefinition object for RLTrainingJob."""
+    schema = {
+        "type": "object",
+        "required": ["spec"],
+        "properties": {
+            "apiVersion": {"type": "string"},
+            "kind": {"type": "string"},
+            "metadata": {"type": "object"},
+            "spec": spec_schema(),
+            "status": STATUS_SCHEMA,
+        },
+    }
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{PLURAL}.{GROUP}"},
+        "spec": {
+            "group": GROUP,
+            "scope": "Namespaced",
+            "names": {"kind": KIND, "plural": PLURAL, "singular": KIND.lower(), "shortNames": [SHORT_NAME], "categories": ["kuberl"]},
+            "versions": [
+                {
+                    "name": VERSION,
+                    "served": True,
+                    "storage": True,
+                    "subresources": {"status": {}},
+                    "additionalPrinterColumns": PRINTER_COLUMNS,
+                    "schema": {"openAPIV3Schema": schema},
+                }
+            ],
+        },
+    }
+
+
+def crd_yaml() -> str:
+    """The CRD as YAML text (what `crds/` holds)."""
+    import yaml
+
+    header = "# Generated from kuberl.spec by `kuberl crd` (make crds). Do not edit by hand.\n"
+    return header + yaml.safe_dump(generate_crd(), sort_keys=False)

@@ -1,0 +1,87 @@
+"""Turn pydantic / YAML failures into one-line, field-named errors with a fix."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+from pydantic import ValidationError
+
+
+@dataclass(frozen=True)
+class SpecError:
+    """One problem in a manifest: `field` is a dotted path such as ``spec.roles.actor.gpus``."""
+
+    field: str
+    message: str
+    fix: str
+
+    def __str__(self) -> str:
+        return f"{self.field}: {self.message} (fix: {self.fix})"
+
+
+class SpecInvalid(ValueError):
+    """A manifest failed validation; `errors` holds every problem found."""
+
+    def __init__(self, errors: list[SpecError]):
+        super().__init__("\n".join(str(e) for e in errors))
+        self.errors = errors
+
+
+def field_path(loc: Iterable[Any]) -> str:
+    """('spec', 'roles', 'actor', 'gpus') -> 'spec.roles.actor.gpus'; list indices as [i]."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if out else str(part)
+    return out
+
+
+_TYPE_WORDS = {"int": "an integer", "float": "a number", "bool": "a boolean", "string": "a string",
+               "list": "a list", "dict": "a mapping", "model": "a mapping"}
+
+
+def _describe(err: dict) -> tuple[str, str]:
+    """(message, fix) for one pydantic error dict."""
+    kind, ctx, path = err["type"], err.get("ctx") or {}, field_path(err["loc"])
+    if kind in ("greater_than_equal", "greater_than", "less_than_equal", "less_than"):
+        op = {"greater_than_equal": ">=", "greater_than": ">", "less_than_equal": "<=", "less_than": "<"}[kind]
+        bound = next(iter(ctx.values()), "")
+        return f"must be {op} {bound}", f"set {path} to a value {op} {bound}"
+    if kind == "missing":
+        return "is required", f"add {path}"
+    if kind == "extra_forbidden":
+        return "is not a known field", f"remove {path} or check its spelling (see `kubectl explain rltj.spec`)"
+    if kind in ("literal_error", "enum"):
+        expected = ctx.get("expected", "")
+        return f"must be one of {expected}", f"set {path} to one of {expected}"
+    what = _TYPE_WORDS.get(kind.split("_")[0])
+    if what and kind.endswith(("_parsing", "_type")):
+        return f"must be {what} (got {err.get('input')!r})", f"give {path} {what} value"
+    if kind == "string_pattern_mismatch":
+        return f"must match {ctx.get('pattern')}", f"use lowercase letters, digits and '-' for {path}"
+    if kind == "too_long" or kind == "string_too_long":
+        return err["msg"].lower(), f"shorten {path}"
+    msg = err["msg"]
+    if msg.startswith("Value error, "):
+        msg = msg[len("Value error, "):]
+    return msg, f"correct {path}"
+
+
+def from_validation_error(exc: ValidationError, prefix: tuple = ()) -> list[SpecError]:
+    """All problems in a pydantic ValidationError, with cross-field problems expanded."""
+    from .model import CrossFieldError
+
+    out: list[SpecError] = []
+    for err in exc.errors(include_url=False):
+        cause = (err.get("ctx") or {}).get("error")
+        loc = prefix + tuple(err["loc"])
+        if isinstance(cause, CrossFieldError):
+            for sub, message, fix in cause.problems:
+                out.append(SpecError(field_path(loc) + "." + sub, message, fix))
+            continue
+        message, fix = _describe({**err, "loc": loc})
+        out.append(SpecError(field_path(loc) or "(manifest)", message, fix))
+    return out

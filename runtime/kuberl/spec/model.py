@@ -1,0 +1,328 @@
+"""The `RLTrainingJob` spec model (kuberl.io/v1alpha1): pure pydantic, no torch, no ray.
+
+Field names are camelCase in YAML (Kubernetes style) and snake_case in Python. Every section has
+defaults, so a manifest names only what it changes. Cross-field rules live in `_check_*` validators
+on `JobSpec` and report the full field path.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic.alias_generators import to_camel
+
+GROUP = "kuberl.io"
+VERSION = "v1alpha1"
+KIND = "RLTrainingJob"
+PLURAL = "rltrainingjobs"
+SHORT_NAME = "rltj"
+API_VERSION = f"{GROUP}/{VERSION}"
+
+ROLES: tuple[str, ...] = ("actor", "critic", "ref", "reward")
+BUILTIN_MODELS: tuple[str, ...] = ("tiny", "qwen2-0.5b", "qwen2-1.5b")
+BUILTIN_TASKS: tuple[str, ...] = ("repeat-letter", "gsm8k-toy")
+IMPORT_PATH = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*$")
+QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|Ki|M|Mi|G|Gi|T|Ti)?$")
+
+
+class Section(BaseModel):
+    """Base for every spec section: camelCase aliases, unknown fields rejected."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+
+class ModelSource(Section):
+    """Where a model comes from: exactly one of a hub id, a local path, or a built-in config.
+
+    Built-ins are random-initialised Qwen2-shaped models with a locally built tokenizer:
+    `tiny` (CPU quickstart), `qwen2-0.5b` and `qwen2-1.5b` (GPU benchmarks).
+    """
+
+    hub: Optional[str] = Field(None, description="Hugging Face hub id, e.g. Qwen/Qwen2-0.5B.")
+    path: Optional[str] = Field(None, description="Local directory with config, weights and tokenizer.")
+    builtin: Optional[Literal["tiny", "qwen2-0.5b", "qwen2-1.5b"]] = Field(
+        None, description="Built-in small config plus a locally built tokenizer; no download."
+    )
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "ModelSource":
+        given = [k for k in ("hub", "path", "builtin") if getattr(self, k)]
+        if len(given) > 1:
+            raise ValueError(f"give only one of hub, path, builtin (got {', '.join(given)})")
+        return self
+
+    def is_set(self) -> bool:
+        return bool(self.hub or self.path or self.builtin)
+
+
+class ModelSpec(ModelSource):
+    """The policy model (actor, ref, and the critic's trunk); the built-in `tiny` when none is given."""
+
+    dtype: Literal["float32", "bfloat16"] = Field("float32", description="Parameter dtype for training.")
+    gradient_checkpointing: bool = Field(False, description="Recompute activations in backward.")
+
+    @model_validator(mode="after")
+    def _default_builtin(self) -> "ModelSpec":
+        if not self.is_set():
+            self.builtin = "tiny"
+        return self
+
+
+class KLSpec(Section):
+    """KL penalty against the reference policy."""
+
+    coef: float = Field(0.01, ge=0, description="Initial KL coefficient (beta).")
+    estimator: Literal["k1", "k3"] = Field("k1", description="k1 = log-ratio; k3 = Schulman's unbiased, >= 0.")
+    controller: Literal["fixed", "adaptive"] = Field("fixed", description="Fixed or adaptive (Ziegler 2019) coefficient.")
+    target: Optional[float] = Field(None, gt=0, description="Target KL for the adaptive controller.")
+    horizon: int = Field(10000, ge=1, description="Adaptive controller horizon, in samples.")
+    in_reward: bool = Field(True, description="PPO: subtract the KL from token rewards; GRPO always adds it to the loss.")
+
+
+class AlgorithmSpec(Section):
+    name: Literal["ppo", "grpo"] = Field("ppo", description="ppo (critic + GAE) or grpo (group-normalised, no critic).")
+    gamma: float = Field(1.0, ge=0, le=1, description="Discount factor.")
+    lam: float = Field(0.95, ge=0, le=1, description="GAE lambda.")
+    clip_ratio: float = Field(0.2, gt=0, lt=1, description="PPO policy clip ratio epsilon.")
+    value_clip: float = Field(0.2, gt=0, description="Critic value clip range.")
+    kl: KLSpec = Field(default_factory=KLSpec)
+    entropy_coef: float = Field(0.0, ge=0, description="Entropy bonus coefficient.")
+    group_size: int = Field(1, ge=1, description="GRPO: responses sampled per prompt (>= 2).")
+    normalize_advantages: bool = Field(True, description="PPO: whiten advantages over the batch.")
+
+
+class DataSpec(Section):
+    task: Optional[Literal["repeat-letter", "gsm8k-toy"]] = Field(
+        None, description="Built-in task (prompts generated locally). Exclusive with files."
+    )
+    files: list[str] = Field(default_factory=list, description="jsonl or parquet files of prompts.")
+    prompt_key: str = Field("prompt", min_length=1, description="Field holding the prompt text.")
+    answer_key: str = Field("answer", min_length=1, description="Field passed to the reward function as `answer`.")
+    max_prompt_length: int = Field(32, ge=1, description="Prompt tokens; longer prompts are left-truncated.")
+    batch_size: int = Field(16, ge=1, description="Prompts per step.")
+    shuffle: bool = Field(True)
+
+    @field_validator("files")
+    @classmethod
+    def _known_formats(cls, files: list[str]) -> list[str]:
+        for f in files:
+            if not f.endswith((".jsonl", ".parquet")):
+                raise ValueError(f"{f!r} must end in .jsonl or .parquet")
+        return files
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "DataSpec":
+        if self.task and self.files:
+            raise ValueError("give either task or files, not both")
+        if not self.task and not self.files:
+            raise ValueError("give a built-in task (repeat-letter, gsm8k-toy) or a list of files")
+        return self
+
+
+class RewardSpec(Section):
+    function: Optional[str] = Field(
+        None, description="Rule reward by import path `package.module:function`, returning a float in [0, 1]."
+    )
+    model: Optional[ModelSource] = Field(None, description="Reward model with a sequence-classification head.")
+
+    @field_validator("function")
+    @classmethod
+    def _import_path(cls, v: Optional[str]) -> Optional[str]:
+        if v is not None and not IMPORT_PATH.match(v):
+            raise ValueError(f"{v!r} is not an import path of the form package.module:function")
+        return v
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "RewardSpec":
+        has_model = self.model is not None and self.model.is_set()
+        if bool(self.function) == has_model:
+            raise ValueError("give exactly one of function (import path) or model")
+        return self
+
+
+class RolloutSpec(Section):
+    engine: Literal["hf", "vllm"] = Field("hf", description="hf (transformers generate) or vllm.")
+    max_new_tokens: int = Field(16, ge=1, description="Response length limit, in tokens.")
+    temperature: float = Field(1.0, gt=0, description="Sampling temperature.")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass.")
+    n: Optional[int] = Field(None, ge=1, description="Samples per prompt; defaults to algorithm.groupSize.")
+    tensor_parallel_size: int = Field(1, ge=1, description="vLLM tensor-parallel size; must divide actor GPUs.")
+    gpu_memory_utilization: float = Field(0.4, gt=0, le=1, description="vLLM KV-cache share of GPU memory.")
+    fixed_length: bool = Field(False, description="Ignore EOS and always emit maxNewTokens (benchmarks).")
+    compile: bool = Field(False, description="hf on CUDA: static KV cache + CUDA graphs via torch.compile.")
+
+
+class CheckpointSpec(Section):
+    path: Optional[str] = Field(None, description="Directory for checkpoints; defaults to <out>/checkpoints.")
+    interval: int = Field(10, ge=1, description="Steps between checkpoints.")
+    keep: int = Field(2, ge=1, description="Checkpoints kept on disk.")
+
+
+class MetricsSpec(Section):
+    prometheus_port: Optional[int] = Field(None, ge=0, le=65535, description="Serve /metrics on this port (0 = any).")
+    prometheus_address: str = Field("127.0.0.1", description="Bind address for /metrics.")
+
+
+class TrainerSpec(Section):
+    steps: int = Field(60, ge=1, description="Training steps (one rollout batch each).")
+    ppo_epochs: int = Field(1, ge=1, description="Passes over each rollout batch.")
+    mini_batch_size: int = Field(16, ge=1, description="Samples per optimizer step.")
+    micro_batch_size: int = Field(8, ge=1, description="Samples per forward/backward on one rank (gradient accumulation).")
+    actor_lr: float = Field(1e-3, gt=0)
+    critic_lr: float = Field(1e-3, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    grad_clip: float = Field(1.0, gt=0)
+    warmup_steps: int = Field(0, ge=0)
+    seed: int = Field(0, ge=0)
+    checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
+    metrics: MetricsSpec = Field(default_factory=MetricsSpec)
+
+
+class Resources(Section):
+    cpu: str = Field("1", description="CPU per replica (Kubernetes quantity).")
+    memory: str = Field("4Gi", description="Memory per replica (Kubernetes quantity).")
+
+    @field_validator("cpu", "memory")
+    @classmethod
+    def _quantity(cls, v: str) -> str:
+        if not QUANTITY.match(str(v)):
+            raise ValueError(f"{v!r} is not a Kubernetes quantity such as 500m, 2, 4Gi")
+        return str(v)
+
+    def cpu_cores(self) -> float:
+        """CPU as a float number of cores ("500m" -> 0.5)."""
+        return float(self.cpu[:-1]) / 1000 if self.cpu.endswith("m") else float(self.cpu)
+
+
+class RoleSpec(Section):
+    enabled: bool = Field(True, description="Run this role (critic is always off for GRPO).")
+    replicas: int = Field(1, ge=1, description="Data-parallel replicas (Ray actors / pods).")
+    gpus: int = Field(0, ge=0, description="GPUs per replica (0 = CPU).")
+    resources: Resources = Field(default_factory=Resources)
+    max_restarts: int = Field(3, ge=0, description="Restarts of this role before the job fails.")
+
+
+class RolesSpec(Section):
+    actor: RoleSpec = Field(default_factory=RoleSpec)
+    critic: RoleSpec = Field(default_factory=RoleSpec)
+    ref: RoleSpec = Field(default_factory=RoleSpec)
+    reward: RoleSpec = Field(default_factory=RoleSpec)
+
+
+class FaultSpec(Section):
+    """Fault injection for demos and tests: kill ROLE's worker process at STEP."""
+
+    role: Literal["actor", "critic", "ref", "reward"]
+    step: int = Field(..., ge=1)
+
+
+class ResilienceSpec(Section):
+    call_timeout_seconds: float = Field(600.0, gt=0, description="A worker call slower than this counts as hung.")
+    faults: list[FaultSpec] = Field(default_factory=list, description="Injected faults (testing/demo).")
+
+
+class JobSpec(Section):
+    model: ModelSpec = Field(default_factory=ModelSpec)
+    algorithm: AlgorithmSpec = Field(default_factory=AlgorithmSpec)
+    data: DataSpec
+    reward: RewardSpec
+    rollout: RolloutSpec = Field(default_factory=RolloutSpec)
+    trainer: TrainerSpec = Field(default_factory=TrainerSpec)
+    roles: RolesSpec = Field(default_factory=RolesSpec)
+    resilience: ResilienceSpec = Field(default_factory=ResilienceSpec)
+    suspend: bool = Field(False, description="Stop the job's pods and keep its state; false resumes.")
+
+    @property
+    def samples_per_prompt(self) -> int:
+        if self.rollout.n is not None:
+            return self.rollout.n
+        return self.algorithm.group_size if self.algorithm.name == "grpo" else 1
+
+    @property
+    def samples_per_step(self) -> int:
+        return self.data.batch_size * self.samples_per_prompt
+
+    @model_validator(mode="after")
+    def _cross_field(self) -> "JobSpec":
+        problems = cross_field_problems(self)
+        if problems:
+            raise CrossFieldError(problems)
+        return self
+
+
+class ObjectMeta(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    name: str = Field("job", pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=53)
+    namespace: Optional[str] = None
+
+
+class RLTrainingJob(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    api_version: Literal["kuberl.io/v1alpha1"] = Field(API_VERSION, alias="apiVersion")
+    kind: Literal["RLTrainingJob"] = KIND
+    metadata: ObjectMeta = Field(default_factory=ObjectMeta)
+    spec: JobSpec
+    status: Optional[dict] = None
+
+
+class CrossFieldError(ValueError):
+    """Raised by JobSpec with (field path, message, fix) triples relative to `spec`."""
+
+    def __init__(self, problems: list[tuple[str, str, str]]):
+        super().__init__("; ".join(f"{f}: {m}" for f, m, _ in problems))
+        self.problems = problems
+
+
+def enabled_roles(spec: JobSpec) -> list[str]:
+    """Roles that run for this spec: the critic is off for GRPO; ref is off when KL is unused."""
+    roles = []
+    for role in ROLES:
+        rs: RoleSpec = getattr(spec.roles, role)
+        if not rs.enabled:
+            continue
+        if role == "critic" and spec.algorithm.name == "grpo":
+            continue
+        roles.append(role)
+    return roles
+
+
+def cross_field_problems(spec: JobSpec) -> list[tuple[str, str, str]]:
+    """Rules that span sections. Returns (field path under spec, message, fix) triples."""
+    out: list[tuple[str, str, str]] = []
+    algo, roll, tr, roles = spec.algorithm, spec.rollout, spec.trainer, spec.roles
+    if algo.name == "grpo" and algo.group_size < 2:
+        out.append(("algorithm.groupSize", "must be >= 2 for grpo", "set spec.algorithm.groupSize to 2 or more, e.g. 4"))
+    if algo.name == "grpo" and roll.n is not None and roll.n != algo.group_size:
+        out.append(("rollout.n", f"must equal algorithm.groupSize ({algo.group_size}) for grpo", "remove spec.rollout.n or set it to spec.algorithm.groupSize"))
+    if algo.kl.controller == "adaptive" and algo.kl.target is None:
+        out.append(("algorithm.kl.target", "is required when controller is adaptive", "set spec.algorithm.kl.target, e.g. 0.1"))
+    actor_gpus = roles.actor.gpus
+    if actor_gpus == 0 and roll.tensor_parallel_size > 1:
+        out.append(("rollout.tensorParallelSize", "must be 1 when the actor has no GPUs", "set spec.rollout.tensorParallelSize to 1 or give spec.roles.actor.gpus"))
+    elif actor_gpus > 0 and actor_gpus % roll.tensor_parallel_size:
+        out.append(("rollout.tensorParallelSize", f"must divide spec.roles.actor.gpus ({actor_gpus})", f"set spec.rollout.tensorParallelSize to a divisor of {actor_gpus}"))
+    if roll.engine == "vllm" and actor_gpus == 0:
+        out.append(("rollout.engine", "vllm needs GPUs", "set spec.roles.actor.gpus >= 1 or use engine hf"))
+    n = spec.samples_per_step
+    if n % tr.mini_batch_size:
+        out.append(("trainer.miniBatchSize", f"must divide the samples per step ({n} = data.batchSize x samples per prompt)", f"set spec.trainer.miniBatchSize to a divisor of {n}"))
+    for role in enabled_roles(spec):
+        reps = getattr(roles, role).replicas
+        if n % reps:
+            out.append((f"roles.{role}.replicas", f"must divide the samples per step ({n})", f"set spec.roles.{role}.replicas to a divisor of {n}"))
+        if role in ("actor", "critic") and tr.mini_batch_size % (reps * tr.micro_batch_size):
+            out.append(("trainer.miniBatchSize", f"must be a multiple of spec.roles.{role}.replicas x trainer.microBatchSize ({reps} x {tr.micro_batch_size})", f"set spec.trainer.miniBatchSize to a multiple of {reps * tr.micro_batch_size}"))
+    if spec.algorithm.name == "ppo" and not roles.critic.enabled:
+        out.append(("roles.critic.enabled", "ppo needs a critic", "set spec.roles.critic.enabled to true or use algorithm grpo"))
+    if not roles.actor.enabled:
+        out.append(("roles.actor.enabled", "the actor cannot be disabled", "remove spec.roles.actor.enabled"))
+    if not roles.reward.enabled:
+        out.append(("roles.reward.enabled", "the reward role cannot be disabled", "remove spec.roles.reward.enabled"))
+    for i, fault in enumerate(spec.resilience.faults):
+        if fault.step > tr.steps:
+            out.append((f"resilience.faults[{i}].step", f"must be <= trainer.steps ({tr.steps})", "inject the fault at a step the job reaches"))
+        if fault.role not in enabled_roles(spec):
+            out.append((f"resilience.faults[{i}].role", f"role {fault.role} is not running in this job", f"pick one of {', '.join(enabled_roles(spec))}"))
+    return out

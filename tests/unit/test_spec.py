@@ -1,0 +1,119 @@
+"""The spec model: defaults, field-named errors with fixes, cross-field rules, CRD drift."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from kuberl.spec import SpecInvalid, crd_yaml, enabled_roles, generate_crd, parse_yaml, validate_manifest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def manifest(**spec) -> dict:
+    base = {"data": {"task": "repeat-letter"}, "reward": {"function": "kuberl.rewards.builtin:repeat_letter"}}
+    base.update(spec)
+    return {"apiVersion": "kuberl.io/v1alpha1", "kind": "RLTrainingJob", "metadata": {"name": "t"}, "spec": base}
+
+
+def errors_of(obj) -> list[str]:
+    with pytest.raises(SpecInvalid) as info:
+        validate_manifest(obj)
+    return [str(e) for e in info.value.errors]
+
+
+def test_minimal_manifest_gets_defaults() -> None:
+    job = validate_manifest(manifest())
+    assert job.spec.model.builtin == "tiny"
+    assert job.spec.algorithm.name == "ppo" and job.spec.roles.actor.max_restarts == 3
+    assert enabled_roles(job.spec) == ["actor", "critic", "ref", "reward"]
+
+
+def test_hub_model_does_not_get_builtin_default() -> None:
+    job = validate_manifest(manifest(model={"hub": "Qwen/Qwen2-0.5B"}))
+    assert job.spec.model.builtin is None and job.spec.model.hub == "Qwen/Qwen2-0.5B"
+
+
+@pytest.mark.parametrize(
+    "spec, field, words",
+    [
+        ({"roles": {"actor": {"gpus": -1}}}, "spec.roles.actor.gpus", "must be >= 0"),
+        ({"trainer": {"steps": "many"}}, "spec.trainer.steps", "must be an integer"),
+        ({"trainer": {"bogus": 1}}, "spec.trainer.bogus", "not a known field"),
+        ({"rollout": {"engine": "tgi"}}, "spec.rollout.engine", "must be one of"),
+        ({"reward": {"function": "not a path"}}, "spec.reward.function", "import path"),
+        ({"algorithm": {"name": "grpo", "groupSize": 1}}, "spec.algorithm.groupSize", "must be >= 2 for grpo"),
+        ({"roles": {"actor": {"gpus": 4}}, "rollout": {"tensorParallelSize": 3}}, "spec.rollout.tensorParallelSize", "must divide spec.roles.actor.gpus (4)"),
+        ({"trainer": {"miniBatchSize": 5}}, "spec.trainer.miniBatchSize", "must divide the samples per step"),
+        ({"data": {"task": "repeat-letter", "files": ["a.jsonl"]}}, "spec.data", "either task or files"),
+        ({"data": {"files": ["a.csv"]}}, "spec.data.files", ".jsonl or .parquet"),
+        ({"roles": {"actor": {"resources": {"memory": "lots"}}}}, "spec.roles.actor.resources.memory", "Kubernetes quantity"),
+        ({"algorithm": {"kl": {"controller": "adaptive"}}}, "spec.algorithm.kl.target", "required"),
+    ],
+)
+def test_errors_name_the_field_and_fix(spec, field, words) -> None:
+    errs = errors_of(manifest(**spec))
+    hit = [e for e in errs if e.startswith(field + ":")]
+    assert hit, errs
+    assert words in hit[0] and "(fix: " in hit[0]
+
+
+def test_wrong_kind_and_version() -> None:
+    bad = manifest()
+    bad["kind"] = "Pod"
+    assert errors_of(bad)[0].startswith("kind: must be RLTrainingJob")
+    bad = manifest()
+    bad["apiVersion"] = "kuberl.io/v1"
+    assert errors_of(bad)[0].startswith("apiVersion: must be kuberl.io/v1alpha1")
+
+
+def test_unparseable_yaml_names_line() -> None:
+    with pytest.raises(SpecInvalid) as info:
+        parse_yaml("spec:\n  a: [1,\n", "job.yaml")
+    assert "line" in str(info.value) and "job.yaml" in str(info.value)
+
+
+def test_crd_in_repo_matches_model() -> None:
+    """Fails when crds/ drifts from the spec model: regenerate with `make crds`."""
+    on_disk = (REPO / "crds" / "rltrainingjobs.kuberl.io.yaml").read_text()
+    assert on_disk == crd_yaml(), "crds/ is stale: run `make crds`"
+
+
+def test_crd_is_structural_and_accepts_examples() -> None:
+    jsonschema = pytest.importorskip("jsonschema")
+    crd = generate_crd()
+    version = crd["spec"]["versions"][0]
+    assert crd["spec"]["names"]["shortNames"] == ["rltj"] and version["subresources"] == {"status": {}}
+    schema = version["schema"]["openAPIV3Schema"]
+    text = yaml.safe_dump(schema)
+    assert "$ref" not in text and "anyOf" not in text and "additionalProperties: false" not in text
+    for example in sorted((REPO / "examples").glob("*.yaml")):
+        obj = yaml.safe_load(example.read_text())
+        jsonschema.validate(obj, _draft4(schema))
+        validate_manifest(obj)
+
+
+def _draft4(schema):
+    """OpenAPI v3.0 'nullable'/'x-' keys are not JSON Schema; drop them for jsonschema's check."""
+    if isinstance(schema, dict):
+        out = {k: _draft4(v) for k, v in schema.items() if not k.startswith("x-") and k != "nullable"}
+        if schema.get("nullable") and "type" in out:
+            out["type"] = [out["type"], "null"]
+        return out
+    if isinstance(schema, list):
+        return [_draft4(s) for s in schema]
+    return schema
+
+
+@pytest.mark.parametrize("text", ["a: [", "kind: Pod\napiVersion: v1\n", "- 1\n- 2\n", "apiVersion: kuberl.io/v1alpha1\nkind: RLTrainingJob\nspec:\n  roles: {actor: {gpus: -2}}\n"])
+def test_validate_cli_never_tracebacks(tmp_path, text) -> None:
+    path = tmp_path / "job.yaml"
+    path.write_text(text)
+    proc = subprocess.run([sys.executable, "-m", "kuberl.cli", "validate", str(path)], capture_output=True, text=True)
+    assert proc.returncode != 0
+    assert "Traceback" not in proc.stderr and proc.stderr.startswith("error: ")
+    assert all(line.startswith("error: ") and "(fix: " in line for line in proc.stderr.splitlines())
