@@ -1,0 +1,45 @@
+"""Checkpoint layout on disk (a PVC in Kubernetes).
+
+    <root>/step_000010/actor/      torch DCP (sharded, loadable at any world size)
+    <root>/step_000010/critic/
+    <root>/step_000010/trainer_state.json   step, data position, KL controller, restarts — written last,
+                                            so a directory without it is incomplete and ignored.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any, Optional
+
+STATE_FILE = "trainer_state.json"
+
+
+def step_dir(root: Path, step: int) -> Path:
+    return root / f"step_{step:06d}"
+
+
+def complete_steps(root: Path) -> list[int]:
+    if not root.is_dir():
+        return []
+    return sorted(int(p.name[5:]) for p in root.glob("step_*") if (p / STATE_FILE).is_file() and p.name[5:].isdigit())
+
+
+def latest(root: Path) -> Optional[int]:
+    steps = complete_steps(root)
+    return steps[-1] if steps else None
+
+
+def write_state(root: Path, step: int, state: dict[str, Any], keep: int) -> None:
+    """Commit a checkpoint: write the driver state atomically, then prune all but the newest `keep`."""
+    d = step_dir(root, step)
+    tmp = d / (STATE_FILE + ".tmp")
+    tmp.write_text(json.dumps(state, indent=1))
+    tmp.rename(d / STATE_FILE)
+    for old in complete_steps(root)[:-keep]:
+        shutil.rmtree(step_dir(root, old), ignore_errors=True)
+
+
+def read_state(root: Path, step: int) -> dict[str, Any]:
+    return json.loads((step_dir(root, step) / STATE_FILE).read_text())

@@ -1,0 +1,160 @@
+"""WorkerGroups: N workers of one role behind one interface, on Ray or in-process.
+
+`call(method, batch)` splits the batch into equal contiguous shards, one per rank, runs the method on
+every rank, and gathers the results (Batches are concatenated in rank order; other results come back
+as a per-rank list). A dead or hung rank surfaces as `WorkerFailure(role, reason)`.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from abc import ABC, abstractmethod
+from typing import Any, Optional
+
+from .batch import Batch
+from .spec import JobSpec
+from .workers import WORKERS
+
+ROLE_RESOURCE = "kuberl_role_{role}"
+
+
+class WorkerFailure(RuntimeError):
+    """A role's worker died or stopped answering."""
+
+    def __init__(self, role: str, reason: str):
+        super().__init__(f"role {role}: {reason}")
+        self.role, self.reason = role, reason
+
+
+def world_size(spec: JobSpec, role: str) -> int:
+    """Ranks of a role: one per GPU (replicas x GPUs per replica), or one per replica on CPU."""
+    rs = getattr(spec.roles, role)
+    return rs.replicas * max(rs.gpus, 1)
+
+
+def _gather(results: list[Any]) -> Any:
+    return Batch.concat(results) if results and isinstance(results[0], Batch) else results
+
+
+class WorkerGroup(ABC):
+    role: str
+    world_size: int
+
+    def call(self, method: str, batch: Optional[Batch] = None, fault: Optional[str] = None, **kwargs: Any) -> Any:
+        shards = batch.split(self.world_size) if batch is not None else [None] * self.world_size
+        return _gather(self._run(method, shards, kwargs, fault))
+
+    @abstractmethod
+    def _run(self, method: str, shards: list[Optional[Batch]], kwargs: dict, fault: Optional[str]) -> list[Any]: ...
+
+    @abstractmethod
+    def start(self) -> None: ...
+
+    @abstractmethod
+    def shutdown(self) -> None: ...
+
+    def identities(self) -> list[dict[str, Any]]:
+        return self.call("identity")
+
+
+class LocalWorkerGroup(WorkerGroup):
+    """One in-process worker (world size 1), no Ray: the GPU benchmark path. Faults are not supported."""
+
+    def __init__(self, role: str, spec: JobSpec, device: str = "auto"):
+        self.role, self.spec, self.device, self.world_size = role, spec, device, 1
+        self.worker = None
+
+    def start(self) -> None:
+        from . import dist as kdist
+
+        self.worker = WORKERS[self.role](self.spec.model_dump_json(by_alias=True), 0, 1, self.device)
+        addr = "127.0.0.1"
+        self.worker.init(addr, 0 if kdist.dist.is_initialized() else kdist.free_port(addr))
+
+    def _run(self, method, shards, kwargs, fault):
+        if fault:
+            raise ValueError("fault injection needs separate worker processes: use the ray backend")
+        return [self.worker.execute(method, shards[0], kwargs)]
+
+    def shutdown(self) -> None:
+        self.worker = None
+
+
+class RayWorkerGroup(WorkerGroup):
+    """`world_size` Ray actors of one role in the role's own placement group (one bundle per rank)."""
+
+    def __init__(self, role: str, spec: JobSpec, device: str = "auto", timeout_s: float = 600.0, ready_timeout_s: float = 300.0):
+        self.role, self.spec, self.device = role, spec, device
+        self.world_size = world_size(spec, role)
+        self.timeout_s, self.ready_timeout_s = timeout_s, ready_timeout_s
+        self.actors: list[Any] = []
+        self.pg = None
+
+    def bundle(self) -> dict[str, float]:
+        rs = getattr(self.spec.roles, self.role)
+        cpus = rs.resources.cpu_cores() / max(rs.gpus, 1)
+        out = {"CPU": cpus, ROLE_RESOURCE.format(role=self.role): 1.0}
+        if rs.gpus:
+            out["GPU"] = 1.0
+        return out
+
+    def start(self) -> None:
+        """Reserve the placement group (waits for capacity), start the actors, join their process group."""
+        import ray
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        bundle = self.bundle()
+        self.pg = placement_group([bundle] * self.world_size, strategy="PACK", name=f"kuberl-{self.role}-{os.getpid()}-{time.time_ns()}")
+        try:
+            ray.get(self.pg.ready(), timeout=self.ready_timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            raise WorkerFailure(self.role, f"no capacity for {self.world_size} x {bundle} within {self.ready_timeout_s:.0f}s") from None
+        cls = ray.remote(WORKERS[self.role])
+        threads = max(1, int(bundle["CPU"]))
+        spec_json = self.spec.model_dump_json(by_alias=True)
+        self.actors = [
+            cls.options(
+                num_cpus=bundle["CPU"], num_gpus=bundle.get("GPU", 0), resources={k: v for k, v in bundle.items() if k not in ("CPU", "GPU")},
+                scheduling_strategy=PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=rank),
+                max_restarts=0,
+            ).remote(spec_json, rank, self.world_size, self.device, threads)
+            for rank in range(self.world_size)
+        ]
+        addr, port = self._get([self.actors[0].rendezvous.remote()])[0]
+        self._get([a.init.remote(addr, port) for a in self.actors])
+
+    def _get(self, refs: list[Any]) -> list[Any]:
+        import ray
+
+        try:
+            return ray.get(refs, timeout=self.timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            raise WorkerFailure(self.role, f"hung: no answer within {self.timeout_s:.0f}s (spec.resilience.callTimeoutSeconds)") from None
+        except (ray.exceptions.RayActorError, ray.exceptions.ActorDiedError, ray.exceptions.ActorUnavailableError) as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise WorkerFailure(self.role, f"worker died ({type(exc).__name__}: {first})") from None
+
+    def _run(self, method, shards, kwargs, fault):
+        refs = [a.execute.remote(method, shard, kwargs, fault if rank == 0 else None) for rank, (a, shard) in enumerate(zip(self.actors, shards))]
+        return self._get(refs)
+
+    def identities(self) -> list[dict[str, Any]]:
+        ids = super().identities()
+        for ident, actor in zip(ids, self.actors):
+            ident["actor_id"] = actor._actor_id.hex()
+        return ids
+
+    def shutdown(self) -> None:
+        """Kill this role's actors and release its placement group; other roles are untouched."""
+        import ray
+        from ray.util.placement_group import remove_placement_group
+
+        for actor in self.actors:
+            ray.kill(actor, no_restart=True)
+        self.actors = []
+        if self.pg is not None:
+            remove_placement_group(self.pg)
+            self.pg = None
+

@@ -1,0 +1,134 @@
+"""`kuberl run JOB`: one machine, a local Ray (or in-process workers), the same manifest as on Kubernetes.
+
+Everything a user can get wrong is checked before any process starts (manifest, overrides, dataset
+files, reward import), and reported as one line per problem naming the field.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+from .spec import JobSpec, RLTrainingJob, SpecInvalid, enabled_roles, load_manifest, validate_manifest
+
+
+class UsageError(ValueError):
+    """A command-line or preflight problem; printed as `error: <message>`."""
+
+
+def parse_fault(text: str) -> tuple[str, int, str]:
+    """'critic:3' or 'critic:3:hang' -> (role, step, mode)."""
+    parts = text.split(":")
+    if len(parts) not in (2, 3) or not parts[1].isdigit() or (len(parts) == 3 and parts[2] not in ("kill", "hang")):
+        raise UsageError(f"--fault {text!r}: expected ROLE:STEP or ROLE:STEP:hang, e.g. critic:3")
+    return parts[0], int(parts[1]), parts[2] if len(parts) == 3 else "kill"
+
+
+def apply_overrides(job: RLTrainingJob, steps: Optional[int], faults: list[str]) -> RLTrainingJob:
+    """Re-validate the manifest with CLI overrides, so overrides get the same field-named errors."""
+    obj = job.model_dump(by_alias=True, exclude_none=True)
+    if steps is not None:
+        obj["spec"]["trainer"]["steps"] = steps
+    for text in faults:
+        role, step, _ = parse_fault(text)
+        obj["spec"]["resilience"]["faults"].append({"role": role, "step": step})
+    return validate_manifest(obj)
+
+
+def preflight(spec: JobSpec) -> None:
+    """Fail fast, before any worker starts: data must load and the reward function must import."""
+    from .rewards import load_reward_fn
+    from .tasks import load_rows
+
+    load_rows(spec.data)
+    if spec.reward.function:
+        load_reward_fn(spec.reward.function)
+
+
+def start_local_ray(spec: JobSpec) -> None:
+    """A private Ray on 127.0.0.1 with each role's resource, as the operator's worker pods advertise."""
+    import ray
+
+    from .groups import ROLE_RESOURCE, world_size
+
+    roles = enabled_roles(spec)
+    need_cpu = sum(getattr(spec.roles, r).resources.cpu_cores() * getattr(spec.roles, r).replicas for r in roles)
+    resources = {ROLE_RESOURCE.format(role=r): float(world_size(spec, r)) for r in roles}
+    ray.init(
+        _node_ip_address="127.0.0.1",
+        num_cpus=max(int(need_cpu + 0.999), os.cpu_count() or 1),
+        resources=resources,
+        include_dashboard=False,
+        log_to_driver=True,
+        configure_logging=False,
+    )
+
+
+def build_driver(job: RLTrainingJob, out: Path, backend: str, device: str, faults: list[str], progress: bool):
+    from .driver import Driver, Fault
+    from .groups import LocalWorkerGroup, RayWorkerGroup
+
+    spec = job.spec
+    timeout = spec.resilience.call_timeout_seconds
+    modes = {(r, s): m for r, s, m in map(parse_fault, faults)}
+    fault_list = [Fault(f.role, f.step, modes.get((f.role, f.step), "kill")) for f in spec.resilience.faults]
+    if backend == "local":
+        if fault_list:
+            raise UsageError("fault injection kills worker processes: it needs --backend ray")
+        make = lambda role: LocalWorkerGroup(role, spec, device)  # noqa: E731
+    else:
+        make = lambda role: RayWorkerGroup(role, spec, device, timeout_s=timeout)  # noqa: E731
+    return Driver(spec, job.metadata.name, out, make, fault_list, progress)
+
+
+def run_job(job: RLTrainingJob, out: Path, backend: str = "ray", device: str = "auto", ray_address: Optional[str] = None,
+            faults: tuple[str, ...] = (), progress: bool = True) -> list[dict[str, Any]]:
+    """Run a validated job to completion; returns this run's per-step records."""
+    from .metrics import plot_reward_curve
+
+    out.mkdir(parents=True, exist_ok=True)
+    if backend == "ray":
+        import ray
+
+        if ray_address:
+            ray.init(address=ray_address, configure_logging=False)
+        elif not ray.is_initialized():
+            start_local_ray(job.spec)
+    driver = build_driver(job, out, backend, device, list(faults), progress)
+    try:
+        driver.start()
+        records = driver.run()
+    finally:
+        driver.shutdown()
+    plot_reward_curve(out / "metrics.jsonl", out / "reward_curve.png")
+    return records
+
+
+def run_command(args: argparse.Namespace) -> int:
+    from .driver import JobFailed
+    from .rewards import RewardImportError
+    from .tasks import DataError
+
+    try:
+        job = apply_overrides(load_manifest(args.job), args.steps, args.fault)
+        preflight(job.spec)
+        records = run_job(job, Path(args.out), args.backend, args.device, args.ray_address, tuple(args.fault), not args.no_progress)
+    except SpecInvalid as exc:
+        for err in exc.errors:
+            print(f"error: {err}", file=sys.stderr)
+        return 1
+    except (UsageError, DataError, RewardImportError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except JobFailed as exc:
+        print(f"error: job failed: {exc}", file=sys.stderr)
+        return 3
+    if records:
+        first, last = records[: min(10, len(records))], records[-min(10, len(records)):]
+        mean = lambda rs: sum(r["reward_mean"] for r in rs) / len(rs)  # noqa: E731
+        print(f"done: {len(records)} steps; reward_mean first10={mean(first):.3f} last10={mean(last):.3f}; "
+              f"metrics in {args.out}/metrics.jsonl, curve in {args.out}/reward_curve.png")
+    return 0

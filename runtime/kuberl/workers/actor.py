@@ -1,0 +1,105 @@
+"""Actor: FSDP2 policy training plus a rollout engine fed with the policy's weights after each update."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from .. import algos
+from ..batch import Batch
+from ..models import load_causal_lm
+from ..rollout import make_engine
+from ..sequence import response_logprobs, response_mask
+from .base import Worker
+from .train import FSDPTrainer
+
+
+class ActorWorker(Worker):
+    role = "actor"
+
+    def setup(self) -> None:
+        tr = self.spec.trainer
+        policy = load_causal_lm(self.spec.model, seed=tr.seed)
+        if self.spec.model.gradient_checkpointing:
+            policy.gradient_checkpointing_enable()
+        self.trainer = FSDPTrainer(policy, self.device, self.dtype, tr.actor_lr, tr.weight_decay, tr.grad_clip, tr.warmup_steps)
+        self.engine = make_engine(self.spec, self.device, self.dtype, self.tokenizer)
+        self.sync_weights()
+
+    def sync_weights(self) -> float:
+        """Copy the (unsharded) policy weights into the rollout engine; returns seconds."""
+        t0 = time.perf_counter()
+        self.engine.load_weights(self.trainer.full_state_dict())
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        return time.perf_counter() - t0
+
+    def rollout_weights_match(self) -> bool:
+        """True when the rollout engine holds exactly the policy's current weights."""
+        full = self.trainer.full_state_dict()
+        params = dict(self.engine.model.named_parameters())
+        return all(torch.equal(params[k].float().cpu(), v.float().cpu()) for k, v in full.items() if k in params)
+
+    def weights_digest(self) -> float:
+        """A cheap fingerprint of the policy weights (sum of |w|), equal across world sizes."""
+        return float(sum(v.double().abs().sum() for v in self.trainer.full_state_dict().values()))
+
+    @torch.no_grad()
+    def generate(self, batch: Batch, seed: int) -> Batch:
+        """Prompts -> responses, masks and old log-probs. Adds: responses [B,R], response_mask [B,R],
+        input_ids/attention_mask [B,P+R], old_logprobs [B,R]; meta gen_seconds."""
+        t0 = time.perf_counter()
+        prompts, pmask = batch["prompt_ids"], batch["prompt_mask"]
+        responses = self.engine.generate(prompts, pmask, seed=seed + self.rank).to(self.device)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        gen_s = time.perf_counter() - t0
+        rmask = response_mask(responses, None if self.spec.rollout.fixed_length else self.tokenizer.eos_token_id, self.tokenizer.pad_token_id)
+        input_ids = torch.cat([prompts, responses], dim=1)
+        attention_mask = torch.cat([pmask.float(), rmask], dim=1).long()
+        out = Batch({"responses": responses, "response_mask": rmask, "input_ids": input_ids, "attention_mask": attention_mask})
+        out.tensors["old_logprobs"] = self._logprobs(out)
+        return Batch({k: v.cpu() for k, v in out.tensors.items()}, {"gen_seconds": [gen_s] * len(out)})
+
+    @torch.no_grad()
+    def _logprobs(self, b: Batch) -> torch.Tensor:
+        parts = []
+        for mb in b.minibatches(self.spec.trainer.micro_batch_size):
+            lp, _ = response_logprobs(self.trainer.model, mb["input_ids"], mb["attention_mask"], mb["responses"],
+                                      self.spec.rollout.temperature, chunk_size=self._chunk())
+            parts.append(lp)
+        return torch.cat(parts)
+
+    def _chunk(self) -> int:
+        return 4096 if self.device.type == "cuda" else 0
+
+    def update(self, batch: Batch, step: int) -> dict[str, float]:
+        """PPO epochs over the batch in mini-batches; returns token-averaged stats from all ranks."""
+        spec, algo = self.spec, self.spec.algorithm
+        kl_in_loss = algo.name == "grpo" or not algo.kl.in_reward
+        kl_coef = batch.meta.get("kl_coef", [0.0])[0]
+
+        def loss_fn(mb: Batch):
+            mask, n = mb["response_mask"], mb["response_mask"].sum()
+            logp, ent = response_logprobs(self.trainer.model, mb["input_ids"], mb["attention_mask"], mb["responses"],
+                                          spec.rollout.temperature, chunk_size=self._chunk(), with_entropy=True,
+                                          entropy_grad=algo.entropy_coef > 0)
+            pg, info = algos.policy_loss(logp, mb["old_logprobs"], mb["advantages"], mask, algo.clip_ratio)
+            ent_sum = algos.masked_sum(ent, mask)
+            loss = pg * n - algo.entropy_coef * ent_sum
+            stats = {"pg_loss": pg.detach() * n, "clip_frac": info["clip_frac"] * n,
+                     "approx_kl": info["approx_kl"] * n, "entropy": ent_sum.detach()}
+            if kl_in_loss and kl_coef > 0 and "ref_logprobs" in mb.tensors:
+                kl_sum = algos.masked_sum(algos.kl_penalty(logp, mb["ref_logprobs"], algo.kl.estimator), mask)
+                loss = loss + kl_coef * kl_sum
+                stats["kl_loss"] = kl_sum.detach()
+            return loss, stats
+
+        stats = self.trainer.fit(batch, step, spec.trainer, loss_fn)
+        stats["actor_grad_norm"] = stats.pop("grad_norm")
+        return stats
+
+    def load(self, path: str) -> None:
+        super().load(path)
+        self.sync_weights()

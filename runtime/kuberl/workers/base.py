@@ -1,0 +1,91 @@
+"""The base of every role worker: one rank of one role, in its own process (a Ray actor) or in-process.
+
+The driver talks to workers only through `execute(method, batch, kwargs, fault)`: the fault hook kills
+the process for real (SIGKILL) or hangs it, for fault-injection tests and demos.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from typing import Any, Optional
+
+import torch
+
+from .. import dist as kdist
+from ..batch import Batch
+from ..models import count_params, load_tokenizer
+from ..spec import JobSpec, RoleSpec
+from .train import FSDPTrainer
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+class Worker:
+    """One rank of a role. Subclasses implement `setup()` and their phase methods."""
+
+    role: str = "worker"
+    trainer: Optional[FSDPTrainer] = None
+
+    def __init__(self, spec_json: str, rank: int, world_size: int, device: str = "auto", threads: int = 0):
+        self.spec = JobSpec.model_validate_json(spec_json)
+        self.rank, self.world_size = rank, world_size
+        self.role_spec: RoleSpec = getattr(self.spec.roles, self.role)
+        self.device = kdist.pick_device(self.role_spec.gpus, device)
+        self.dtype = DTYPES[self.spec.model.dtype] if self.device.type == "cuda" else torch.float32
+        if threads > 0:
+            torch.set_num_threads(threads)
+        self.tokenizer = load_tokenizer(self.spec.model)
+
+    # -- lifecycle, called by the WorkerGroup ------------------------------------------------------
+    def identity(self) -> dict[str, Any]:
+        return {"role": self.role, "rank": self.rank, "pid": os.getpid()}
+
+    def measure_peak_flops(self) -> float:
+        """Dense matmul FLOP/s on this worker's device and dtype (the MFU denominator)."""
+        return kdist.measure_matmul_flops(self.device, self.dtype)
+
+    def num_params(self) -> int:
+        return count_params(self.trainer.model) if self.trainer is not None else 0
+
+    def rendezvous(self) -> tuple[str, int]:
+        """Rank 0: the address and a free port for the group's torch.distributed rendezvous."""
+        host = os.environ.get("KUBERL_NODE_IP") or _ray_node_ip() or "127.0.0.1"
+        return host, kdist.free_port(host)
+
+    def init(self, addr: str, port: int) -> None:
+        kdist.init_group(self.rank, self.world_size, addr, port, self.device)
+        self.setup()
+
+    def setup(self) -> None:
+        raise NotImplementedError
+
+    def save(self, path: str) -> None:
+        """Checkpoint trainable state (actor, critic); frozen roles have none."""
+        if self.trainer is not None:
+            self.trainer.save(path)
+
+    def load(self, path: str) -> None:
+        if self.trainer is not None:
+            self.trainer.load(path)
+
+    def execute(self, method: str, batch: Optional[Batch], kwargs: dict[str, Any], fault: Optional[str] = None) -> Any:
+        """Run a phase method; `fault` = "kill" ends this process now, "hang" stops answering."""
+        if fault == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        if fault == "hang":
+            while True:
+                time.sleep(3600)
+        fn = getattr(self, method)
+        if batch is None:
+            return fn(**kwargs)
+        return fn(batch.to(self.device), **kwargs)
+
+
+def _ray_node_ip() -> Optional[str]:
+    try:
+        import ray
+    except ImportError:
+        return None
+    return ray.util.get_node_ip_address() if ray.is_initialized() else None

@@ -1,0 +1,98 @@
+"""FSDP2 training of one model on one role's ranks: shard, micro-batch, normalise, clip, step, checkpoint."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_state_dict,
+    set_state_dict,
+)
+
+from .. import dist as kdist
+from ..batch import Batch
+from ..spec.model import TrainerSpec
+
+# loss_fn(micro_batch) -> (sum of per-token loss over the micro-batch's valid tokens, {stat: token-sum})
+LossFn = Callable[[Batch], tuple[torch.Tensor, dict[str, torch.Tensor]]]
+
+
+class FSDPTrainer:
+    """Owns a sharded model and its AdamW optimizer."""
+
+    def __init__(self, model: nn.Module, device: torch.device, dtype: torch.dtype, lr: float,
+                 weight_decay: float, grad_clip: float, warmup_steps: int = 0):
+        self.model = kdist.shard(model, device, dtype)
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr, weight_decay=weight_decay,
+                                           betas=(0.9, 0.95), foreach=device.type == "cuda")
+        self.base_lr, self.warmup_steps, self.grad_clip = lr, warmup_steps, grad_clip
+
+    def train_minibatch(self, mb: Batch, micro_size: int, loss_fn: LossFn) -> dict[str, float]:
+        """One optimizer step over a mini-batch on this rank.
+
+        The loss is the mean over every valid token of the mini-batch *across all ranks*: each micro
+        loss is a token-sum scaled by world_size / global_tokens, and FSDP averages gradients over
+        ranks, so 2 ranks give the same update as 1 rank on the whole mini-batch.
+        """
+        mask = mb["response_mask"]
+        global_tokens = kdist.all_reduce_sum(mask.sum().float().reshape(1)).clamp(min=1.0)
+        scale = kdist.dist.get_world_size() / global_tokens
+        sums: dict[str, torch.Tensor] = {}
+        for micro in mb.minibatches(micro_size):
+            loss, stats = loss_fn(micro)
+            (loss * scale).backward()
+            for k, v in stats.items():
+                sums[k] = sums.get(k, 0.0) + v.detach().float()
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
+        grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        keys = sorted(sums)
+        totals = kdist.all_reduce_sum(torch.stack([sums[k].reshape(()) for k in keys]).cpu()) if keys else torch.zeros(0)
+        out = {k: float(totals[i] / global_tokens.cpu()) for i, k in enumerate(keys)}
+        out["grad_norm"] = float(grad_norm)
+        return out
+
+    def fit(self, batch: Batch, step: int, tr: TrainerSpec, loss_fn: LossFn) -> dict[str, float]:
+        """`tr.ppo_epochs` passes over this rank's shard of the batch in shuffled mini-batches of
+        `tr.mini_batch_size` samples (global, across ranks); returns stats averaged over optimizer steps."""
+        self.set_step(step)
+        self.model.train()
+        mini = tr.mini_batch_size // kdist.dist.get_world_size()
+        gen = torch.Generator().manual_seed(tr.seed * 7919 + step)
+        sums: dict[str, float] = {}
+        count = 0
+        for _ in range(tr.ppo_epochs):
+            for mb in batch.minibatches(mini, gen):
+                for k, v in self.train_minibatch(mb, tr.micro_batch_size, loss_fn).items():
+                    sums[k] = sums.get(k, 0.0) + v
+                count += 1
+        self.model.eval()
+        return {k: v / count for k, v in sums.items()}
+
+    def set_step(self, step: int) -> float:
+        """Linear warm-up over `warmup_steps`, then constant; a function of the step, so it needs no state."""
+        lr = self.base_lr * min(1.0, (step + 1) / (self.warmup_steps + 1))
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        return lr
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """Unsharded weights (every rank gets them; used for rollout weight sync)."""
+        return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True))
+
+    def save(self, path: str) -> None:
+        """World-size-independent checkpoint (torch DCP) of model + optimizer."""
+        msd, osd = get_state_dict(self.model, self.optimizer)
+        dcp.save({"model": msd, "optim": osd}, checkpoint_id=path)
+
+    def load(self, path: str) -> None:
+        msd, osd = get_state_dict(self.model, self.optimizer)
+        state = {"model": msd, "optim": osd}
+        dcp.load(state, checkpoint_id=path)
+        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
