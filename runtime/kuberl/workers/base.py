@@ -46,6 +46,10 @@ class Worker:
         """Dense matmul FLOP/s on this worker's device and dtype (the MFU denominator)."""
         return kdist.measure_matmul_flops(self.device, self.dtype)
 
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """Unsharded trainable weights on CPU (tests compare world sizes with it)."""
+        return {k: v.detach().cpu() for k, v in self.trainer.full_state_dict().items()}
+
     def num_params(self) -> int:
         return count_params(self.trainer.model) if self.trainer is not None else 0
 

@@ -1,0 +1,38 @@
+"""Shared fixtures for runtime integration tests: one Ray session (Ray takes seconds to start on 2 cores)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from kuberl.spec import RLTrainingJob, validate_manifest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="session")
+def ray_session(netns):
+    """A local Ray bound to 127.0.0.1 with every role's resource, shared by the whole session."""
+    ray = pytest.importorskip("ray")
+    from kuberl.groups import ROLE_RESOURCE
+    from kuberl.spec import ROLES
+
+    ray.init(_node_ip_address="127.0.0.1", num_cpus=8, include_dashboard=False, configure_logging=False,
+             resources={ROLE_RESOURCE.format(role=r): 16.0 for r in ROLES})
+    yield ray
+    ray.shutdown()
+
+
+def load_example(name: str, **overrides: Any) -> RLTrainingJob:
+    """An example manifest with dotted-path overrides, e.g. {"trainer.steps": 4}."""
+    obj = yaml.safe_load((REPO / "examples" / name).read_text())
+    for dotted, value in overrides.items():
+        node = obj["spec"]
+        *parents, leaf = dotted.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    return validate_manifest(obj)
