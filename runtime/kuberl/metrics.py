@@ -85,6 +85,7 @@ class MetricsSink:
             self.bar.close()
         if self.registry is not None:
             self.server.shutdown()
+            self.server.server_close()
 
 
 def plot_reward_curve(jsonl: Path, png: Path, key: str = "reward_mean") -> Path:

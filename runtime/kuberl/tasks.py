@@ -50,9 +50,12 @@ def read_rows(path: str, field: str) -> list[dict[str, Any]]:
         for i, line in enumerate(p.read_text().splitlines(), 1):
             if line.strip():
                 try:
-                    rows.append(json.loads(line))
+                    obj = json.loads(line)
                 except json.JSONDecodeError as exc:
                     raise DataError(f"{field}: {path} line {i} is not JSON ({exc.msg}) (fix: one JSON object per line)") from None
+                if not isinstance(obj, dict):
+                    raise DataError(f"{field}: {path} line {i} is a JSON {type(obj).__name__}, not an object (fix: one JSON object per line)")
+                rows.append(obj)
         return rows
     import pyarrow.parquet as pq
 

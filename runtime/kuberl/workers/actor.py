@@ -37,6 +37,8 @@ class ActorWorker(Worker):
 
     def rollout_weights_match(self) -> bool:
         """True when the rollout engine holds exactly the policy's current weights."""
+        if not hasattr(self.engine, "model"):
+            raise NotImplementedError(f"{type(self.engine).__name__} does not expose its weights for comparison")
         full = self.trainer.full_state_dict()
         params = dict(self.engine.model.named_parameters())
         return all(torch.equal(params[k].float().cpu(), v.float().cpu()) for k, v in full.items() if k in params)

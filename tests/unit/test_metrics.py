@@ -1,0 +1,103 @@
+"""Metrics: the MFU formula, metrics.jsonl (one object per step, truncated on resume), Prometheus, PNG."""
+
+from __future__ import annotations
+
+import json
+import math
+import socket
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from kuberl.metrics import MetricsSink, mfu, plot_reward_curve, read_jsonl
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def test_mfu_by_hand() -> None:
+    # 6 * 1e9 params * 2000 tokens = 1.2e13 FLOPs; over 2 s on 3 devices of 1e12 FLOP/s = 6e12 -> 2.0
+    assert mfu(10**9, 2000, 2.0, 1e12, devices=3) == pytest.approx(2.0)
+    # 6 * 5e8 * 1000 = 3e12 FLOPs in 10 s on one 1e12 device -> 0.3
+    assert mfu(5 * 10**8, 1000, 10.0, 1e12) == pytest.approx(0.3)
+    assert mfu(10**9, 1000, 0.0, 1e12) == 0.0
+    assert mfu(10**9, 1000, 1.0, 0.0) == 0.0
+
+
+def record(step: int, reward: float = 0.5) -> dict:
+    return {"step": step, "reward_mean": reward, "kl": 0.01 * step, "rollout_tokens_per_s": 100.0, "time_step_s": 0.1}
+
+
+def test_sink_writes_one_json_object_per_log(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    sink = MetricsSink(tmp_path, "job", total_steps=3, progress=False)
+    for step in (1, 2, 3):
+        sink.log(record(step, reward=step / 10))
+    sink.close()
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert len(lines) == 3
+    assert [json.loads(line) for line in lines] == [record(s, s / 10) for s in (1, 2, 3)]
+    out = capsys.readouterr().out
+    assert "[job] step 3/3" in out and "reward=0.3" in out
+
+
+def test_sink_truncates_records_past_the_resume_step(tmp_path: Path) -> None:
+    sink = MetricsSink(tmp_path, "job", total_steps=6, progress=False)
+    for step in range(1, 6):
+        sink.log(record(step))
+    sink.close()
+    resumed = MetricsSink(tmp_path, "job", total_steps=6, start_step=2, progress=False)
+    assert [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == [1, 2]
+    resumed.log(record(3, reward=0.9))
+    resumed.close()
+    rows = read_jsonl(tmp_path / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2, 3] and rows[-1]["reward_mean"] == 0.9
+
+
+def test_sink_creates_out_dir(tmp_path: Path) -> None:
+    out = tmp_path / "a" / "b"
+    MetricsSink(out, "job", total_steps=1, progress=False).close()
+    assert (out / "metrics.jsonl").read_text() == ""
+
+
+def scrape(port: int) -> str:
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never via a proxy
+    with opener.open(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+        return resp.read().decode()
+
+
+def test_prometheus_serves_gauges_on_loopback(tmp_path: Path) -> None:
+    sink = MetricsSink(tmp_path, "demo", total_steps=2, progress=False, prometheus_port=0)
+    try:
+        assert sink.port and sink.port > 0
+        sink.log({**record(1, reward=0.25), "kl": math.nan, "note": "text"})
+        text = scrape(sink.port)
+        assert 'kuberl_reward_mean{job="demo"} 0.25' in text
+        assert 'kuberl_step{job="demo"} 1.0' in text
+        assert "kuberl_kl{" not in text and "kuberl_note" not in text  # non-finite / non-numeric skipped
+        sink.log(record(2, reward=0.75))
+        assert 'kuberl_reward_mean{job="demo"} 0.75' in scrape(sink.port)
+        assert 'kuberl_kl{job="demo"} 0.02' in scrape(sink.port)
+    finally:
+        sink.close()
+
+
+def test_prometheus_port_is_released_on_close(tmp_path: Path) -> None:
+    sink = MetricsSink(tmp_path, "demo", total_steps=1, progress=False, prometheus_port=0)
+    port = sink.port
+    sink.close()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", port))
+
+
+def test_plot_reward_curve_writes_png(tmp_path: Path) -> None:
+    jsonl = tmp_path / "run" / "metrics.jsonl"
+    jsonl.parent.mkdir()
+    jsonl.write_text("".join(json.dumps(record(s, reward=s / 20)) + "\n" for s in range(1, 16)))
+    png = plot_reward_curve(jsonl, tmp_path / "curve.png")
+    assert png == tmp_path / "curve.png"
+    assert png.read_bytes()[:8] == PNG_MAGIC
+
+
+def test_plot_reward_curve_with_no_records(tmp_path: Path) -> None:
+    png = plot_reward_curve(tmp_path / "missing.jsonl", tmp_path / "empty.png")
+    assert png.read_bytes()[:8] == PNG_MAGIC

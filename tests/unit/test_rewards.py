@@ -1,0 +1,128 @@
+"""Rule rewards: built-in values, the GSM8K `#### <answer>` matcher, and loading by import path."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from kuberl.rewards import RewardImportError, load_reward_fn
+from kuberl.rewards.builtin import gsm8k, gsm8k_answer, repeat_letter
+
+GSM8K_SOLUTION = (
+    "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\n"
+    "Natalia sold 48+24 = <<48+24=72>>72 clips altogether in April and May.\n"
+    "#### 72"
+)
+
+
+@pytest.mark.parametrize("response,answer,want", [
+    ("cccc", "c", 1.0),
+    ("ccab", "c", 0.5),
+    ("aaab", "a", 0.75),
+    ("bbbb", "c", 0.0),
+    ("", "c", 0.0),
+    ("cccc", None, 0.0),
+    ("cccc", "", 0.0),
+])
+def test_repeat_letter(response: str, answer, want: float) -> None:
+    assert repeat_letter("say c:", response, answer) == pytest.approx(want)
+
+
+@pytest.mark.parametrize("text,want", [
+    ("so the total is #### 1,234", "1234"),
+    ("#### -5", "-5"),
+    ("####3.75", "3.75"),
+    ("#### -1,000.5 dollars", "-1000.5"),
+    ("first #### 3 then #### 4", "4"),
+    ("the answer is 72", None),
+    ("#### ", None),
+    (GSM8K_SOLUTION, "72"),
+])
+def test_gsm8k_answer_extraction(text: str, want) -> None:
+    assert gsm8k_answer(text) == want
+
+
+@pytest.mark.parametrize("response,answer,want", [
+    ("48/2=24, 48+24=72 #### 72", GSM8K_SOLUTION, 1.0),   # reference is a full GSM8K solution
+    ("#### 71", GSM8K_SOLUTION, 0.0),
+    ("#### 1,000", "1000", 1.0),                       # commas in the response
+    ("#### 1000", "1,000", 1.0),                       # commas in a bare reference
+    ("#### -3", "-3", 1.0),
+    ("#### 3", "-3", 0.0),
+    ("#### 2.50", "2.5", 1.0),                         # numeric, not string, comparison
+    ("#### 0.5", "#### .5", 1.0),
+    ("72", "72", 0.0),                                 # no marker in the response
+    ("the answer is 72.", GSM8K_SOLUTION, 0.0),
+    ("#### 72", None, 0.0),
+    ("#### 7", " 7 ", 1.0),
+])
+def test_gsm8k_reward(response: str, answer, want: float) -> None:
+    assert gsm8k("q", response, answer) == want
+
+
+def test_load_reward_fn_good_path() -> None:
+    assert load_reward_fn("kuberl.rewards.builtin:gsm8k") is gsm8k
+    assert load_reward_fn("kuberl.rewards.builtin:repeat_letter")("p", "aa", "a") == 1.0
+
+
+@pytest.fixture
+def user_modules(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """Write modules into tmp_path (on sys.path for this test); they are forgotten afterwards."""
+    monkeypatch.syspath_prepend(str(tmp_path))
+    written: list[str] = []
+
+    def write(name: str, source: str) -> str:
+        (tmp_path / f"{name}.py").write_text(source)
+        written.append(name)
+        return name
+
+    yield write
+    for name in written:
+        sys.modules.pop(name, None)
+
+
+def load_error(path: str) -> str:
+    with pytest.raises(RewardImportError) as info:
+        load_reward_fn(path)
+    msg = str(info.value)
+    assert msg.startswith("spec.reward.function: ") and "(fix: " in msg, msg
+    assert isinstance(info.value, ValueError)
+    return msg
+
+
+def test_user_module_on_sys_path_loads(user_modules) -> None:
+    user_modules("kuberl_test_reward_ok", "def score(prompt, response, answer):\n    return float(response == answer)\n")
+    fn = load_reward_fn("kuberl_test_reward_ok:score")
+    assert fn("p", "x", "x") == 1.0 and fn("p", "x", "y") == 0.0
+
+
+def test_missing_module_names_field_and_fix() -> None:
+    msg = load_error("kuberl_no_such_package.rewards:score")
+    assert "cannot import module 'kuberl_no_such_package.rewards'" in msg
+    assert "install the package" in msg
+
+
+def test_missing_attribute_names_field_and_fix(user_modules) -> None:
+    user_modules("kuberl_test_reward_attr", "def score(p, r, a):\n    return 0.0\n")
+    msg = load_error("kuberl_test_reward_attr:scroe")
+    assert "has no attribute 'scroe'" in msg and "check the function name" in msg
+
+
+def test_not_callable_names_field_and_fix(user_modules) -> None:
+    user_modules("kuberl_test_reward_value", "score = 0.5\n")
+    msg = load_error("kuberl_test_reward_value:score")
+    assert "is not callable" in msg
+
+
+def test_module_that_raises_on_import(user_modules) -> None:
+    user_modules("kuberl_test_reward_boom", "raise RuntimeError('no GPU for the judge')\n")
+    msg = load_error("kuberl_test_reward_boom:score")
+    assert "raised RuntimeError: no GPU for the judge" in msg and "make the module importable" in msg
+
+
+def test_module_with_syntax_error(user_modules) -> None:
+    user_modules("kuberl_test_reward_syntax", "def score(:\n")
+    msg = load_error("kuberl_test_reward_syntax:score")
+    assert "raised SyntaxError" in msg
