@@ -54,6 +54,7 @@ class Recovery:
     ready_s: float = 0.0
     replay_s: float = 0.0
     steps_lost: int = 0
+    restored_from: str = ""
 
 
 @dataclass
@@ -161,6 +162,9 @@ class Driver:
         group.start()
         if role in STATEFUL and self.last_ckpt > 0:
             group.call("load", path=str(checkpoint.step_dir(self.ckpt_root, self.last_ckpt) / role))
+            rec.restored_from = f"checkpoint step {self.last_ckpt}"
+        else:
+            rec.restored_from = "model path"
         rec.steps_lost = (self.step - self.last_ckpt) if role in STATEFUL else 0
         rec.ready_s = time.perf_counter() - t0
         health.recoveries.append(rec)

@@ -122,16 +122,18 @@ class RayWorkerGroup(WorkerGroup):
             ).remote(spec_json, rank, self.world_size, self.device, threads)
             for rank in range(self.world_size)
         ]
-        addr, port = self._get([self.actors[0].rendezvous.remote()])[0]
-        self._get([a.init.remote(addr, port) for a in self.actors])
+        up = max(self.ready_timeout_s, self.timeout_s)
+        addr, port = self._get([self.actors[0].rendezvous.remote()], up)[0]
+        self._get([a.init.remote(addr, port) for a in self.actors], up)
 
-    def _get(self, refs: list[Any]) -> list[Any]:
+    def _get(self, refs: list[Any], timeout: Optional[float] = None) -> list[Any]:
         import ray
 
+        timeout = timeout or self.timeout_s
         try:
-            return ray.get(refs, timeout=self.timeout_s)
+            return ray.get(refs, timeout=timeout)
         except ray.exceptions.GetTimeoutError:
-            raise WorkerFailure(self.role, f"hung: no answer within {self.timeout_s:.0f}s (spec.resilience.callTimeoutSeconds)") from None
+            raise WorkerFailure(self.role, f"hung: no answer within {timeout:.0f}s (spec.resilience.callTimeoutSeconds)") from None
         except (ray.exceptions.RayActorError, ray.exceptions.ActorDiedError, ray.exceptions.ActorUnavailableError) as exc:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise WorkerFailure(self.role, f"worker died ({type(exc).__name__}: {first})") from None

@@ -43,10 +43,6 @@ class ActorWorker(Worker):
         params = dict(self.engine.model.named_parameters())
         return all(torch.equal(params[k].float().cpu(), v.float().cpu()) for k, v in full.items() if k in params)
 
-    def weights_digest(self) -> float:
-        """A cheap fingerprint of the policy weights (sum of |w|), equal across world sizes."""
-        return float(sum(v.double().abs().sum() for v in self.trainer.full_state_dict().values()))
-
     @torch.no_grad()
     def generate(self, batch: Batch, seed: int) -> Batch:
         """Prompts -> responses, masks and old log-probs. Adds: responses [B,R], response_mask [B,R],

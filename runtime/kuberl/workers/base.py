@@ -50,6 +50,10 @@ class Worker:
         """Unsharded trainable weights on CPU (tests compare world sizes with it)."""
         return {k: v.detach().cpu() for k, v in self.trainer.full_state_dict().items()}
 
+    def weights_digest(self) -> float:
+        """A cheap fingerprint of the trainable weights (sum of |w| in float64), equal across world sizes."""
+        return float(sum(v.double().abs().sum() for v in self.trainer.full_state_dict().values()))
+
     def num_params(self) -> int:
         return count_params(self.trainer.model) if self.trainer is not None else 0
 

@@ -1,0 +1,84 @@
+"""`kuberl operator` (run the operator in this process) and `kuberl render JOB.yaml` (no cluster).
+
+``register(subparsers)`` adds both to the `kuberl` command; every command returns an exit code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import secrets
+import sys
+from pathlib import Path
+
+import yaml
+from kuberl.spec import SpecInvalid, load_manifest, parse_yaml
+
+from . import builders
+from .config import OperatorConfig
+
+
+def cmd_render(args: argparse.Namespace) -> int:
+    """Print every object the operator would create for a job, as one YAML stream."""
+    try:
+        job = load_manifest(args.job)
+    except SpecInvalid as exc:
+        for err in exc.errors:
+            print(f"error: {err}", file=sys.stderr)
+        return 1
+    namespace = args.namespace or job.metadata.namespace or "default"
+    opts = builders.BuildOptions(namespace=namespace, image=args.image)
+    raw_spec = parse_yaml(Path(args.job).read_text())["spec"]
+    objects = builders.all_objects(job, raw_spec, secrets.token_urlsafe(32), opts)
+    sys.stdout.write(yaml.safe_dump_all(objects, sort_keys=False))
+    return 0
+
+
+def cmd_operator(args: argparse.Namespace) -> int:
+    """Run the operator (kopf) until interrupted."""
+    import kopf
+
+    from . import handlers  # noqa: F401  (registers the handlers)
+
+    if args.namespace and args.all_namespaces:
+        print("error: give --namespace or --all-namespaces, not both", file=sys.stderr)
+        return 2
+    kopf.configure(verbose=args.verbose)
+    config = OperatorConfig(image=args.image, metrics_port=args.metrics_port, metrics_address=args.metrics_address)
+    kopf.run(
+        standalone=True,
+        namespaces=args.namespace,
+        clusterwide=args.all_namespaces or not args.namespace,
+        liveness_endpoint=args.liveness,
+        memo=kopf.Memo(config=config),
+    )
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add `operator` and `render` to a `kuberl` argument parser."""
+    env = OperatorConfig.from_env()
+    p = subparsers.add_parser("operator", help="run the RLTrainingJob operator (kopf) in this process")
+    p.add_argument("-n", "--namespace", action="append", default=[],
+                   help="watch this namespace (repeatable; glob patterns allowed); default: all")
+    p.add_argument("-A", "--all-namespaces", action="store_true", help="watch every namespace")
+    p.add_argument("--metrics-port", type=int, default=env.metrics_port,
+                   help="serve Prometheus /metrics on this port (default: off, or $KUBERL_METRICS_PORT)")
+    p.add_argument("--metrics-address", default=env.metrics_address, help="bind address for /metrics (default 0.0.0.0)")
+    p.add_argument("--liveness", metavar="URL", help="health endpoint for liveness/readiness probes, e.g. http://0.0.0.0:8081/healthz")
+    p.add_argument("--image", default=env.image, help=f"runtime image for Ray pods and the driver (default {env.image})")
+    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    p.set_defaults(func=cmd_operator)
+
+    p = subparsers.add_parser("render", help="print the objects the operator would create for a job (no cluster)")
+    p.add_argument("job", help="RLTrainingJob manifest (YAML)")
+    p.add_argument("-n", "--namespace", help="namespace of the objects (default: the manifest's, else default)")
+    p.add_argument("--image", default=env.image, help=f"runtime image (default {env.image})")
+    p.set_defaults(func=cmd_render)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m kuberl_operator COMMAND`: the same commands without the rest of `kuberl`."""
+    parser = argparse.ArgumentParser(prog="kuberl-operator")
+    register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    return int(args.func(args) or 0)

@@ -1,0 +1,41 @@
+"""Kubernetes-style conditions: type, status, reason, message, observedGeneration, lastTransitionTime."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+READY = "Ready"
+SUSPENDED = "Suspended"
+SUCCEEDED = "Succeeded"
+FAILED = "Failed"
+TERMINAL = (SUCCEEDED, FAILED)
+
+
+def find(conditions: Sequence[Mapping[str, Any]], type_: str) -> Mapping[str, Any] | None:
+    return next((c for c in conditions if c.get("type") == type_), None)
+
+
+def is_true(conditions: Sequence[Mapping[str, Any]], type_: str) -> bool:
+    cond = find(conditions, type_)
+    return cond is not None and cond.get("status") == "True"
+
+
+def terminal(conditions: Sequence[Mapping[str, Any]]) -> str | None:
+    """The terminal condition type that holds (sticky: nothing clears it), or None."""
+    return next((t for t in TERMINAL if is_true(conditions, t)), None)
+
+
+def set_condition(
+    conditions: Sequence[Mapping[str, Any]], type_: str, status: bool, reason: str, message: str,
+    generation: int, now: str,
+) -> list[dict[str, Any]]:
+    """A new list with one condition set; lastTransitionTime moves only when the status flips."""
+    value = "True" if status else "False"
+    old = find(conditions, type_)
+    since = old["lastTransitionTime"] if old is not None and old.get("status") == value and old.get("lastTransitionTime") else now
+    new = {"type": type_, "status": value, "reason": reason, "message": message,
+           "observedGeneration": generation, "lastTransitionTime": since}
+    if old is None:
+        return [dict(c) for c in conditions] + [new]
+    return [new if c.get("type") == type_ else dict(c) for c in conditions]

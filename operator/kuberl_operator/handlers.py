@@ -1,0 +1,108 @@
+"""kopf handlers for RLTrainingJobs: thin, each hands its work to `reconcile` and the pure modules.
+
+Run with ``kuberl operator`` or ``kopf run -m kuberl_operator.handlers``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import kopf
+
+from . import names, reconcile
+from .config import OperatorConfig
+from .health import pod_view
+from .kube import Kube
+from .metrics import Metrics
+from .progress import driver_outcome, parse_progress
+
+JOB = names.JOB_RESOURCE
+WORKERS = {names.LABEL_JOB: kopf.PRESENT, names.LABEL_ROLE: kopf.PRESENT}
+PROGRESS = {names.LABEL_JOB: kopf.PRESENT, names.LABEL_COMPONENT: "progress"}
+DRIVER = {names.LABEL_JOB: kopf.PRESENT, names.LABEL_COMPONENT: "driver"}
+
+
+@kopf.on.startup()
+async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    """Own finalizer and storage prefix, Events for warnings only, server-side label selectors."""
+    settings.persistence.finalizer = names.FINALIZER
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=names.PREFIX)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=names.PREFIX)
+    settings.posting.level = logging.WARNING
+    settings.posting.reporting_component = "kuberl-operator"
+    settings.posting.event_name_prefix = "kuberl-"
+    for resource in (("v1", "pods"), ("v1", "configmaps"), ("batch", "jobs")):
+        settings.watching.label_selectors[resource] = names.LABEL_JOB
+    config = memo.get("config") or OperatorConfig.from_env()
+    memo.ctx = reconcile.Context(kube=Kube(settings), config=config, metrics=Metrics())
+    if config.metrics_port is not None:
+        memo.metrics_server = memo.ctx.metrics.serve(config.metrics_port, config.metrics_address)
+
+
+@kopf.on.cleanup()
+async def shutdown(memo: kopf.Memo, **_: Any) -> None:
+    await memo.ctx.kube.close()
+    if memo.get("metrics_server") is not None:
+        memo.metrics_server.shutdown()
+
+
+@kopf.on.probe(id="jobs")
+def tracked_jobs(memo: kopf.Memo, **_: Any) -> int:
+    """Liveness detail: how many jobs this process holds a status lock for."""
+    return len(memo.ctx.locks)
+
+
+@kopf.index("pods", labels=WORKERS)
+def worker_pods(namespace: str, labels: kopf.Labels, body: kopf.Body, **_: Any) -> dict:
+    return {(namespace, labels[names.LABEL_JOB]): pod_view(body)}
+
+
+@kopf.index("configmaps", labels=PROGRESS)
+def progress_reports(namespace: str, labels: kopf.Labels, body: kopf.Body, **_: Any) -> dict:
+    return {(namespace, labels[names.LABEL_JOB]): parse_progress((body.get("data") or {}).get("progress"))}
+
+
+@kopf.index("batch", "jobs", labels=DRIVER)
+def driver_jobs(namespace: str, labels: kopf.Labels, body: kopf.Body, **_: Any) -> dict:
+    return {(namespace, labels[names.LABEL_JOB]): driver_outcome(body)}
+
+
+@kopf.on.event("pods", labels=WORKERS)
+@kopf.on.event("configmaps", labels=PROGRESS)
+@kopf.on.event("batch", "jobs", labels=DRIVER)
+async def child_changed(namespace: str, labels: kopf.Labels, memo: kopf.Memo, **kwargs: Any) -> None:
+    """A worker pod, the progress report or the driver Job changed: refresh the job's status."""
+    with memo.ctx.metrics.reconcile():
+        await reconcile.reconcile_status(memo.ctx, namespace, labels[names.LABEL_JOB], reconcile.Indices.of(kwargs))
+
+
+@kopf.on.create(*JOB)
+@kopf.on.resume(*JOB)
+@kopf.on.update(*JOB, field="spec")
+async def apply_spec(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **kwargs: Any) -> None:
+    """Validate, then create (or, when suspended, stop) what the job needs; then refresh status."""
+    ctx: reconcile.Context = memo.ctx
+    with ctx.metrics.reconcile():
+        job = reconcile.validated(body, patch)
+        try:
+            await reconcile.apply_spec(ctx, body, job)
+        finally:
+            await reconcile.reconcile_status(ctx, body.meta.namespace, body.meta.name, reconcile.Indices.of(kwargs))
+
+
+@kopf.timer(*JOB, interval=30, initial_delay=30)
+async def resync(body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> None:
+    """A periodic level-triggered pass, in case an event was missed."""
+    with memo.ctx.metrics.reconcile():
+        await reconcile.reconcile_status(memo.ctx, body.meta.namespace, body.meta.name, reconcile.Indices.of(kwargs))
+
+
+@kopf.on.delete(*JOB)
+async def delete_children(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """Delete what the job owns; kopf then removes our finalizer."""
+    ctx: reconcile.Context = memo.ctx
+    with ctx.metrics.reconcile():
+        await reconcile.delete_children(ctx, body)
+    ctx.metrics.forget(body.meta.namespace, body.meta.name)
+    ctx.locks.pop((body.meta.namespace, body.meta.name), None)

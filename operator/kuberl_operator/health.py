@@ -1,0 +1,120 @@
+"""Pods -> role health: which worker pods are ready, which failed, which must go.
+
+A role restarts as a gang: when one of its pods fails, every pod of that role is deleted (KubeRay
+recreates them) and the restart is counted once. Counting is idempotent across re-reconciles and
+operator restarts because the job's status remembers, per role, the UIDs of the pods it has seen
+alive (``members``, uid -> name: a member that vanishes was deleted) and of the pods already
+counted (``handledUIDs``: still listed until they are gone, never counted twice).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import names
+
+
+@dataclass(frozen=True)
+class PodView:
+    """What role health needs to know about one pod."""
+
+    name: str
+    uid: str
+    role: str | None
+    owner: str | None  # UID of the controlling owner (the RayCluster that made it)
+    ready: bool
+    failure: str | None  # why the pod counts as failed, or None
+    deleting: bool
+
+
+def terminated_failure(statuses: Sequence[Mapping[str, Any]]) -> str | None:
+    """A container that terminated non-zero (OOMKilled first: it is the most telling)."""
+    found = None
+    for cs in statuses:
+        term = (cs.get("state") or {}).get("terminated")
+        if term and term.get("exitCode", 0) != 0:
+            if term.get("reason") == "OOMKilled":
+                return f"container {cs.get('name')} OOMKilled"
+            found = found or f"container {cs.get('name')} exited with code {term.get('exitCode')}" + (
+                f" ({term['reason']})" if term.get("reason") else "")
+    return found
+
+
+def pod_failure(pod: Mapping[str, Any]) -> str | None:
+    """Why a worker pod is lost: deleted, evicted, failed, a container died, or it exited at all."""
+    status = pod.get("status") or {}
+    if (pod.get("metadata") or {}).get("deletionTimestamp"):
+        return "deleted"
+    if status.get("reason") == "Evicted":
+        return "evicted" + (f": {status['message']}" if status.get("message") else "")
+    container = terminated_failure([*status.get("initContainerStatuses", []), *status.get("containerStatuses", [])])
+    if container:
+        return container
+    if status.get("phase") == "Failed":
+        return f"pod failed ({status['reason']})" if status.get("reason") else "pod failed"
+    if status.get("phase") == "Succeeded":
+        return "worker exited"  # a Ray worker never finishes on its own
+    return None
+
+
+def pod_ready(pod: Mapping[str, Any]) -> bool:
+    status = pod.get("status") or {}
+    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions", []))
+    return status.get("phase") == "Running" and ready
+
+
+def pod_view(pod: Mapping[str, Any]) -> PodView:
+    meta = pod.get("metadata") or {}
+    owners = [o for o in meta.get("ownerReferences", []) if o.get("controller")]
+    return PodView(
+        name=meta.get("name", ""),
+        uid=meta.get("uid", ""),
+        role=(meta.get("labels") or {}).get(names.LABEL_ROLE),
+        owner=owners[0].get("uid") if owners else None,
+        ready=pod_ready(pod),
+        failure=pod_failure(pod),
+        deleting=bool(meta.get("deletionTimestamp")),
+    )
+
+
+@dataclass(frozen=True)
+class Tracking:
+    """Per-role memory kept in status: pods seen alive (uid -> name), and pods already counted."""
+
+    members: Mapping[str, str] = field(default_factory=dict)
+    handled: frozenset[str] = frozenset()
+
+    @classmethod
+    def from_status(cls, role_status: Mapping[str, Any]) -> "Tracking":
+        return cls(dict(role_status.get("members") or {}), frozenset(role_status.get("handledUIDs", [])))
+
+    def to_status(self) -> dict[str, Any]:
+        return {"members": dict(sorted(self.members.items())), "handledUIDs": sorted(self.handled)}
+
+
+@dataclass(frozen=True)
+class RoleHealth:
+    ready: int
+    failures: tuple[str, ...]  # new failures, one line each: "pod NAME: REASON"
+    tracking: Tracking
+    doomed: tuple[str, ...]  # names of pods to delete now (the rest of the gang, and failed pods)
+
+
+def assess_role(pods: Sequence[PodView], tracking: Tracking) -> RoleHealth:
+    """Count new failures of one role's pods and say which pods must go.
+
+    ``pods`` are the role's pods of the current RayCluster. A new failure is a failed pod that is
+    not handled yet, or a member that vanished. On any new failure every current pod of the role is
+    handled (and so deleted): the role restarts as a gang, counted once however many pods failed.
+    """
+    current = {p.uid: p for p in pods}
+    failures = [f"pod {p.name}: {p.failure}" for p in pods if p.failure and p.uid not in tracking.handled]
+    failures += [f"pod {name}: deleted" for uid, name in sorted(tracking.members.items(), key=lambda m: m[1])
+                 if uid not in current and uid not in tracking.handled]
+    handled = (tracking.handled | (current.keys() if failures else set())) & current.keys()
+    members = {p.uid: p.name for p in pods if not p.failure and p.uid not in handled}
+    doomed = tuple(sorted(p.name for p in pods if p.uid in handled and not p.deleting))
+    ready = sum(1 for p in pods if p.ready and not p.failure and p.uid not in handled)
+    return RoleHealth(ready, tuple(failures), Tracking(members, frozenset(handled)), doomed)

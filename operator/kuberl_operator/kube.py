@@ -1,0 +1,141 @@
+"""A minimal async Kubernetes client on aiohttp, using kopf's login (kubeconfig or service account).
+
+kopf is not a client library; the operator needs only get, create, merge-patch and delete of a few
+kinds, so it carries this small client instead of a large generated one.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import kopf
+
+
+@dataclass(frozen=True)
+class Resource:
+    group: str
+    version: str
+    plural: str
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+    def path(self, namespace: str, name: str | None = None, sub: str | None = None) -> str:
+        base = f"/api/{self.version}" if not self.group else f"/apis/{self.group}/{self.version}"
+        return f"{base}/namespaces/{namespace}/{self.plural}" + (f"/{name}" if name else "") + (f"/{sub}" if sub else "")
+
+
+PODS = Resource("", "v1", "pods")
+CONFIGMAPS = Resource("", "v1", "configmaps")
+SECRETS = Resource("", "v1", "secrets")
+SERVICEACCOUNTS = Resource("", "v1", "serviceaccounts")
+JOBS = Resource("batch", "v1", "jobs")
+ROLES = Resource("rbac.authorization.k8s.io", "v1", "roles")
+ROLEBINDINGS = Resource("rbac.authorization.k8s.io", "v1", "rolebindings")
+RAYCLUSTERS = Resource("ray.io", "v1", "rayclusters")
+RLTRAININGJOBS = Resource("kuberl.io", "v1alpha1", "rltrainingjobs")
+
+BY_KIND = {
+    ("v1", "ConfigMap"): CONFIGMAPS, ("v1", "Secret"): SECRETS, ("v1", "ServiceAccount"): SERVICEACCOUNTS,
+    ("batch/v1", "Job"): JOBS, ("rbac.authorization.k8s.io/v1", "Role"): ROLES,
+    ("rbac.authorization.k8s.io/v1", "RoleBinding"): ROLEBINDINGS, ("ray.io/v1", "RayCluster"): RAYCLUSTERS,
+}
+
+
+def resource_of(obj: Mapping[str, Any]) -> Resource:
+    return BY_KIND[(obj["apiVersion"], obj["kind"])]
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, reason: str, message: str):
+        super().__init__(f"{status} {reason}: {message}")
+        self.status, self.reason, self.message = status, reason, message
+
+
+def login(settings: kopf.OperatorSettings) -> kopf.ConnectionInfo:
+    """The same credentials kopf's built-in login finds: in-cluster first, then a kubeconfig."""
+    conn = kopf.login_with_service_account(settings=settings) or kopf.login_with_kubeconfig(settings=settings)
+    if conn is None:
+        raise kopf.LoginError("no service account and no kubeconfig: cannot reach the Kubernetes API")
+    return conn
+
+
+class Kube:
+    """get / create / patch / delete, raising ApiError on failures (get and delete: None on 404)."""
+
+    def __init__(self, settings: kopf.OperatorSettings, user_agent: str = "kuberl-operator"):
+        self.settings = settings
+        self.user_agent = user_agent
+        self.conn: kopf.ConnectionInfo | None = None
+        self.session: aiohttp.ClientSession | None = None
+
+    async def _session(self) -> aiohttp.ClientSession:
+        if self.session is None:
+            self.conn = login(self.settings)
+            ssl = self.conn.as_ssl_context() if self.conn.server.startswith("https") else False
+            self.session = aiohttp.ClientSession(
+                base_url=self.conn.server.rstrip("/") + "/",
+                headers={**self.conn.as_http_headers(), "User-Agent": self.user_agent},
+                connector=aiohttp.TCPConnector(ssl=ssl),
+                timeout=aiohttp.ClientTimeout(total=30),
+            )
+        return self.session
+
+    async def close(self) -> None:
+        if self.session is not None:
+            await self.session.close()
+            self.session = None
+
+    async def _send(self, method: str, path: str, body: Any, ctype: str,
+                    params: Mapping[str, str] | None) -> tuple[int, Any]:
+        session = await self._session()
+        async with session.request(method, path.lstrip("/"), json=body, params=params,
+                                   headers={"Content-Type": ctype}) as rsp:
+            text = await rsp.text()
+            try:
+                return rsp.status, json.loads(text) if text else None
+            except ValueError:
+                return rsp.status, {"reason": rsp.reason or "", "message": text[:200]}
+
+    async def request(self, method: str, path: str, body: Any = None, ctype: str = "application/json",
+                      params: Mapping[str, str] | None = None) -> Any:
+        status, data = await self._send(method, path, body, ctype, params)
+        if status == 401:  # a rotated service-account token: log in again, once
+            await self.close()
+            status, data = await self._send(method, path, body, ctype, params)
+        if status >= 400:
+            data = data if isinstance(data, dict) else {}
+            raise ApiError(status, data.get("reason", ""), data.get("message", ""))
+        return data
+
+    async def get(self, res: Resource, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            return await self.request("GET", res.path(namespace, name))
+        except ApiError as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    async def create(self, obj: Mapping[str, Any]) -> dict[str, Any]:
+        meta = obj["metadata"]
+        return await self.request("POST", resource_of(obj).path(meta["namespace"]), dict(obj))
+
+    async def patch(self, res: Resource, namespace: str, name: str, patch: Mapping[str, Any],
+                    sub: str | None = None) -> dict[str, Any]:
+        """JSON merge patch; a metadata.resourceVersion in it makes the server refuse stale writes (409)."""
+        return await self.request("PATCH", res.path(namespace, name, sub), dict(patch), "application/merge-patch+json")
+
+    async def delete(self, res: Resource, namespace: str, name: str) -> bool:
+        """Delete in the background (dependents go via garbage collection); False if already gone."""
+        try:
+            await self.request("DELETE", res.path(namespace, name), params={"propagationPolicy": "Background"})
+        except ApiError as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return True

@@ -1,0 +1,63 @@
+"""Names, labels and keys shared by the builders, the health checks and the handlers.
+
+Every child object's name derives from the job's name, so the operator finds what exists by name
+and never creates a second copy (a create that races another answers 409 and is adopted).
+The job name is at most 53 characters (spec model), so ``<job>-head-svc`` fits a Service's 63.
+"""
+
+from __future__ import annotations
+
+from kuberl.spec import GROUP, PLURAL, VERSION
+
+PREFIX = GROUP  # kopf's progress/diff-base annotations and our finalizer live under kuberl.io
+FINALIZER = f"{GROUP}/finalizer"
+LABEL_JOB = f"{GROUP}/job"
+LABEL_ROLE = f"{GROUP}/role"
+LABEL_COMPONENT = "app.kubernetes.io/component"
+COMMON_LABELS = {"app.kubernetes.io/name": "kuberl", "app.kubernetes.io/managed-by": "kuberl-operator"}
+JOB_RESOURCE = (GROUP, VERSION, PLURAL)
+
+SPEC_MOUNT = "/etc/kuberl"
+SPEC_FILE = "job.yaml"
+OUT_DIR = "/kuberl/out"
+GCS_PORT = 6379
+AUTH_TOKEN_KEY = "auth_token"
+
+
+def labels(job: str, component: str, role: str | None = None) -> dict[str, str]:
+    """Labels of every object and pod of a job; worker pods also carry their role."""
+    out = {**COMMON_LABELS, LABEL_JOB: job, "app.kubernetes.io/instance": job, LABEL_COMPONENT: component}
+    if role is not None:
+        out[LABEL_ROLE] = role
+    return out
+
+
+def cluster(job: str) -> str:
+    return job
+
+
+def head_service(job: str) -> str:
+    """The Service KubeRay creates for the head pod."""
+    return f"{cluster(job)}-head-svc"
+
+
+def driver(job: str) -> str:
+    """The driver Job, its ServiceAccount, Role and RoleBinding."""
+    return f"{job}-driver"
+
+
+def spec_configmap(job: str) -> str:
+    return f"{job}-spec"
+
+
+def progress_configmap(job: str) -> str:
+    return f"{job}-progress"
+
+
+def auth_secret(job: str) -> str:
+    return f"{job}-ray-auth"
+
+
+def role_resource(role: str) -> str:
+    """The custom Ray resource a role's pods advertise and its Ray actors request (one unit each)."""
+    return f"{GROUP}/role-{role}"

@@ -1,0 +1,190 @@
+"""Observations -> the job's status: phase, conditions, per-role health, progress, and the actions
+that follow (pods to delete, Events to post, the RayCluster to tear down).
+
+``decide`` is pure; the reconciler gathers the observations, writes the status it returns with a
+resourceVersion precondition, and only then acts, so every action follows a recorded decision.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from kuberl.spec import RLTrainingJob, enabled_roles
+
+from . import conditions as cond
+from . import names
+from .health import PodView, Tracking, assess_role
+from .progress import DriverOutcome, Progress
+
+PENDING, PROVISIONING, RUNNING, RESTARTING = "Pending", "Provisioning", "Running", "Restarting"
+SUCCEEDED, FAILED, SUSPENDED = "Succeeded", "Failed", "Suspended"
+ROLE_RESTARTING = "RoleRestarting"
+
+
+@dataclass(frozen=True)
+class Observed:
+    """What the operator sees of a job's world at one moment."""
+
+    cluster_uid: str | None  # the live RayCluster's UID; None when absent or being deleted
+    pods: Sequence[PodView] = ()
+    progress: Progress = field(default_factory=Progress)
+    driver: DriverOutcome | None = None
+
+
+@dataclass(frozen=True)
+class Event:
+    type: str  # Normal or Warning
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Decision:
+    status: dict[str, Any]
+    events: tuple[Event, ...] = ()
+    delete_pods: tuple[str, ...] = ()
+    teardown: bool = False  # the job is over: delete its RayCluster to free the GPUs
+
+
+@dataclass
+class RoleOutcome:
+    status: dict[str, Any]
+    failures: tuple[str, ...]
+    doomed: tuple[str, ...]
+
+
+def role_outcome(role: str, job: RLTrainingJob, old: Mapping[str, Any], seen: Observed, accounting: bool, now: str) -> RoleOutcome:
+    """One role's status; with ``accounting`` on, new pod failures are counted and its gang doomed."""
+    spec = getattr(job.spec.roles, role)
+    prev = (old.get("roles") or {}).get(role) or {}
+    pods = [p for p in seen.pods if p.role == role and seen.cluster_uid is not None and p.owner == seen.cluster_uid]
+    pod_restarts = int(prev.get("podRestarts", 0))
+    last_failure = prev.get("lastFailure")
+    failures: tuple[str, ...] = ()
+    doomed: tuple[str, ...] = ()
+    if accounting:
+        same_cluster = old.get("rayClusterUID") == seen.cluster_uid
+        health = assess_role(pods, Tracking.from_status(prev) if same_cluster else Tracking())
+        failures, doomed, tracking, ready = health.failures, health.doomed, health.tracking, health.ready
+        if failures:
+            pod_restarts += 1
+            last_failure = f"{now}: {'; '.join(failures)}"
+    else:
+        tracking, ready = Tracking(), 0
+    status = {
+        "desired": spec.replicas,
+        "ready": ready,
+        "restarts": max(pod_restarts, seen.progress.role_restarts.get(role, 0)),
+        "podRestarts": pod_restarts,
+        **({"lastFailure": last_failure} if last_failure else {}),
+        **tracking.to_status(),
+    }
+    return RoleOutcome(status, failures, doomed)
+
+
+def decide(job: RLTrainingJob, generation: int, old: Mapping[str, Any], seen: Observed, now: str) -> Decision:
+    """The next status of a (valid) job and what to do about it."""
+    conds: list[dict[str, Any]] = [dict(c) for c in old.get("conditions", [])]
+    if cond.terminal(conds):  # sticky: a finished job's status is final
+        return Decision(dict(old), teardown=seen.cluster_uid is not None)
+
+    suspended = job.spec.suspend
+    accounting = not suspended and seen.cluster_uid is not None
+    roles = {r: role_outcome(r, job, old, seen, accounting, now) for r in enabled_roles(job.spec)}
+    events = [Event("Warning", "RoleRestart",
+                    f"role {r}: {'; '.join(o.failures)}; restarting the role's pods "
+                    f"(restart {o.status['restarts']} of at most {getattr(job.spec.roles, r).max_restarts})")
+              for r, o in roles.items() if o.failures]
+    exhausted = [(r, o) for r, o in roles.items() if o.status["restarts"] > getattr(job.spec.roles, r).max_restarts]
+    all_ready = all(o.status["ready"] >= o.status["desired"] for o in roles.values())
+
+    def put(type_: str, status: bool, reason: str, message: str) -> None:
+        nonlocal conds
+        conds = cond.set_condition(conds, type_, status, reason, message, generation, now)
+
+    failed: tuple[str, str] | None = None
+    if exhausted:
+        r, o = exhausted[0]
+        failed = ("ReachedMaxRestarts", f"role {r} restarted {o.status['restarts']} times, more than "
+                                        f"spec.roles.{r}.maxRestarts ({getattr(job.spec.roles, r).max_restarts}); "
+                                        f"last failure {o.status.get('lastFailure', 'unknown')}")
+    elif not suspended and seen.driver is not None and not seen.driver.succeeded:
+        failed = ("DriverFailed", seen.driver.message)
+
+    if failed is not None:
+        phase, message = FAILED, failed[1]
+        put(cond.FAILED, True, failed[0], message)
+        put(cond.READY, False, "JobFailed", message)
+        events.append(Event("Warning", failed[0], message))
+    elif not suspended and seen.driver is not None:
+        phase, message = SUCCEEDED, seen.driver.message
+        put(cond.SUCCEEDED, True, "DriverSucceeded", message)
+        put(cond.READY, False, "JobSucceeded", message)
+        events.append(Event("Normal", "Succeeded", message))
+    elif suspended:
+        phase, message = SUSPENDED, "spec.suspend is true: the RayCluster and the driver are stopped"
+        put(cond.SUSPENDED, True, "Suspended", message)
+        put(cond.READY, False, "Suspended", message)
+    else:
+        if cond.find(conds, cond.SUSPENDED) is not None:
+            put(cond.SUSPENDED, False, "Resumed", "spec.suspend is false")
+        restarting = [r for r, o in roles.items() if o.failures]
+        previous = cond.find(conds, cond.READY)
+        if seen.cluster_uid is None:
+            phase, reason, message = PENDING, "WaitingForRayCluster", f"waiting for RayCluster {names.cluster(job.metadata.name)}"
+        elif restarting or (previous is not None and previous.get("reason") == ROLE_RESTARTING and not all_ready):
+            phase, reason = RESTARTING, ROLE_RESTARTING
+            message = (f"restarting {', '.join(restarting)}" if restarting else previous["message"])
+        elif all_ready:
+            phase, reason, message = RUNNING, "AllRolesReady", f"all {len(roles)} roles ready"
+        else:
+            waiting = [f"{r} {o.status['ready']}/{o.status['desired']}" for r, o in roles.items()
+                       if o.status["ready"] < o.status["desired"]]
+            phase, reason, message = PROVISIONING, "RolesNotReady", f"waiting for pods: {', '.join(waiting)}"
+        put(cond.READY, phase == RUNNING, reason, message)
+        if phase == RUNNING and old.get("phase") != RUNNING:
+            events.append(Event("Normal", "Running", message))
+        if phase == RUNNING and seen.progress.message:
+            message = seen.progress.message
+
+    status = {k: v for k, v in old.items() if k not in ("rayCluster", "rayClusterUID")}
+    status.update(
+        phase=phase,
+        message=message,
+        conditions=conds,
+        observedGeneration=generation,
+        roles={r: o.status for r, o in roles.items()},
+        restarts=sum(o.status["restarts"] for o in roles.values()),
+    )
+    if seen.cluster_uid is not None:
+        status.update(rayCluster=names.cluster(job.metadata.name), rayClusterUID=seen.cluster_uid)
+    progress = {"step": seen.progress.step, "totalSteps": seen.progress.total_steps,
+                "tokensPerSec": seen.progress.tokens_per_sec}
+    status.update({k: v for k, v in progress.items() if v is not None})
+    terminal = phase in (SUCCEEDED, FAILED)
+    delete_pods = () if terminal else tuple(p for o in roles.values() for p in o.doomed)
+    return Decision(status, tuple(events), delete_pods, teardown=terminal and seen.cluster_uid is not None)
+
+
+def invalid_spec_status(old: Mapping[str, Any], generation: int, message: str, now: str) -> dict[str, Any]:
+    """Status of a job whose spec does not validate: Failed, reason InvalidSpec, naming the fields."""
+    conds = cond.set_condition(old.get("conditions", []), cond.FAILED, True, "InvalidSpec", message, generation, now)
+    conds = cond.set_condition(conds, cond.READY, False, "InvalidSpec", message, generation, now)
+    return {"phase": FAILED, "message": message, "conditions": conds, "observedGeneration": generation}
+
+
+def merge_diff(old: Any, new: Any) -> Any:
+    """The JSON merge patch that turns ``old`` into ``new`` (None where nothing changes)."""
+    if not isinstance(old, dict) or not isinstance(new, dict):
+        return None if old == new else new
+    out: dict[str, Any] = {}
+    for key in old.keys() - new.keys():
+        out[key] = None
+    for key, value in new.items():
+        if key not in old:
+            out[key] = value
+        elif (sub := merge_diff(old[key], value)) is not None:
+            out[key] = sub
+    return out or None

@@ -1,0 +1,162 @@
+"""Per-role failure recovery on CPU with real Ray: a role's worker process is SIGKILLed (or hangs) mid-step;
+only that role's WorkerGroup is recreated, its state restored, and the interrupted phase replayed."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from kuberl import checkpoint
+from kuberl.driver import Driver, Fault, JobFailed
+from kuberl.groups import RayWorkerGroup
+from kuberl.metrics import read_jsonl
+
+from .conftest import REPO, load_example
+
+ROLES = ("actor", "critic", "ref", "reward")
+
+
+class CountingGroup(RayWorkerGroup):
+    """A RayWorkerGroup that counts how often it is (re)created."""
+
+    starts: dict[str, int] = {}
+
+    def start(self) -> None:
+        CountingGroup.starts[self.role] = CountingGroup.starts.get(self.role, 0) + 1
+        super().start()
+
+
+class ProbingDriver(Driver):
+    """Records, right after each restart, whether the actor's rollout engine holds the restored weights."""
+
+    def _restart(self, rec) -> None:
+        super()._restart(rec)
+        group = self.groups[rec.role]
+        self.after_restart = {"digest": group.call("weights_digest")[0] if rec.role in ("actor", "critic") else None,
+                              "rollout_match": group.call("rollout_weights_match")[0] if rec.role == "actor" else None}
+
+
+def spec_for(**overrides):
+    base = {"trainer.steps": 8, "trainer.checkpoint.interval": 2}
+    base.update(overrides)
+    return load_example("quickstart.yaml", **base).spec
+
+
+def identities(driver: Driver) -> dict[str, list[tuple[int, str]]]:
+    return {role: [(i["pid"], i["actor_id"]) for i in g.identities()] for role, g in driver.groups.items()}
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_killed_role_recovers_alone(ray_session, tmp_path, role):
+    spec = spec_for()
+    CountingGroup.starts = {}
+    digests: dict[int, float] = {}
+
+    def on_step(rec):
+        if role in ("actor", "critic"):
+            digests[rec["step"]] = driver.groups[role].call("weights_digest")[0]
+
+    driver = ProbingDriver(spec, f"kill-{role}", tmp_path, lambda r: CountingGroup(r, spec, timeout_s=120),
+                           faults=[Fault(role, 3)], progress=False, on_step=on_step)
+    driver.start()
+    try:
+        before = identities(driver)
+        records = driver.run()
+        after = identities(driver)
+    finally:
+        driver.shutdown()
+    assert driver.step == 8 and [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == list(range(1, 9))
+    for other in ROLES:
+        if other != role:
+            assert after[other] == before[other], f"{other} was disturbed by {role}'s failure"
+            assert CountingGroup.starts[other] == 1
+    assert after[role][0][0] != before[role][0][0] and after[role][0][1] != before[role][0][1]
+    assert CountingGroup.starts[role] == 2  # recreated exactly once
+    (rec,) = driver.health[role].recoveries
+    assert rec.step == 3 and "died" in rec.reason
+    if role in ("actor", "critic"):
+        assert rec.restored_from == "checkpoint step 2"
+        assert driver.after_restart["digest"] == pytest.approx(digests[2], rel=1e-12)
+    else:
+        assert rec.restored_from == "model path"
+    if role == "actor":
+        assert driver.after_restart["rollout_match"] is True
+    last = records[-1]
+    assert last[f"restarts_{role}"] == 1 and all(last[f"restarts_{o}"] == 0 for o in ROLES if o != role)
+    at3 = records[2]
+    assert at3[f"recovery_{role}_total_s"] == pytest.approx(
+        at3[f"recovery_{role}_detect_s"] + at3[f"recovery_{role}_ready_s"] + at3[f"recovery_{role}_replay_s"])
+    assert at3[f"steps_lost_{role}"] == 0  # the checkpoint at step 2 is the last completed step
+    print(f"recovery {role}: detect={rec.detect_s:.2f}s ready={rec.ready_s:.2f}s replay={rec.replay_s:.2f}s")
+
+
+def test_hung_worker_counts_as_failed(ray_session, tmp_path):
+    spec = spec_for(**{"resilience.callTimeoutSeconds": 5, "trainer.steps": 4})
+    driver = Driver(spec, "hang", tmp_path, lambda r: RayWorkerGroup(r, spec, timeout_s=5), faults=[Fault("ref", 2, "hang")], progress=False)
+    driver.start()
+    try:
+        t0 = time.perf_counter()
+        driver.run()
+        elapsed = time.perf_counter() - t0
+    finally:
+        driver.shutdown()
+    (rec,) = driver.health["ref"].recoveries
+    assert driver.step == 4 and "hung" in rec.reason and 5 <= rec.detect_s < 10
+    assert elapsed < 60
+
+
+@pytest.mark.parametrize("role, fault_step, final_ckpt", [("critic", 4, 3), ("reward", 4, 3)])
+def test_restart_budget_exhausted_fails_with_role_and_reason(ray_session, tmp_path, role, fault_step, final_ckpt):
+    """maxRestarts=0: the first failure ends the job with an error naming the role, after a final checkpoint."""
+    spec = spec_for(**{f"roles.{role}.maxRestarts": 0, "trainer.checkpoint.interval": 3})
+    driver = Driver(spec, "budget", tmp_path, lambda r: RayWorkerGroup(r, spec, timeout_s=120), faults=[Fault(role, fault_step)], progress=False)
+    driver.start()
+    try:
+        with pytest.raises(JobFailed) as info:
+            driver.run()
+    finally:
+        driver.shutdown()
+    msg = str(info.value)
+    assert f"role {role}" in msg and "maxRestarts=0" in msg and f"spec.roles.{role}.maxRestarts" in msg and "died" in msg
+    assert checkpoint.latest(tmp_path / "checkpoints") == final_ckpt
+    assert [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == list(range(1, fault_step))
+
+
+def test_killed_driver_resumes_from_last_checkpoint(netns, tmp_path):
+    """SIGKILL the whole `kuberl run`; the same command resumes, losing at most one checkpoint interval."""
+    out, interval = tmp_path / "run", 5
+    cmd = [sys.executable, "-m", "kuberl.cli", "run", "examples/quickstart.yaml", "--out", str(out), "--steps", "30",
+           "--backend", "local", "--no-progress"]
+    job = tmp_path / "job.yaml"
+    job.write_text((REPO / "examples" / "quickstart.yaml").read_text().replace("checkpoint: {interval: 2}", f"checkpoint: {{interval: {interval}}}"))
+    cmd[4] = str(job)
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and len(read_jsonl(out / "metrics.jsonl")) < 12:
+        time.sleep(0.02)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    done_before = len(read_jsonl(out / "metrics.jsonl"))
+    assert 12 <= done_before < 30
+    resumed_from = checkpoint.latest(out / "checkpoints")
+    assert done_before - resumed_from <= interval
+    rerun = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert rerun.returncode == 0, rerun.stderr
+    assert [r["step"] for r in read_jsonl(out / "metrics.jsonl")] == list(range(1, 31))
+    assert f"step {resumed_from + 1}/30" in rerun.stdout
+
+
+def test_fault_flag_and_spec_list_agree(netns):
+    from kuberl.run import UsageError, apply_overrides, parse_fault
+
+    job = apply_overrides(load_example("quickstart.yaml"), 8, ["critic:3", "actor:5:hang"])
+    assert [(f.role, f.step) for f in job.spec.resilience.faults] == [("critic", 3), ("actor", 5)]
+    assert parse_fault("ref:2:hang") == ("ref", 2, "hang")
+    with pytest.raises(UsageError):
+        parse_fault("critic")
