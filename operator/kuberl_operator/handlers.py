@@ -84,9 +84,8 @@ async def apply_spec(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **kwar
     """Validate, then create (or, when suspended, stop) what the job needs; then refresh status."""
     ctx: reconcile.Context = memo.ctx
     with ctx.metrics.reconcile():
-        job = reconcile.validated(body, patch)
         try:
-            await reconcile.apply_spec(ctx, body, job)
+            await reconcile.apply_spec(ctx, body, patch)
         finally:
             await reconcile.reconcile_status(ctx, body.meta.namespace, body.meta.name, reconcile.Indices.of(kwargs))
 

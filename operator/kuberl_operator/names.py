@@ -59,5 +59,8 @@ def auth_secret(job: str) -> str:
 
 
 def role_resource(role: str) -> str:
-    """The custom Ray resource a role's pods advertise and its Ray actors request (one unit each)."""
-    return f"{GROUP}/role-{role}"
+    """The custom Ray resource a role's pods advertise and its Ray actors request (one unit each).
+
+    Must equal the runtime's ``kuberl.groups.ROLE_RESOURCE`` (a WorkerGroup's bundles ask for it).
+    """
+    return f"kuberl_role_{role}"

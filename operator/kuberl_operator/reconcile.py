@@ -126,11 +126,15 @@ async def ensure(ctx: Context, body: kopf.Body, obj: MutableMapping[str, Any]) -
     return False
 
 
-async def apply_spec(ctx: Context, body: kopf.Body, job: RLTrainingJob) -> None:
-    """Make the children match the spec: everything when running; no RayCluster/driver when suspended."""
+async def apply_spec(ctx: Context, body: kopf.Body, patch: kopf.Patch) -> None:
+    """Make the children match the spec: everything when running; no RayCluster/driver when suspended.
+
+    A finished job (Succeeded or Failed, InvalidSpec included) is left as it is: terminal is final.
+    """
     namespace, name = body.meta.namespace, body.meta.name
     if conditions.terminal(body.status.get("conditions", [])):
-        return  # a finished job keeps what is left for inspection
+        return
+    job = validated(body, patch)
     if job.spec.suspend:
         stopped = [f"{res.plural} {child}" for res, child in children(name)[:2]
                    if await delete_owned(ctx, res, namespace, child, body.meta.uid)]

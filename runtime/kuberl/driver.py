@@ -88,7 +88,9 @@ class Driver:
     def start(self) -> None:
         for role in self.roles:
             self.groups[role] = self.make_group(role)
-            self.groups[role].start()
+            self.groups[role].launch()
+        for role in self.roles:
+            self.groups[role].wait_ready()
         resume = checkpoint.latest(self.ckpt_root)
         if resume is not None:
             self._restore_driver(resume)

@@ -48,8 +48,17 @@ class WorkerGroup(ABC):
     @abstractmethod
     def _run(self, method: str, shards: list[Optional[Batch]], kwargs: dict, fault: Optional[str]) -> list[Any]: ...
 
+    def start(self) -> None:
+        """Launch and wait until every rank is set up."""
+        self.launch()
+        self.wait_ready()
+
     @abstractmethod
-    def start(self) -> None: ...
+    def launch(self) -> None:
+        """Begin creating the workers; `wait_ready` completes it (lets roles start in parallel)."""
+
+    @abstractmethod
+    def wait_ready(self) -> None: ...
 
     @abstractmethod
     def shutdown(self) -> None: ...
@@ -65,7 +74,10 @@ class LocalWorkerGroup(WorkerGroup):
         self.role, self.spec, self.device, self.world_size = role, spec, device, 1
         self.worker = None
 
-    def start(self) -> None:
+    def launch(self) -> None:
+        """In-process: nothing to launch ahead of time."""
+
+    def wait_ready(self) -> None:
         from . import dist as kdist
 
         self.worker = WORKERS[self.role](self.spec.model_dump_json(by_alias=True), 0, 1, self.device)
@@ -99,29 +111,33 @@ class RayWorkerGroup(WorkerGroup):
             out["GPU"] = 1.0
         return out
 
-    def start(self) -> None:
-        """Reserve the placement group (waits for capacity), start the actors, join their process group."""
+    def launch(self) -> None:
+        """Reserve the placement group and create the actors without waiting (processes start in the background)."""
         import ray
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         bundle = self.bundle()
         self.pg = placement_group([bundle] * self.world_size, strategy="PACK", name=f"kuberl-{self.role}-{os.getpid()}-{time.time_ns()}")
-        try:
-            ray.get(self.pg.ready(), timeout=self.ready_timeout_s)
-        except ray.exceptions.GetTimeoutError:
-            raise WorkerFailure(self.role, f"no capacity for {self.world_size} x {bundle} within {self.ready_timeout_s:.0f}s") from None
         cls = ray.remote(WORKERS[self.role])
-        threads = max(1, int(bundle["CPU"]))
         spec_json = self.spec.model_dump_json(by_alias=True)
         self.actors = [
             cls.options(
                 num_cpus=bundle["CPU"], num_gpus=bundle.get("GPU", 0), resources={k: v for k, v in bundle.items() if k not in ("CPU", "GPU")},
                 scheduling_strategy=PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=rank),
                 max_restarts=0,
-            ).remote(spec_json, rank, self.world_size, self.device, threads)
+            ).remote(spec_json, rank, self.world_size, self.device, max(1, int(bundle["CPU"])))
             for rank in range(self.world_size)
         ]
+
+    def wait_ready(self) -> None:
+        """Wait for capacity (the placement group), then join the ranks' process group and set up models."""
+        import ray
+
+        try:
+            ray.get(self.pg.ready(), timeout=self.ready_timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            raise WorkerFailure(self.role, f"no capacity for {self.world_size} x {self.bundle()} within {self.ready_timeout_s:.0f}s") from None
         up = max(self.ready_timeout_s, self.timeout_s)
         addr, port = self._get([self.actors[0].rendezvous.remote()], up)[0]
         self._get([a.init.remote(addr, port) for a in self.actors], up)

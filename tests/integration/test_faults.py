@@ -27,9 +27,9 @@ class CountingGroup(RayWorkerGroup):
 
     starts: dict[str, int] = {}
 
-    def start(self) -> None:
+    def launch(self) -> None:
         CountingGroup.starts[self.role] = CountingGroup.starts.get(self.role, 0) + 1
-        super().start()
+        super().launch()
 
 
 class ProbingDriver(Driver):

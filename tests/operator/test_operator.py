@@ -81,7 +81,7 @@ def test_create_makes_raycluster_driver_and_configmaps(api: Client, operator: Op
         assert group["template"]["metadata"]["labels"]["kuberl.io/role"] == role
         assert group["template"]["metadata"]["labels"]["kuberl.io/job"] == job_name
         assert group["template"]["spec"]["restartPolicy"] == "Never"
-        assert json.loads(group["rayStartParams"]["resources"].strip("'")) == {f"kuberl.io/role-{role}": 1}
+        assert json.loads(group["rayStartParams"]["resources"].strip("'")) == {f"kuberl_role_{role}": 1}
         assert group["template"]["spec"]["containers"][0]["image"] == "kuberl-runtime:test"
 
     driver = api.get(JOBS, f"{job_name}-driver")["spec"]["template"]["spec"]

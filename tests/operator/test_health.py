@@ -1,0 +1,88 @@
+"""Pods -> role health, without a server."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from kuberl_operator.health import PodView, Tracking, assess_role, pod_failure, pod_ready, pod_view
+
+
+def pod(phase: str = "Running", ready: bool = True, **status: Any) -> dict[str, Any]:
+    return {
+        "metadata": {"name": "p", "uid": "u", "labels": {"kuberl.io/role": "critic"},
+                     "ownerReferences": [{"uid": "rc", "controller": True}]},
+        "status": {"phase": phase, "conditions": [{"type": "Ready", "status": "True" if ready else "False"}], **status},
+    }
+
+
+def terminated(code: int, reason: str) -> list[dict[str, Any]]:
+    return [{"name": "ray-worker", "state": {"terminated": {"exitCode": code, "reason": reason}}}]
+
+
+@pytest.mark.parametrize("body, expected", [
+    (pod(), None),
+    (pod("Pending", False), None),
+    (pod("Failed", False, containerStatuses=terminated(137, "OOMKilled")), "container ray-worker OOMKilled"),
+    (pod("Running", False, containerStatuses=terminated(1, "Error")), "container ray-worker exited with code 1 (Error)"),
+    (pod("Failed", False, reason="Evicted", message="low on memory"), "evicted: low on memory"),
+    (pod("Failed", False), "pod failed"),
+    (pod("Succeeded", False), "worker exited"),
+    ({**pod(), "metadata": {**pod()["metadata"], "deletionTimestamp": "2026-01-01T00:00:00Z"}}, "deleted"),
+])
+def test_pod_failure_modes(body: dict[str, Any], expected: str | None) -> None:
+    assert pod_failure(body) == expected
+
+
+def test_pod_view_reads_role_owner_and_readiness() -> None:
+    view = pod_view(pod())
+    assert (view.role, view.owner, view.ready, view.failure, view.deleting) == ("critic", "rc", True, None, False)
+    assert not pod_ready(pod("Running", False)) and not pod_ready(pod("Pending", True))
+
+
+def view(name: str, failure: str | None = None, ready: bool = True, deleting: bool = False) -> PodView:
+    return PodView(name=name, uid=f"uid-{name}", role="critic", owner="rc", ready=ready, failure=failure, deleting=deleting)
+
+
+def test_healthy_pods_become_members() -> None:
+    health = assess_role([view("a"), view("b", ready=False)], Tracking())
+    assert (health.ready, health.failures, health.doomed) == (1, (), ())
+    assert health.tracking == Tracking({"uid-a": "a", "uid-b": "b"}, frozenset())
+
+
+def test_one_failure_dooms_the_gang_and_counts_once() -> None:
+    start = assess_role([view("a"), view("b")], Tracking()).tracking
+    first = assess_role([view("a", "container ray-worker OOMKilled"), view("b")], start)
+    assert first.failures == ("pod a: container ray-worker OOMKilled",)
+    assert first.doomed == ("a", "b") and first.ready == 0
+    assert first.tracking.handled == {"uid-a", "uid-b"} and not first.tracking.members
+
+    # Re-assessing the same world (a re-reconcile, an operator restart) counts nothing new,
+    # and keeps asking for the pods that are not gone yet.
+    again = assess_role([view("a", "container ray-worker OOMKilled"), view("b", deleting=True)], first.tracking)
+    assert again.failures == () and again.doomed == ("a",)
+    gone = assess_role([], again.tracking)
+    assert gone.failures == () and gone.tracking == Tracking()
+
+    # Replacements are new members; their failure is a new restart.
+    fresh = assess_role([view("c"), view("d")], gone.tracking)
+    assert fresh.failures == () and fresh.ready == 2
+
+
+def test_a_vanished_member_is_a_deletion() -> None:
+    start = assess_role([view("a"), view("b")], Tracking()).tracking
+    health = assess_role([view("b")], start)
+    assert health.failures == ("pod a: deleted",) and health.doomed == ("b",)
+
+
+def test_simultaneous_failures_are_one_restart() -> None:
+    start = assess_role([view("a"), view("b")], Tracking()).tracking
+    health = assess_role([view("a", "pod failed"), view("b", "evicted")], start)
+    assert len(health.failures) == 2 and health.doomed == ("a", "b")
+
+
+def test_tracking_round_trips_through_status() -> None:
+    tracking = Tracking({"u1": "p1"}, frozenset({"u2"}))
+    assert Tracking.from_status(tracking.to_status()) == tracking
+    assert tracking.to_status() == {"members": {"u1": "p1"}, "handledUIDs": ["u2"]}
