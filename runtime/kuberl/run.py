@@ -97,12 +97,29 @@ def run_job(job: RLTrainingJob, out: Path, backend: str = "ray", device: str = "
             ray.init(address=ray_address, configure_logging=False)
         elif not ray.is_initialized():
             start_local_ray(job.spec)
+    from .driver import JobFailed
+    from .progress import ProgressReporter, progress_of
+
     driver = build_driver(job, out, backend, device, list(faults), progress)
+    reporter = ProgressReporter.from_env()
+    total = job.spec.trainer.steps
+    last: dict[str, Any] = {}
+    if reporter is not None:
+        def on_step(rec: dict[str, Any]) -> None:
+            last.update(rec)
+            reporter.report(progress_of(rec, total))
+        driver.on_step = on_step
     try:
         driver.start()
         records = driver.run()
+    except JobFailed as exc:
+        if reporter is not None:
+            reporter.report(progress_of(last, total, "Failed", str(exc)))
+        raise
     finally:
         driver.shutdown()
+    if reporter is not None:
+        reporter.report(progress_of(last, total, "Succeeded", f"finished {total} steps"))
     plot_reward_curve(out / "metrics.jsonl", out / "reward_curve.png")
     return records
 
