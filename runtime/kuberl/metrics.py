@@ -1,15 +1,65 @@
 """Per-step metrics: a progress bar (or log lines), `metrics.jsonl`, Prometheus, and a reward-curve PNG.
 
-Metric keys are flat snake_case; Prometheus names are `kuberl_<key>` (gauges), labelled by job.
+Metric keys are flat snake_case. Prometheus families are fixed (see `PROM_FAMILIES`): per-phase,
+per-role and per-recovery keys become labels, so dashboards query a known set of names.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 import sys
 from pathlib import Path
 from typing import Any, Optional
+
+# family -> (help, labels besides `job`)
+PROM_FAMILIES: dict[str, tuple[str, tuple[str, ...]]] = {
+    "kuberl_step": ("Last completed training step.", ()),
+    "kuberl_reward_mean": ("Mean sequence reward of the step's rollouts.", ()),
+    "kuberl_kl": ("Mean per-token KL(actor || ref) of the rollouts.", ()),
+    "kuberl_kl_coef": ("Current KL coefficient.", ()),
+    "kuberl_entropy": ("Mean per-token policy entropy (nats).", ()),
+    "kuberl_clip_frac": ("Fraction of tokens whose policy ratio was clipped.", ()),
+    "kuberl_response_length_mean": ("Mean response length in tokens.", ()),
+    "kuberl_rollout_tokens_per_second": ("Generated tokens per second of generation time.", ()),
+    "kuberl_train_tokens_per_second": ("Actor training tokens per second of update time.", ()),
+    "kuberl_mfu_ratio": ("Actor update model-FLOPs utilisation (6·N·tokens / measured peak).", ()),
+    "kuberl_phase_seconds": ("Seconds spent in a phase of the last step.", ("phase",)),
+    "kuberl_role_restarts": ("Restarts of a role's WorkerGroup since the job began.", ("role",)),
+    "kuberl_recovery_seconds": ("Seconds of the last recovery of a role, by part (detect, ready, replay, total).", ("role", "part")),
+    "kuberl_steps_lost": ("Training steps of a role's state lost in its last recovery.", ("role",)),
+    "kuberl_role_memory_bytes": ("Peak memory of a role's rank 0, by kind (gpu_peak, rss_peak).", ("role", "kind")),
+}
+_PLAIN = {"step": "kuberl_step", "reward_mean": "kuberl_reward_mean", "kl": "kuberl_kl", "kl_coef": "kuberl_kl_coef",
+          "entropy": "kuberl_entropy", "clip_frac": "kuberl_clip_frac", "response_length_mean": "kuberl_response_length_mean",
+          "rollout_tokens_per_s": "kuberl_rollout_tokens_per_second", "train_tokens_per_s": "kuberl_train_tokens_per_second",
+          "mfu": "kuberl_mfu_ratio"}
+_PATTERNS = [
+    (re.compile(r"^time_(?P<phase>\w+?)_s$"), "kuberl_phase_seconds"),
+    (re.compile(r"^restarts_(?P<role>\w+)$"), "kuberl_role_restarts"),
+    (re.compile(r"^recovery_(?P<role>[a-z]+)_(?P<part>\w+?)_s$"), "kuberl_recovery_seconds"),
+    (re.compile(r"^steps_lost_(?P<role>\w+)$"), "kuberl_steps_lost"),
+    (re.compile(r"^memory_(?P<role>[a-z]+)_(?P<kind>\w+?)_bytes$"), "kuberl_role_memory_bytes"),
+]
+
+
+def prom_samples(record: dict[str, Any]) -> list[tuple[str, dict[str, str], float]]:
+    """(family, labels, value) for each key of a step record that has a Prometheus family."""
+    out = []
+    for key, value in record.items():
+        if not isinstance(value, (int, float)) or not math.isfinite(value):
+            continue
+        if key in _PLAIN:
+            out.append((_PLAIN[key], {}, float(value)))
+            continue
+        for pattern, family in _PATTERNS:
+            m = pattern.match(key)
+            if m:
+                out.append((family, m.groupdict(), float(value)))
+                break
+    return out
+
 
 PROGRESS_KEYS = (("reward_mean", "reward"), ("kl", "kl"), ("rollout_tokens_per_s", "tok/s"))
 
@@ -58,20 +108,20 @@ class MetricsSink:
         self.server = server
         self.port = server.server_address[1]
 
-    def _gauge(self, key: str):
+    def _gauge(self, family: str):
         from prometheus_client import Gauge
 
-        if key not in self.gauges:
-            self.gauges[key] = Gauge(f"kuberl_{key}", f"kuberl runtime metric {key}", ["job"], registry=self.registry)
-        return self.gauges[key]
+        if family not in self.gauges:
+            help_text, labels = PROM_FAMILIES[family]
+            self.gauges[family] = Gauge(family, help_text, ["job", *labels], registry=self.registry)
+        return self.gauges[family]
 
     def log(self, record: dict[str, Any]) -> None:
         with self.path.open("a") as fh:
             fh.write(json.dumps(record) + "\n")
         if self.registry is not None:
-            for key, value in record.items():
-                if isinstance(value, (int, float)) and math.isfinite(value):
-                    self._gauge(key).labels(job=self.job).set(value)
+            for family, labels, value in prom_samples(record):
+                self._gauge(family).labels(job=self.job, **labels).set(value)
         shown = {label: record[k] for k, label in PROGRESS_KEYS if k in record}
         if self.bar is not None:
             self.bar.set_postfix({k: f"{v:.3g}" for k, v in shown.items()}, refresh=False)

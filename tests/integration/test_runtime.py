@@ -133,7 +133,10 @@ def test_prometheus_endpoint_serves_step_metrics(netns, tmp_path):
     finally:
         driver.shutdown()
     assert 'kuberl_reward_mean{job="prom"}' in scraped[-1]
-    assert "kuberl_rollout_tokens_per_s" in scraped[-1] and "kuberl_restarts_critic" in scraped[-1]
+    assert "kuberl_rollout_tokens_per_second" in scraped[-1]
+    assert 'kuberl_role_restarts{job="prom",role="critic"} 0.0' in scraped[-1]
+    assert 'kuberl_phase_seconds{job="prom",phase="update_actor"}' in scraped[-1]
+    assert 'kuberl_role_memory_bytes{job="prom",kind="rss_peak",role="actor"}' in scraped[-1]
 
 
 def test_reward_model_worker_scores_sequences(netns, tmp_path):

@@ -50,6 +50,13 @@ class Worker:
         """Unsharded trainable weights on CPU (tests compare world sizes with it)."""
         return {k: v.detach().cpu() for k, v in self.trainer.full_state_dict().items()}
 
+    def memory(self) -> dict[str, int]:
+        """This process's peak GPU memory and peak resident set size, in bytes (GPU 0 on CPU)."""
+        import resource
+
+        gpu = torch.cuda.max_memory_allocated(self.device) if self.device.type == "cuda" else 0
+        return {"gpu_peak": int(gpu), "rss_peak": int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024}
+
     def weights_digest(self) -> float:
         """A cheap fingerprint of the trainable weights (sum of |w| in float64), equal across world sizes."""
         return float(sum(v.double().abs().sum() for v in self.trainer.full_state_dict().values()))
