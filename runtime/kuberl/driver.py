@@ -35,6 +35,14 @@ STATEFUL = ("actor", "critic")
 class JobFailed(RuntimeError):
     """The job cannot go on (a role spent its restart budget); the message names the role and reason."""
 
+    reason = "ReachedMaxRestarts"
+
+
+class PlacementDegraded(JobFailed):
+    """`spec.placement.policy: required` and a role's GPU groups are linked below `minLink`."""
+
+    reason = "PlacementDegraded"
+
 
 @dataclass
 class Fault:
@@ -80,6 +88,7 @@ class Driver:
         self.kl_ctl = algos.make_kl_controller(a.kl.controller, a.kl.coef, a.kl.target, a.kl.horizon)
         self.health = {r: RoleHealth() for r in self.roles}
         self.groups: dict[str, WorkerGroup] = {}
+        self.worst_links: dict[str, Optional[str]] = {}
         self.step = 0
         self.last_ckpt = 0
         self.phase = ""
@@ -97,8 +106,24 @@ class Driver:
             for role in STATEFUL:
                 if role in self.groups:
                     self.groups[role].call("load", path=str(checkpoint.step_dir(self.ckpt_root, resume) / role))
+        self.check_placement()
         self.peak_flops = self.groups["actor"].call("measure_peak_flops")[0]
         self.n_params = self.groups["actor"].call("num_params")[0]
+
+    def check_placement(self, roles: Optional[list[str]] = None) -> None:
+        """Record each role's worst GPU link; under `required`, refuse to train below minLink."""
+        from .placement import placement_problem
+
+        problems = []
+        for role in roles or list(self.groups):
+            group = self.groups[role]
+            links = [p["worst_link"] for p in group.call("placement_info") if p["worst_link"]]
+            self.worst_links[role] = min(links, key=_link_rank) if links else None
+            problem = placement_problem(self.spec, role, self.worst_links[role])
+            if problem:
+                problems.append(problem)
+        if problems:
+            raise PlacementDegraded("; ".join(problems))
 
     def _restore_driver(self, step: int) -> None:
         state = checkpoint.read_state(self.ckpt_root, step)
@@ -168,6 +193,7 @@ class Driver:
         else:
             rec.restored_from = "model path"
         rec.steps_lost = (self.step - self.last_ckpt) if role in STATEFUL else 0
+        self.check_placement([role])
         rec.ready_s = time.perf_counter() - t0
         health.recoveries.append(rec)
 
@@ -275,6 +301,9 @@ class Driver:
             "mfu_peak_tflops": self.peak_flops / 1e12,
             "n_params": self.n_params,
         }
+        for role, link in self.worst_links.items():
+            if link:
+                rec[f"worst_link_{role}"] = link
         for role, h in self.health.items():
             rec[f"restarts_{role}"] = h.restarts
             for r in h.recoveries[recoveries_before.get(role, 0):]:
@@ -304,3 +333,10 @@ class Driver:
         finally:
             sink.close()
         return records
+
+
+def _link_rank(level: str) -> float:
+    """Order for picking the worst link: unknown counts as worst."""
+    from .topology import link_score
+
+    return -1.0 if level == "unknown" else link_score(level)

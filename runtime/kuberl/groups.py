@@ -33,6 +33,19 @@ def world_size(spec: JobSpec, role: str) -> int:
     return rs.replicas * max(rs.gpus, 1)
 
 
+def local_ranks(nodes: list[tuple[str, list[int]]]) -> list[tuple[int, list[int]]]:
+    """Per rank: (its rank among the group's ranks on its node, the GPUs those ranks hold together)."""
+    by_node: dict[str, list[int]] = {}
+    for node, gpus in nodes:
+        by_node.setdefault(node, []).extend(gpus)
+    seen: dict[str, int] = {}
+    out = []
+    for node, _ in nodes:
+        out.append((seen.get(node, 0), sorted(by_node[node])))
+        seen[node] = seen.get(node, 0) + 1
+    return out
+
+
 def _gather(results: list[Any]) -> Any:
     return Batch.concat(results) if results and isinstance(results[0], Batch) else results
 
@@ -121,11 +134,13 @@ class RayWorkerGroup(WorkerGroup):
         self.pg = placement_group([bundle] * self.world_size, strategy="PACK", name=f"kuberl-{self.role}-{os.getpid()}-{time.time_ns()}")
         cls = ray.remote(WORKERS[self.role])
         spec_json = self.spec.model_dump_json(by_alias=True)
+        # GPU ranks see every GPU of their node and pin themselves by topology (kuberl.placement).
+        env = {"env_vars": {"RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}} if "GPU" in bundle else None
         self.actors = [
             cls.options(
                 num_cpus=bundle["CPU"], num_gpus=bundle.get("GPU", 0), resources={k: v for k, v in bundle.items() if k not in ("CPU", "GPU")},
                 scheduling_strategy=PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=rank),
-                max_restarts=0,
+                max_restarts=0, runtime_env=env,
             ).remote(spec_json, rank, self.world_size, self.device, max(1, int(bundle["CPU"])))
             for rank in range(self.world_size)
         ]
@@ -140,7 +155,8 @@ class RayWorkerGroup(WorkerGroup):
             raise WorkerFailure(self.role, f"no capacity for {self.world_size} x {self.bundle()} within {self.ready_timeout_s:.0f}s") from None
         up = max(self.ready_timeout_s, self.timeout_s)
         addr, port = self._get([self.actors[0].rendezvous.remote()], up)[0]
-        self._get([a.init.remote(addr, port) for a in self.actors], up)
+        nodes = self._get([a.node_gpus.remote() for a in self.actors], up)
+        self._get([a.init.remote(addr, port, *local) for a, local in zip(self.actors, local_ranks(nodes))], up)
 
     def _get(self, refs: list[Any], timeout: Optional[float] = None) -> list[Any]:
         import ray

@@ -58,8 +58,15 @@ class ProgressReporter:
             return False
 
 
-def progress_of(rec: dict[str, Any], total_steps: int, phase: str = "Running", message: str = "") -> dict[str, Any]:
+def progress_of(rec: dict[str, Any], total_steps: int, phase: str = "Running", message: str = "",
+                reason: str = "", worst_links: Optional[dict[str, Optional[str]]] = None) -> dict[str, Any]:
     """The progress document for one step record (see kuberl_operator.progress for the reader)."""
-    roles = {k[len("restarts_"):]: {"restarts": v} for k, v in rec.items() if k.startswith("restarts_")}
-    return {"step": rec.get("step", 0), "totalSteps": total_steps, "tokensPerSec": round(rec.get("rollout_tokens_per_s", 0.0), 1),
-            "phase": phase, "message": message, "roles": roles}
+    roles: dict[str, dict[str, Any]] = {k[len("restarts_"):]: {"restarts": v} for k, v in rec.items() if k.startswith("restarts_")}
+    for role, link in {**{k[len("worst_link_"):]: v for k, v in rec.items() if k.startswith("worst_link_")}, **(worst_links or {})}.items():
+        if link:
+            roles.setdefault(role, {})["worstLink"] = link
+    doc = {"step": rec.get("step", 0), "totalSteps": total_steps, "tokensPerSec": round(rec.get("rollout_tokens_per_s", 0.0), 1),
+           "phase": phase, "message": message, "roles": roles}
+    if reason:
+        doc["reason"] = reason
+    return doc

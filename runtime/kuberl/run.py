@@ -114,7 +114,7 @@ def run_job(job: RLTrainingJob, out: Path, backend: str = "ray", device: str = "
         records = driver.run()
     except JobFailed as exc:
         if reporter is not None:
-            reporter.report(progress_of(last, total, "Failed", str(exc)))
+            reporter.report(progress_of(last, total, "Failed", str(exc), exc.reason, driver.worst_links))
         raise
     finally:
         driver.shutdown()
@@ -141,7 +141,7 @@ def run_command(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     except JobFailed as exc:
-        print(f"error: job failed: {exc}", file=sys.stderr)
+        print(f"error: job failed ({exc.reason}): {exc}", file=sys.stderr)
         return 3
     if records:
         first, last = records[: min(10, len(records))], records[-min(10, len(records)):]

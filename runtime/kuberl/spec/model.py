@@ -223,6 +223,24 @@ class ResilienceSpec(Section):
     faults: list[FaultSpec] = Field(default_factory=list, description="Injected faults (testing/demo).")
 
 
+class PlacementSpec(Section):
+    """GPU placement with respect to PCIe/NVLink topology (docs/placement.md)."""
+
+    policy: Literal["preferred", "required"] = Field(
+        "preferred", description="required: a role whose GPU groups cannot meet minLink is not started (PlacementDegraded)."
+    )
+    min_link: Literal["NV", "PIX", "PXB", "PHB", "NODE", "SYS"] = Field(
+        "SYS", description="Worst acceptable link inside a GPU group: NV > PIX > PXB > PHB > NODE > SYS."
+    )
+    mode: Literal["device-plugin", "dra"] = Field(
+        "device-plugin", description="device-plugin: nvidia.com/gpu limits; dra: a ResourceClaimTemplate per role (resource.k8s.io/v1)."
+    )
+    dra_constraint: Literal["pcieRoot", "numaNode"] = Field(
+        "pcieRoot", description="dra: keep each replica's GPUs on one PCIe root or one NUMA node (matchAttribute)."
+    )
+    device_class: str = Field("gpu.nvidia.com", min_length=1, description="dra: DeviceClass of the GPUs.")
+
+
 class JobSpec(Section):
     model: ModelSpec = Field(default_factory=ModelSpec)
     algorithm: AlgorithmSpec = Field(default_factory=AlgorithmSpec)
@@ -232,6 +250,7 @@ class JobSpec(Section):
     trainer: TrainerSpec = Field(default_factory=TrainerSpec)
     roles: RolesSpec = Field(default_factory=RolesSpec)
     resilience: ResilienceSpec = Field(default_factory=ResilienceSpec)
+    placement: PlacementSpec = Field(default_factory=PlacementSpec)
     suspend: bool = Field(False, description="Stop the job's pods and keep its state; false resumes.")
 
     @property
@@ -320,6 +339,8 @@ def cross_field_problems(spec: JobSpec) -> list[tuple[str, str, str]]:
         out.append(("roles.actor.enabled", "the actor cannot be disabled", "remove spec.roles.actor.enabled"))
     if not roles.reward.enabled:
         out.append(("roles.reward.enabled", "the reward role cannot be disabled", "remove spec.roles.reward.enabled"))
+    if spec.placement.mode == "dra" and not any(getattr(roles, r).gpus for r in enabled_roles(spec)):
+        out.append(("placement.mode", "dra needs at least one role with GPUs", "set spec.placement.mode to device-plugin or give a role gpus"))
     for i, fault in enumerate(spec.resilience.faults):
         if fault.step > tr.steps:
             out.append((f"resilience.faults[{i}].step", f"must be <= trainer.steps ({tr.steps})", "inject the fault at a step the job reaches"))

@@ -16,6 +16,7 @@ import torch
 from .. import dist as kdist
 from ..batch import Batch
 from ..models import count_params, load_tokenizer
+from ..placement import pin_rank
 from ..spec import JobSpec, RoleSpec
 from .train import FSDPTrainer
 
@@ -41,6 +42,11 @@ class Worker:
     # -- lifecycle, called by the WorkerGroup ------------------------------------------------------
     def identity(self) -> dict[str, Any]:
         return {"role": self.role, "rank": self.rank, "pid": os.getpid()}
+
+    def placement_info(self) -> dict[str, Any]:
+        """This rank's GPU, its group and the worst link inside the role's groups (None on CPU)."""
+        p = self.placement
+        return {"device": None if p is None else p.device, "worst_link": None if p is None else p.worst_link}
 
     def measure_peak_flops(self) -> float:
         """Dense matmul FLOP/s on this worker's device and dtype (the MFU denominator)."""
@@ -69,7 +75,25 @@ class Worker:
         host = os.environ.get("KUBERL_NODE_IP") or _ray_node_ip() or "127.0.0.1"
         return host, kdist.free_port(host)
 
-    def init(self, addr: str, port: int) -> None:
+    def node_gpus(self) -> tuple[str, list[int]]:
+        """(Ray node id, GPU indices Ray reserved for this actor); ([], '') outside Ray or on CPU."""
+        try:
+            import ray
+        except ImportError:
+            return "", []
+        if not ray.is_initialized() or self.device.type != "cuda":
+            return "", []
+        return ray.get_runtime_context().get_node_id(), [int(g) for g in ray.get_gpu_ids()]
+
+    def init(self, addr: str, port: int, local_rank: int = 0, node_gpus: Optional[list[int]] = None) -> None:
+        """Pin to a GPU by topology (when this rank shares a node's GPUs with its group), then join
+        the role's process group and build the models."""
+        self.placement = None
+        if self.device.type == "cuda" and node_gpus:
+            self.placement = pin_rank(self.spec, self.role, local_rank, node_gpus)
+            os.environ["NCCL_P2P_LEVEL"] = self.placement.nccl_p2p_level
+            self.device = torch.device("cuda", self.placement.device)
+            torch.cuda.set_device(self.device)
         kdist.init_group(self.rank, self.world_size, addr, port, self.device)
         self.setup()
 

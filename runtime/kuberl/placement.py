@@ -1,0 +1,70 @@
+"""Pin a role's ranks to GPUs by link topology, inside one node (placement layer 3, docs/placement.md).
+
+The ranks of a role that share a node own a set of GPUs (the union of what Ray reserved for them).
+The planner partitions those GPUs into groups of `group_size` (a tensor-parallel group, or a replica's
+FSDP shard group) maximising link quality, and local rank r gets the r-th GPU in plan order. The worst
+link inside the role's groups sets NCCL_P2P_LEVEL and is compared with `spec.placement.minLink`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from .spec import JobSpec
+from .topology import LinkMatrix, link_class, meets, nccl_p2p_level, pin_devices, plan_groups
+
+
+@dataclass(frozen=True)
+class RankPlacement:
+    device: int  # GPU index on the node (nvidia-smi / PCI bus order)
+    group: tuple[int, ...]  # the GPUs of this rank's group
+    worst_link: str  # worst link inside the role's groups on this node ("X" for one GPU)
+    nccl_p2p_level: str
+
+
+def group_size(spec: JobSpec, role: str) -> int:
+    """GPUs that must talk fast: the rollout's tensor-parallel group for the actor when it is > 1,
+    else one replica's GPUs (its FSDP shard group)."""
+    rs = getattr(spec.roles, role)
+    if role == "actor" and spec.rollout.tensor_parallel_size > 1:
+        return spec.rollout.tensor_parallel_size
+    return max(rs.gpus, 1)
+
+
+def place_ranks(matrix: LinkMatrix, node_gpus: list[int], k: int) -> list[RankPlacement]:
+    """One RankPlacement per local rank (0..len(node_gpus)-1) for ranks sharing `node_gpus`."""
+    k = min(k, len(node_gpus))
+    plan = plan_groups(matrix, k, sorted(node_gpus))
+    worst = plan.worst_link
+    level = nccl_p2p_level(worst) if worst != "X" else "LOC"
+    out = []
+    for local_rank in range(len(node_gpus)):
+        group, device = pin_devices(plan, local_rank)
+        out.append(RankPlacement(device, tuple(group), worst, level))
+    return out
+
+
+def placement_problem(spec: JobSpec, role: str, worst_link: Optional[str]) -> Optional[str]:
+    """A message when `required` placement is violated for `role`, else None."""
+    p = spec.placement
+    if worst_link is None or worst_link == "X" or p.policy != "required":
+        return None
+    if worst_link != "unknown" and meets(worst_link, p.min_link):
+        return None
+    what = "unknown (no NVML or nvidia-smi)" if worst_link == "unknown" else f"{worst_link} ({link_class(worst_link)})"
+    return (f"role {role}: worst GPU link {what} is below spec.placement.minLink "
+            f"{p.min_link} (fix: schedule the role on nodes whose GPUs are linked by {p.min_link} or better, "
+            f"use spec.placement.mode dra, or set spec.placement.policy to preferred)")
+
+
+def pin_rank(spec: JobSpec, role: str, local_rank: int, node_gpus: list[int]) -> RankPlacement:
+    """This rank's placement from the local link matrix; without a readable topology (no NVML and no
+    nvidia-smi) the rank takes the local_rank-th GPU in index order and the link is unknown."""
+    from .topology import TopologyError, read_local
+
+    gpus = sorted(node_gpus)
+    try:
+        return place_ranks(read_local(), gpus, group_size(spec, role))[local_rank]
+    except TopologyError:
+        return RankPlacement(gpus[local_rank], tuple(gpus), "unknown", "SYS")
