@@ -155,7 +155,10 @@ class RolloutSpec(Section):
 
 
 class CheckpointSpec(Section):
-    path: Optional[str] = Field(None, description="Directory for checkpoints; defaults to <out>/checkpoints.")
+    path: Optional[str] = Field(None, description="Directory for checkpoints; defaults to <out>/checkpoints (on Kubernetes: /checkpoints).")
+    volume_claim: Optional[str] = Field(
+        None, description="Kubernetes: a ReadWriteMany PersistentVolumeClaim mounted at the checkpoint path in the driver and every worker pod."
+    )
     interval: int = Field(10, ge=1, description="Steps between checkpoints.")
     keep: int = Field(2, ge=1, description="Checkpoints kept on disk.")
 
