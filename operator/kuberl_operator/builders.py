@@ -20,6 +20,7 @@ DEFAULT_IMAGE = "ghcr.io/kuberl/kuberl-runtime:0.1.0"
 HEAD_RESOURCES = {"cpu": "1", "memory": "4Gi"}
 DRIVER_RESOURCES = {"cpu": "1", "memory": "4Gi"}
 DRIVER_BACKOFF_LIMIT = 2
+DRIVER_GAVE_UP = 3  # `kuberl run`'s exit code for a job that failed for good
 RAY_UID = 1000  # the `ray` user of rayproject images
 RAY_GID = 100
 
@@ -158,6 +159,13 @@ def driver_job(job: RLTrainingJob, opts: BuildOptions) -> dict[str, Any]:
         "metadata": meta(names.driver(name), opts.namespace, names.labels(name, "driver")),
         "spec": {
             "backoffLimit": DRIVER_BACKOFF_LIMIT,
+            "podFailurePolicy": {"rules": [
+                # `kuberl run` exits 3 when the job cannot go on (a spent budget, degraded placement):
+                # retrying cannot help. An evicted or preempted driver does not use up a retry.
+                {"action": "FailJob", "onExitCodes": {"containerName": "driver", "operator": "In",
+                                                       "values": [DRIVER_GAVE_UP]}},
+                {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+            ]},
             "template": {
                 "metadata": {"labels": names.labels(name, "driver")},
                 "spec": {

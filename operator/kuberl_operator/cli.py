@@ -35,13 +35,13 @@ def cmd_render(args: argparse.Namespace) -> int:
 
 def cmd_operator(args: argparse.Namespace) -> int:
     """Run the operator (kopf) until interrupted."""
+    if args.namespace and args.all_namespaces:
+        print("error: give --namespace or --all-namespaces, not both", file=sys.stderr)
+        return 2
     import kopf
 
     from . import handlers  # noqa: F401  (registers the handlers)
 
-    if args.namespace and args.all_namespaces:
-        print("error: give --namespace or --all-namespaces, not both", file=sys.stderr)
-        return 2
     kopf.configure(verbose=args.verbose)
     config = OperatorConfig(image=args.image, metrics_port=args.metrics_port, metrics_address=args.metrics_address)
     kopf.run(

@@ -6,6 +6,7 @@ Run with ``kuberl operator`` or ``kopf run -m kuberl_operator.handlers``.
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 import kopf
@@ -21,11 +22,13 @@ JOB = names.JOB_RESOURCE
 WORKERS = {names.LABEL_JOB: kopf.PRESENT, names.LABEL_ROLE: kopf.PRESENT}
 PROGRESS = {names.LABEL_JOB: kopf.PRESENT, names.LABEL_COMPONENT: "progress"}
 DRIVER = {names.LABEL_JOB: kopf.PRESENT, names.LABEL_COMPONENT: "driver"}
+RESYNC_SECONDS = float(os.environ.get("KUBERL_RESYNC_SECONDS", "30"))
 
 
 @kopf.on.startup()
 async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
-    """Own finalizer and storage prefix, Events for warnings only, server-side label selectors."""
+    """Our finalizer and storage prefix; only warnings of kopf's log become Events (ours are posted
+    explicitly); server-side label selectors, so only the jobs' own pods, ConfigMaps and Jobs stream."""
     settings.persistence.finalizer = names.FINALIZER
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=names.PREFIX)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=names.PREFIX)
@@ -45,6 +48,7 @@ async def shutdown(memo: kopf.Memo, **_: Any) -> None:
     await memo.ctx.kube.close()
     if memo.get("metrics_server") is not None:
         memo.metrics_server.shutdown()
+        memo.metrics_server.server_close()
 
 
 @kopf.on.probe(id="jobs")
@@ -80,21 +84,17 @@ async def child_changed(namespace: str, labels: kopf.Labels, memo: kopf.Memo, **
 @kopf.on.create(*JOB)
 @kopf.on.resume(*JOB)
 @kopf.on.update(*JOB, field="spec")
-async def apply_spec(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **kwargs: Any) -> None:
+async def apply_spec(body: kopf.Body, patch: kopf.Patch, diff: kopf.Diff, memo: kopf.Memo, **kwargs: Any) -> None:
     """Validate, then create (or, when suspended, stop) what the job needs; then refresh status."""
-    ctx: reconcile.Context = memo.ctx
-    with ctx.metrics.reconcile():
-        try:
-            await reconcile.apply_spec(ctx, body, patch)
-        finally:
-            await reconcile.reconcile_status(ctx, body.meta.namespace, body.meta.name, reconcile.Indices.of(kwargs))
-
-
-@kopf.timer(*JOB, interval=30, initial_delay=30)
-async def resync(body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> None:
-    """A periodic level-triggered pass, in case an event was missed."""
     with memo.ctx.metrics.reconcile():
-        await reconcile.reconcile_status(memo.ctx, body.meta.namespace, body.meta.name, reconcile.Indices.of(kwargs))
+        await reconcile.reconcile_job(memo.ctx, body, patch, diff, reconcile.Indices.of(kwargs))
+
+
+@kopf.timer(*JOB, interval=RESYNC_SECONDS, initial_delay=RESYNC_SECONDS)
+async def resync(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **kwargs: Any) -> None:
+    """A periodic level-triggered pass: missed events, children deleted by hand."""
+    with memo.ctx.metrics.reconcile():
+        await reconcile.resync(memo.ctx, body.meta.namespace, body.meta.name, patch, reconcile.Indices.of(kwargs))
 
 
 @kopf.on.delete(*JOB)

@@ -71,16 +71,15 @@ class Kube:
     def __init__(self, settings: kopf.OperatorSettings, user_agent: str = "kuberl-operator"):
         self.settings = settings
         self.user_agent = user_agent
-        self.conn: kopf.ConnectionInfo | None = None
         self.session: aiohttp.ClientSession | None = None
 
     async def _session(self) -> aiohttp.ClientSession:
         if self.session is None:
-            self.conn = login(self.settings)
-            ssl = self.conn.as_ssl_context() if self.conn.server.startswith("https") else False
+            conn = login(self.settings)
+            ssl = conn.as_ssl_context() if conn.server.startswith("https") else False
             self.session = aiohttp.ClientSession(
-                base_url=self.conn.server.rstrip("/") + "/",
-                headers={**self.conn.as_http_headers(), "User-Agent": self.user_agent},
+                base_url=conn.server.rstrip("/") + "/",
+                headers={**conn.as_http_headers(), "User-Agent": self.user_agent},
                 connector=aiohttp.TCPConnector(ssl=ssl),
                 timeout=aiohttp.ClientTimeout(total=30),
             )

@@ -3,16 +3,17 @@
 Contract with the runtime: the driver patches ConfigMap ``<job>-progress`` (name in env
 ``KUBERL_PROGRESS_CONFIGMAP``, namespace in ``KUBERL_NAMESPACE``) so that ``data.progress`` is JSON::
 
-    {"step": 12, "totalSteps": 60, "tokensPerSec": 5321.5, "phase": "Running",
-     "message": "...", "roles": {"critic": {"restarts": 1}}}
+    {"step": 12, "totalSteps": 60, "tokensPerSec": 5321.5, "phase": "Running", "message": "...",
+     "reason": "PlacementDegraded", "roles": {"critic": {"restarts": 1, "worstLink": "PIX"}}}
 
-Every key is optional. Terminal phases come from the driver Job (Complete / Failed), which belongs
-to the current run; ``phase`` and ``message`` of the ConfigMap only inform ``status.message``.
+Every key is optional. Whether the run ended comes from the driver Job (Complete / Failed), which
+belongs to the current run; a failed report's ``reason`` and ``message`` say why.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,7 +26,9 @@ class Progress:
     tokens_per_sec: float | None = None
     phase: str | None = None
     message: str | None = None
+    reason: str | None = None  # a CamelCase condition reason, e.g. PlacementDegraded
     role_restarts: Mapping[str, int] = field(default_factory=dict)
+    role_links: Mapping[str, str] = field(default_factory=dict)  # worst GPU link per role, e.g. PIX
 
 
 def _number(value: Any, kind: type) -> Any:
@@ -38,6 +41,9 @@ def _text(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
+REASON = re.compile(r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")  # what Kubernetes accepts as a reason
+
+
 def parse_progress(text: str | None) -> Progress:
     """Parse ``data.progress``; anything malformed is ignored rather than trusted."""
     try:
@@ -47,15 +53,17 @@ def parse_progress(text: str | None) -> Progress:
     if not isinstance(data, dict):
         return Progress()
     roles = data.get("roles") if isinstance(data.get("roles"), dict) else {}
-    restarts = {role: int(r["restarts"]) for role, r in roles.items()
-                if isinstance(r, dict) and _number(r.get("restarts"), int) is not None}
+    roles = {role: r for role, r in roles.items() if isinstance(r, dict)}
+    reason = _text(data.get("reason"))
     return Progress(
         step=_number(data.get("step"), int),
         total_steps=_number(data.get("totalSteps"), int),
         tokens_per_sec=_number(data.get("tokensPerSec"), float),
         phase=_text(data.get("phase")),
-        message=_text(data.get("message")),
-        role_restarts=restarts,
+        message=_text(data.get("message")) or None,
+        reason=reason if reason and REASON.match(reason) else None,
+        role_restarts={role: int(r["restarts"]) for role, r in roles.items() if _number(r.get("restarts"), int) is not None},
+        role_links={role: r["worstLink"] for role, r in roles.items() if _text(r.get("worstLink"))},
     )
 
 

@@ -2,9 +2,11 @@
 
 - ``apply_spec``: create what a running job needs (or, when suspended, remove the runtime part),
   finding existing objects by name first and adopting them, so nothing is ever created twice;
-- ``reconcile_status``: observe (the job, its RayCluster, kopf's indices of pods, progress and the
+- ``write_status``: observe (the job, its RayCluster, kopf's indices of pods, progress and the
   driver Job), ``decide``, write the status with a resourceVersion precondition, then act;
 - ``delete_children``: what the job owns goes explicitly (owner references cover the rest).
+
+Every pass over one job holds that job's lock, so within the process there is one writer per job.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import asyncio
 import datetime
 import logging
 import secrets
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -82,7 +84,7 @@ def validated(body: kopf.Body, patch: kopf.Patch) -> RLTrainingJob:
     except SpecInvalid as exc:
         message = "; ".join(str(e) for e in exc.errors)
         patch.status.update(invalid_spec_status(body.status, body.meta.get("generation", 1), message, now()))
-        kopf.warn(body, reason="InvalidSpec", message=message)
+        kopf.event(body, type="Warning", reason="InvalidSpec", message=message)
         raise kopf.PermanentError(f"invalid spec: {message}") from None
 
 
@@ -100,8 +102,9 @@ def owned_by(obj: Mapping[str, Any], owner_uid: str) -> bool:
     return any(ref.get("uid") == owner_uid for ref in obj["metadata"].get("ownerReferences", []))
 
 
-async def ensure(ctx: Context, body: kopf.Body, obj: MutableMapping[str, Any]) -> bool:
-    """Create ``obj`` unless it exists; adopt an existing one made for this job. True if created."""
+async def ensure(ctx: Context, body: kopf.Body, obj: MutableMapping[str, Any], sync: tuple[str, ...] = ()) -> bool:
+    """Create ``obj`` unless it exists; adopt an existing one made for this job; keep its ``sync``
+    fields up to date. True if created."""
     meta = obj["metadata"]
     res = resource_of(obj)
     existing = await ctx.kube.get(res, meta["namespace"], meta["name"])
@@ -118,33 +121,51 @@ async def ensure(ctx: Context, body: kopf.Body, obj: MutableMapping[str, Any]) -
     emeta = existing["metadata"]
     if emeta.get("deletionTimestamp"):
         raise kopf.TemporaryError(f"waiting for the old {obj['kind']} {meta['name']} to be deleted", delay=2)
+    update = {key: obj[key] for key in sync if existing.get(key) != obj[key]}
     if not owned_by(existing, body.meta.uid):
         if (emeta.get("labels") or {}).get(names.LABEL_JOB) != body.meta.name:
             raise kopf.TemporaryError(f"{obj['kind']} {meta['name']} exists and does not belong to this job", delay=60)
-        refs = [*emeta.get("ownerReferences", []), kopf.build_owner_reference(body)]
-        await ctx.kube.patch(res, meta["namespace"], meta["name"], {"metadata": {"ownerReferences": refs}})
+        update["metadata"] = {"ownerReferences": [*emeta.get("ownerReferences", []), kopf.build_owner_reference(body)]}
+    if update:
+        await ctx.kube.patch(res, meta["namespace"], meta["name"], update)
     return False
 
 
-async def apply_spec(ctx: Context, body: kopf.Body, patch: kopf.Patch) -> None:
+def pending_changes(diff: Sequence[Any]) -> list[str]:
+    """Changed spec fields, other than suspend, from kopf's diff of ``spec``."""
+    fields = {".".join(("spec", *[str(f) for f in item[1] if f != "spec"][:3])) for item in diff}
+    return sorted(fields - {"spec.suspend"})
+
+
+async def apply_spec(ctx: Context, body: kopf.Body, patch: kopf.Patch, diff: Sequence[Any] = ()) -> None:
     """Make the children match the spec: everything when running; no RayCluster/driver when suspended.
 
-    A finished job (Succeeded or Failed, InvalidSpec included) is left as it is: terminal is final.
+    The spec ConfigMap always holds the current spec, so a resume runs it. A finished job (Succeeded
+    or Failed, InvalidSpec included) is left as it is: terminal is final.
     """
     namespace, name = body.meta.namespace, body.meta.name
     if conditions.terminal(body.status.get("conditions", [])):
         return
     job = validated(body, patch)
+    runtime, spec_configmap = children(name)[:2], (CONFIGMAPS, names.spec_configmap(name))
+    created = []
+    for obj in builders.all_objects(job, body["spec"], secrets.token_urlsafe(32), ctx.options(namespace)):
+        key = (resource_of(obj), obj["metadata"]["name"])
+        if job.spec.suspend and key in runtime:
+            continue
+        if await ensure(ctx, body, obj, sync=("data",) if key == spec_configmap else ()):
+            created.append(f"{obj['kind']} {obj['metadata']['name']}")
+    if created:
+        kopf.event(body, type="Normal", reason="Created", message=f"created {', '.join(created)}")
     if job.spec.suspend:
-        stopped = [f"{res.plural} {child}" for res, child in children(name)[:2]
+        stopped = [f"{res.plural} {child}" for res, child in runtime
                    if await delete_owned(ctx, res, namespace, child, body.meta.uid)]
         if stopped:
-            kopf.info(body, reason="Suspended", message=f"deleted {', '.join(stopped)}")
-        return
-    objects = builders.all_objects(job, body["spec"], secrets.token_urlsafe(32), ctx.options(namespace))
-    created = [f"{obj['kind']} {obj['metadata']['name']}" for obj in objects if await ensure(ctx, body, obj)]
-    if created:
-        kopf.info(body, reason="Created", message=f"created {', '.join(created)}")
+            kopf.event(body, type="Normal", reason="Suspended", message=f"deleted {', '.join(stopped)}")
+    elif (changes := pending_changes(diff)) and not any(c.startswith("RayCluster") for c in created):
+        kopf.event(body, type="Normal", reason="SpecChangePending",
+                   message=f"{', '.join(changes)} changed: the running RayCluster and driver keep the spec they "
+                           f"started with; suspend and resume the job to apply it")
 
 
 async def delete_owned(ctx: Context, res: Resource, namespace: str, name: str, owner_uid: str) -> bool:
@@ -161,13 +182,39 @@ async def delete_children(ctx: Context, body: kopf.Body) -> None:
         await delete_owned(ctx, res, body.meta.namespace, child, body.meta.uid)
 
 
+async def reconcile_job(ctx: Context, body: kopf.Body, patch: kopf.Patch, diff: Sequence[Any], indices: Indices) -> None:
+    """The spec changed (or the job appeared, or the operator started): apply it, then the status."""
+    async with ctx.lock(body.meta.namespace, body.meta.name):
+        try:
+            await apply_spec(ctx, body, patch, diff)
+        finally:
+            await write_status(ctx, body.meta.namespace, body.meta.name, indices)
+
+
 async def reconcile_status(ctx: Context, namespace: str, name: str, indices: Indices) -> None:
-    """Bring one job's status up to date and carry out what it implies; serialised per job."""
+    """Something the job owns changed: bring its status up to date and act on it."""
     async with ctx.lock(namespace, name):
-        for _ in range(STATUS_ATTEMPTS):
-            if await reconcile_once(ctx, namespace, name, indices):
-                return
-        log.info("status of %s/%s kept changing under us; the next event retries", namespace, name)
+        await write_status(ctx, namespace, name, indices)
+
+
+async def resync(ctx: Context, namespace: str, name: str, patch: kopf.Patch, indices: Indices) -> None:
+    """A periodic level-triggered pass on the freshest job: recreates children deleted by hand."""
+    async with ctx.lock(namespace, name):
+        body = await ctx.kube.get(RLTRAININGJOBS, namespace, name)
+        if body is None or body["metadata"].get("deletionTimestamp"):
+            return
+        try:
+            await apply_spec(ctx, kopf.Body(body), patch)
+        finally:
+            await write_status(ctx, namespace, name, indices)
+
+
+async def write_status(ctx: Context, namespace: str, name: str, indices: Indices) -> None:
+    """Observe, decide, write, act; redone when the write loses a race. Callers hold the job's lock."""
+    for _ in range(STATUS_ATTEMPTS):
+        if await reconcile_once(ctx, namespace, name, indices):
+            return
+    log.info("status of %s/%s kept changing under us; the next event retries", namespace, name)
 
 
 async def reconcile_once(ctx: Context, namespace: str, name: str, indices: Indices) -> bool:
@@ -177,7 +224,8 @@ async def reconcile_once(ctx: Context, namespace: str, name: str, indices: Indic
         return True
     old = body.get("status") or {}
     cluster = await ctx.kube.get(RAYCLUSTERS, namespace, names.cluster(name))
-    cluster_uid = cluster["metadata"]["uid"] if cluster and not cluster["metadata"].get("deletionTimestamp") else None
+    live = cluster is not None and owned_by(cluster, body["metadata"]["uid"]) and not cluster["metadata"].get("deletionTimestamp")
+    cluster_uid = cluster["metadata"]["uid"] if live else None
     if conditions.terminal(old.get("conditions", [])):  # sticky; includes InvalidSpec, which cannot be decided
         if cluster_uid is not None:
             await ctx.kube.delete(RAYCLUSTERS, namespace, names.cluster(name))
@@ -197,12 +245,12 @@ async def reconcile_once(ctx: Context, namespace: str, name: str, indices: Indic
             if exc.status == 409:
                 return False
             raise
+    ctx.metrics.observe(namespace, name, decision.status)
     for event in decision.events:
         kopf.event(body, type=event.type, reason=event.reason, message=event.message)
     for pod in decision.delete_pods:
         await ctx.kube.delete(PODS, namespace, pod)
     if decision.teardown:
         await ctx.kube.delete(RAYCLUSTERS, namespace, names.cluster(name))
-    ctx.metrics.observe(namespace, name, decision.status)
     return True
 

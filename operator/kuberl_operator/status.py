@@ -21,6 +21,7 @@ from .progress import DriverOutcome, Progress
 PENDING, PROVISIONING, RUNNING, RESTARTING = "Pending", "Provisioning", "Running", "Restarting"
 SUCCEEDED, FAILED, SUSPENDED = "Succeeded", "Failed", "Suspended"
 ROLE_RESTARTING = "RoleRestarting"
+PLACEMENT_DEGRADED = "PlacementDegraded"  # the driver refused GPUs linked below spec.placement.minLink
 
 
 @dataclass(frozen=True)
@@ -79,9 +80,44 @@ def role_outcome(role: str, job: RLTrainingJob, old: Mapping[str, Any], seen: Ob
         "restarts": max(pod_restarts, seen.progress.role_restarts.get(role, 0)),
         "podRestarts": pod_restarts,
         **({"lastFailure": last_failure} if last_failure else {}),
+        **({"worstLink": seen.progress.role_links[role]} if role in seen.progress.role_links else {}),
         **tracking.to_status(),
     }
     return RoleOutcome(status, failures, doomed)
+
+
+def verdict(job: RLTrainingJob, roles: Mapping[str, RoleOutcome], seen: Observed) -> tuple[str, str, str] | None:
+    """(phase, reason, message) when the job is over: a spent restart budget, or the driver's outcome."""
+    for r, o in roles.items():
+        budget = getattr(job.spec.roles, r).max_restarts
+        if o.status["restarts"] > budget:
+            last = f"; last failure {o.status['lastFailure']}" if o.status.get("lastFailure") else ""
+            return FAILED, "ReachedMaxRestarts", (f"role {r} restarted {o.status['restarts']} times, more than "
+                                                  f"spec.roles.{r}.maxRestarts ({budget}){last}")
+    if job.spec.suspend or seen.driver is None:
+        return None  # a driver that ends because the job was suspended does not end the job
+    if seen.driver.succeeded:
+        return SUCCEEDED, "DriverSucceeded", seen.driver.message
+    report = seen.progress if seen.progress.phase == FAILED else Progress()  # the driver's own account
+    message = f"{report.message} ({seen.driver.message})" if report.message else seen.driver.message
+    return FAILED, report.reason or "DriverFailed", message
+
+
+def active_phase(job: RLTrainingJob, roles: Mapping[str, RoleOutcome], seen: Observed,
+                 ready: Mapping[str, Any] | None) -> tuple[str, str, str]:
+    """(phase, Ready reason, message) of a job that runs; ``ready`` is the previous Ready condition."""
+    restarting = [r for r, o in roles.items() if o.failures]
+    waiting = [f"{r} {o.status['ready']}/{o.status['desired']}" for r, o in roles.items()
+               if o.status["ready"] < o.status["desired"]]
+    if seen.cluster_uid is None:
+        return PENDING, "WaitingForRayCluster", f"waiting for RayCluster {names.cluster(job.metadata.name)}"
+    if restarting:
+        return RESTARTING, ROLE_RESTARTING, f"restarting {', '.join(restarting)}"
+    if waiting and ready is not None and ready.get("reason") == ROLE_RESTARTING:
+        return RESTARTING, ROLE_RESTARTING, ready["message"]  # until the restarted role is ready again
+    if waiting:
+        return PROVISIONING, "RolesNotReady", f"waiting for pods: {', '.join(waiting)}"
+    return RUNNING, "AllRolesReady", f"all {len(roles)} roles ready"
 
 
 def decide(job: RLTrainingJob, generation: int, old: Mapping[str, Any], seen: Observed, now: str) -> Decision:
@@ -90,59 +126,32 @@ def decide(job: RLTrainingJob, generation: int, old: Mapping[str, Any], seen: Ob
     if cond.terminal(conds):  # sticky: a finished job's status is final
         return Decision(dict(old), teardown=seen.cluster_uid is not None)
 
-    suspended = job.spec.suspend
-    accounting = not suspended and seen.cluster_uid is not None
+    def put(type_: str, status: bool, reason: str, message: str) -> None:
+        nonlocal conds
+        conds = cond.set_condition(conds, type_, status, reason, message, generation, now)
+
+    accounting = not job.spec.suspend and seen.cluster_uid is not None
     roles = {r: role_outcome(r, job, old, seen, accounting, now) for r in enabled_roles(job.spec)}
     events = [Event("Warning", "RoleRestart",
                     f"role {r}: {'; '.join(o.failures)}; restarting the role's pods "
                     f"(restart {o.status['restarts']} of at most {getattr(job.spec.roles, r).max_restarts})")
               for r, o in roles.items() if o.failures]
-    exhausted = [(r, o) for r, o in roles.items() if o.status["restarts"] > getattr(job.spec.roles, r).max_restarts]
-    all_ready = all(o.status["ready"] >= o.status["desired"] for o in roles.values())
-
-    def put(type_: str, status: bool, reason: str, message: str) -> None:
-        nonlocal conds
-        conds = cond.set_condition(conds, type_, status, reason, message, generation, now)
-
-    failed: tuple[str, str] | None = None
-    if exhausted:
-        r, o = exhausted[0]
-        failed = ("ReachedMaxRestarts", f"role {r} restarted {o.status['restarts']} times, more than "
-                                        f"spec.roles.{r}.maxRestarts ({getattr(job.spec.roles, r).max_restarts}); "
-                                        f"last failure {o.status.get('lastFailure', 'unknown')}")
-    elif not suspended and seen.driver is not None and not seen.driver.succeeded:
-        failed = ("DriverFailed", seen.driver.message)
-
-    if failed is not None:
-        phase, message = FAILED, failed[1]
-        put(cond.FAILED, True, failed[0], message)
-        put(cond.READY, False, "JobFailed", message)
-        events.append(Event("Warning", failed[0], message))
-    elif not suspended and seen.driver is not None:
-        phase, message = SUCCEEDED, seen.driver.message
-        put(cond.SUCCEEDED, True, "DriverSucceeded", message)
-        put(cond.READY, False, "JobSucceeded", message)
-        events.append(Event("Normal", "Succeeded", message))
-    elif suspended:
+    ended = verdict(job, roles, seen)
+    if ended is not None:
+        phase, reason, message = ended
+        put(phase, True, reason, message)  # the Succeeded or Failed condition
+        if reason == PLACEMENT_DEGRADED:
+            put(PLACEMENT_DEGRADED, True, reason, message)
+        put(cond.READY, False, f"Job{phase}", message)
+        events.append(Event("Normal" if phase == SUCCEEDED else "Warning", reason, message))
+    elif job.spec.suspend:
         phase, message = SUSPENDED, "spec.suspend is true: the RayCluster and the driver are stopped"
         put(cond.SUSPENDED, True, "Suspended", message)
         put(cond.READY, False, "Suspended", message)
     else:
         if cond.find(conds, cond.SUSPENDED) is not None:
             put(cond.SUSPENDED, False, "Resumed", "spec.suspend is false")
-        restarting = [r for r, o in roles.items() if o.failures]
-        previous = cond.find(conds, cond.READY)
-        if seen.cluster_uid is None:
-            phase, reason, message = PENDING, "WaitingForRayCluster", f"waiting for RayCluster {names.cluster(job.metadata.name)}"
-        elif restarting or (previous is not None and previous.get("reason") == ROLE_RESTARTING and not all_ready):
-            phase, reason = RESTARTING, ROLE_RESTARTING
-            message = (f"restarting {', '.join(restarting)}" if restarting else previous["message"])
-        elif all_ready:
-            phase, reason, message = RUNNING, "AllRolesReady", f"all {len(roles)} roles ready"
-        else:
-            waiting = [f"{r} {o.status['ready']}/{o.status['desired']}" for r, o in roles.items()
-                       if o.status["ready"] < o.status["desired"]]
-            phase, reason, message = PROVISIONING, "RolesNotReady", f"waiting for pods: {', '.join(waiting)}"
+        phase, reason, message = active_phase(job, roles, seen, cond.find(conds, cond.READY))
         put(cond.READY, phase == RUNNING, reason, message)
         if phase == RUNNING and old.get("phase") != RUNNING:
             events.append(Event("Normal", "Running", message))
@@ -150,20 +159,15 @@ def decide(job: RLTrainingJob, generation: int, old: Mapping[str, Any], seen: Ob
             message = seen.progress.message
 
     status = {k: v for k, v in old.items() if k not in ("rayCluster", "rayClusterUID")}
-    status.update(
-        phase=phase,
-        message=message,
-        conditions=conds,
-        observedGeneration=generation,
-        roles={r: o.status for r, o in roles.items()},
-        restarts=sum(o.status["restarts"] for o in roles.values()),
-    )
+    status.update(phase=phase, message=message, conditions=conds, observedGeneration=generation,
+                  roles={r: o.status for r, o in roles.items()},
+                  restarts=sum(o.status["restarts"] for o in roles.values()))
     if seen.cluster_uid is not None:
         status.update(rayCluster=names.cluster(job.metadata.name), rayClusterUID=seen.cluster_uid)
     progress = {"step": seen.progress.step, "totalSteps": seen.progress.total_steps,
                 "tokensPerSec": seen.progress.tokens_per_sec}
     status.update({k: v for k, v in progress.items() if v is not None})
-    terminal = phase in (SUCCEEDED, FAILED)
+    terminal = ended is not None
     delete_pods = () if terminal else tuple(p for o in roles.values() for p in o.doomed)
     return Decision(status, tuple(events), delete_pods, teardown=terminal and seen.cluster_uid is not None)
 

@@ -36,8 +36,8 @@ def http_get(url: str, timeout: float = 2) -> tuple[int, str]:
 class OperatorProcess:
     """One operator process at a time, its log in a file, on fixed liveness and metrics ports."""
 
-    def __init__(self, kubeconfig: Path, namespace: str, log_dir: Path):
-        self.kubeconfig, self.namespace, self.log_dir = kubeconfig, namespace, log_dir
+    def __init__(self, kubeconfig: Path, namespace: str, log_dir: Path, image: str = "kuberl-runtime:test"):
+        self.kubeconfig, self.namespace, self.log_dir, self.image = kubeconfig, namespace, log_dir, image
         self.liveness_port, self.metrics_port = free_port(), free_port()
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = log_dir / "operator-0.log"
@@ -57,13 +57,14 @@ class OperatorProcess:
                     "-m", "kuberl_operator.handlers", "--liveness", self.liveness_url]
         return [sys.executable, "-m", "kuberl_operator", "operator", "--verbose", "-n", self.namespace,
                 "--metrics-port", str(self.metrics_port), "--metrics-address", "127.0.0.1",
-                "--liveness", self.liveness_url, "--image", "kuberl-runtime:test"]
+                "--liveness", self.liveness_url, "--image", self.image]
 
     def start(self, via: str = "kopf", timeout: float = 30) -> None:
         self.starts += 1
         self.log_path = self.log_dir / f"operator-{self.starts}.log"
         env = {**os.environ, "KUBECONFIG": str(self.kubeconfig), "KUBERL_METRICS_PORT": str(self.metrics_port),
-               "KUBERL_METRICS_ADDRESS": "127.0.0.1", "KUBERL_RUNTIME_IMAGE": "kuberl-runtime:test"}
+               "KUBERL_METRICS_ADDRESS": "127.0.0.1", "KUBERL_RUNTIME_IMAGE": self.image,
+               "KUBERL_RESYNC_SECONDS": "2"}  # every job is re-applied all the time: nothing may duplicate
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(self.command(via), env=env, stdout=log, stderr=subprocess.STDOUT)
         wait_for(lambda: self.alive() and http_get(self.liveness_url)[0] == 200 and http_get(self.metrics_url)[0] == 200,

@@ -99,6 +99,10 @@ def test_driver_job_runs_kuberl_against_the_head_with_the_spec_mounted() -> None
     assert {"name": "spec", "configMap": {"name": "j-spec"}} in pod["volumes"]
     assert pod["serviceAccountName"] == "j-driver" and pod["restartPolicy"] == "Never"
     assert "j-head-svc" in pod["initContainers"][0]["command"][-1]
+    # `kuberl run` exits 3 when the job failed for good: no retries then; evictions cost no retry.
+    rules = objs["Job"]["spec"]["podFailurePolicy"]["rules"]
+    assert rules[0] == {"action": "FailJob", "onExitCodes": {"containerName": "driver", "operator": "In", "values": [3]}}
+    assert rules[1]["action"] == "Ignore" and rules[1]["onPodConditions"][0]["type"] == "DisruptionTarget"
 
 
 def test_driver_may_only_get_and_patch_its_progress_configmap() -> None:

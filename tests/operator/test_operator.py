@@ -94,6 +94,8 @@ def test_create_makes_raycluster_driver_and_configmaps(api: Client, operator: Op
     assert st["rayCluster"] == job_name
     assert st["roles"]["actor"] == {**st["roles"]["actor"], "desired": 2, "ready": 0, "restarts": 0}
     assert "kuberl.io/finalizer" in api.get(RLTJ, job_name)["metadata"]["finalizers"]
+    created = wait_for(lambda: events(api, job_name, "Created"), 10, "a Created Event", operator.tail)
+    assert "RayCluster" in created[0]["message"] and created[0]["type"] == "Normal"
 
     kuberay.sync(api, job_name)
     wait_for(phase_is(api, job_name, "Running"), 10, "phase Running", operator.tail)
@@ -182,14 +184,58 @@ def test_suspend_stops_the_runtime_and_resume_brings_it_back(api: Client, operat
         api.delete(PODS, pod["metadata"]["name"])
     holds(phase_is(api, job_name, "Suspended"), 1, "Suspended, with no restarts counted")
     assert status(api, job_name)["restarts"] == 0
+    api.patch(RLTJ, job_name, {"spec": {"roles": {"critic": {"replicas": 1}}}})  # applied on resume
 
     api.patch(RLTJ, job_name, {"spec": {"suspend": False}})
     wait_for(lambda: api.get(RAYCLUSTERS, job_name) and api.get(JOBS, f"{job_name}-driver"), 10,
              "a new RayCluster and driver Job", operator.tail)
-    assert api.get(RAYCLUSTERS, job_name)["metadata"]["uid"] != first
+    cluster = api.get(RAYCLUSTERS, job_name)
+    assert cluster["metadata"]["uid"] != first
+    assert [g["replicas"] for g in cluster["spec"]["workerGroupSpecs"] if g["groupName"] == "critic"] == [1]
+    assert "replicas: 1" in api.get(CONFIGMAPS, f"{job_name}-spec")["data"]["job.yaml"]
     kuberay.sync(api, job_name)
     wait_for(phase_is(api, job_name, "Running"), 10, "Running after resume", operator.tail)
     assert condition(api, job_name, "Suspended")["status"] == "False" and status(api, job_name)["restarts"] == 0
+
+
+def test_a_running_job_keeps_its_spec_until_resumed(api: Client, operator: OperatorProcess, job_name: str) -> None:
+    running_job(api, operator, job_name)
+    cluster = api.get(RAYCLUSTERS, job_name)
+    api.patch(RLTJ, job_name, {"spec": {"trainer": {"steps": 7}}})
+    event = wait_for(lambda: events(api, job_name, "SpecChangePending"), 10, "a SpecChangePending Event", operator.tail)
+    assert "spec.trainer" in event[0]["message"]
+    assert "steps: 7" in api.get(CONFIGMAPS, f"{job_name}-spec")["data"]["job.yaml"]
+    assert api.get(RAYCLUSTERS, job_name) == cluster and status(api, job_name)["phase"] == "Running"
+
+
+def test_objects_made_for_the_job_are_adopted_not_duplicated(api: Client, operator: OperatorProcess, job_name: str) -> None:
+    # As after `kuberl render job.yaml | kubectl apply -f -`: the children exist before the job, unowned.
+    from kuberl.spec import validate_manifest
+
+    from kuberl_operator import builders
+    body = manifest(job_name)
+    made = builders.all_objects(validate_manifest(body), body["spec"], "token",
+                                builders.BuildOptions(namespace=api.namespace, image="kuberl-runtime:test"))
+    plural = {"ConfigMap": CONFIGMAPS, "RayCluster": RAYCLUSTERS}
+    before = {o["metadata"]["name"]: api.create(plural[o["kind"]], o)["metadata"]["uid"]
+              for o in made if o["kind"] in plural}
+    job = api.create(RLTJ, body)
+    for res, name in [(CONFIGMAPS, f"{job_name}-spec"), (CONFIGMAPS, f"{job_name}-progress"), (RAYCLUSTERS, job_name)]:
+        obj = wait_for(lambda: (o := api.get(res, name)) and o["metadata"].get("ownerReferences") and o, 10,
+                       f"{name} adopted", operator.tail)
+        assert obj["metadata"]["uid"] == before[name] and obj["metadata"]["ownerReferences"][0]["uid"] == job["metadata"]["uid"]
+    kuberay.sync(api, job_name)
+    wait_for(phase_is(api, job_name, "Running"), 10, "phase Running", operator.tail)
+    assert len(api.list(RAYCLUSTERS, f"kuberl.io/job={job_name}")) == 1
+
+
+def test_children_deleted_by_hand_come_back(api: Client, operator: OperatorProcess, job_name: str) -> None:
+    running_job(api, operator, job_name)
+    api.delete(JOBS, f"{job_name}-driver")
+    api.delete(RAYCLUSTERS, job_name)
+    wait_for(lambda: api.get(RAYCLUSTERS, job_name) and api.get(JOBS, f"{job_name}-driver"), 10,
+             "the RayCluster and driver Job recreated by the periodic pass", operator.tail)
+    assert len(api.list(RAYCLUSTERS, f"kuberl.io/job={job_name}")) == 1
 
 
 def test_delete_removes_owned_objects_and_releases_the_finalizer(api: Client, operator: OperatorProcess, job_name: str) -> None:
@@ -203,11 +249,12 @@ def test_delete_removes_owned_objects_and_releases_the_finalizer(api: Client, op
 def test_progress_is_mirrored_and_the_driver_outcome_ends_the_job(api: Client, operator: OperatorProcess, job_name: str) -> None:
     running_job(api, operator, job_name)
     report = {"step": 7, "totalSteps": 60, "tokensPerSec": 1234.5, "phase": "Running",
-              "message": "step 7/60", "roles": {"critic": {"restarts": 1}}}
+              "message": "step 7/60", "roles": {"critic": {"restarts": 1}, "actor": {"worstLink": "PIX"}}}
     api.patch(CONFIGMAPS, f"{job_name}-progress", {"data": {"progress": json.dumps(report)}})
     st = wait_for(lambda: status(api, job_name).get("step") == 7 and status(api, job_name), 10, "step mirrored", operator.tail)
     assert (st["totalSteps"], st["tokensPerSec"], st["message"]) == (60, 1234.5, "step 7/60")
     assert st["roles"]["critic"]["restarts"] == 1 and st["restarts"] == 1
+    assert st["roles"]["actor"]["worstLink"] == "PIX"
 
     api.patch(CONFIGMAPS, f"{job_name}-progress", {"data": {"progress": "not json"}})  # ignored, not fatal
     holds(lambda: status(api, job_name).get("step") == 7, 1, "the last good progress")
@@ -228,6 +275,20 @@ def test_failed_driver_fails_the_job(api: Client, operator: OperatorProcess, job
     wait_for(phase_is(api, job_name, "Failed"), 10, "phase Failed", operator.tail)
     cond = condition(api, job_name, "Failed")
     assert cond["reason"] == "DriverFailed" and "backoff limit" in cond["message"]
+
+
+def test_the_drivers_reason_names_the_failure(api: Client, operator: OperatorProcess, job_name: str) -> None:
+    running_job(api, operator, job_name)
+    report = {"step": 0, "phase": "Failed", "reason": "PlacementDegraded",
+              "message": "role actor: worst GPU link SYS, below spec.placement.minLink PIX"}
+    api.patch(CONFIGMAPS, f"{job_name}-progress", {"data": {"progress": json.dumps(report)}})
+    failed = {"conditions": [{"type": "Failed", "status": "True", "reason": "PodFailurePolicy",
+                              "message": "Container driver exited with code 3"}], "failed": 1}
+    api.patch(JOBS, f"{job_name}-driver", {"status": failed}, sub="status")
+    wait_for(phase_is(api, job_name, "Failed"), 10, "phase Failed", operator.tail)
+    assert condition(api, job_name, "Failed")["reason"] == "PlacementDegraded"
+    assert condition(api, job_name, "PlacementDegraded")["status"] == "True"
+    assert "spec.placement.minLink" in condition(api, job_name, "Failed")["message"]
 
 
 def test_operator_restart_adopts_what_exists(api: Client, operator: OperatorProcess, job_name: str) -> None:
@@ -254,14 +315,15 @@ def test_operator_restart_adopts_what_exists(api: Client, operator: OperatorProc
 
 def test_metrics_and_health_endpoints(api: Client, operator: OperatorProcess, job_name: str) -> None:
     running_job(api, operator, job_name)
-    code, text = http_get(operator.metrics_url)
-    assert code == 200
+    ready = f'kuberl_operator_role_ready_replicas{{job="{job_name}",namespace="kuberl-test",role="actor"}} 2.0'
+    text = wait_for(lambda: (r := http_get(operator.metrics_url))[0] == 200 and ready in r[1] and r[1], 10,
+                    "the job's series on /metrics", operator.tail)
     for metric in ("kuberl_operator_jobs", "kuberl_operator_role_ready_replicas", "kuberl_operator_role_desired_replicas",
                    "kuberl_operator_role_restarts_total", "kuberl_operator_reconcile_errors_total",
                    "kuberl_operator_reconcile_duration_seconds_bucket"):
         assert f"\n{metric}" in text, metric
     assert f'kuberl_operator_role_desired_replicas{{job="{job_name}",namespace="kuberl-test",role="actor"}} 2.0' in text
-    assert f'kuberl_operator_role_ready_replicas{{job="{job_name}",namespace="kuberl-test",role="actor"}} 2.0' in text
+    assert f'kuberl_operator_role_restarts_total{{job="{job_name}",namespace="kuberl-test",role="critic"}} 0.0' in text
     running = [line for line in text.splitlines() if line.startswith('kuberl_operator_jobs{phase="Running"}')]
     assert running and float(running[0].split()[-1]) >= 1
     code, body = http_get(operator.liveness_url)

@@ -1,0 +1,55 @@
+"""`kuberl render JOB.yaml` (every object the operator would create, no cluster) and `kuberl operator`."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from kuberl.cli import main
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "ppo-gpu.yaml"
+
+
+def test_render_prints_a_valid_yaml_stream(capsys: pytest.CaptureFixture[str], validator) -> None:
+    assert main(["render", str(EXAMPLE), "--namespace", "ml", "--image", "runtime:2"]) == 0
+    objs = list(yaml.safe_load_all(capsys.readouterr().out))
+    assert [o["kind"] for o in objs] == ["ServiceAccount", "Role", "RoleBinding", "Secret", "ConfigMap",
+                                         "ConfigMap", "RayCluster", "Job"]
+    for obj in objs:
+        assert validator(obj) == [], obj["kind"]
+        assert obj["metadata"]["namespace"] == "ml"
+    cluster = objs[6]
+    assert [g["groupName"] for g in cluster["spec"]["workerGroupSpecs"]] == ["actor", "critic", "ref", "reward"]
+    assert cluster["spec"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]["image"] == "runtime:2"
+
+
+def test_invalid_manifest_names_fields_on_stderr(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = yaml.safe_load(EXAMPLE.read_text())
+    bad["spec"]["roles"]["actor"]["gpus"] = -1
+    bad["spec"]["trainer"]["miniBatchSize"] = 0
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(bad))
+    assert main(["render", str(path)]) == 1
+    out = capsys.readouterr()
+    assert out.out == ""
+    lines = out.err.strip().splitlines()
+    assert any(line.startswith("error: spec.roles.actor.gpus: must be >= 0") and "(fix:" in line for line in lines)
+    assert any("spec.trainer.miniBatchSize" in line for line in lines)
+
+
+@pytest.mark.parametrize("text", ["spec: [unclosed", "apiVersion: v1\nkind: Pod\n"])
+def test_broken_input_exits_non_zero_without_a_traceback(tmp_path: Path, text: str) -> None:
+    path = tmp_path / "job.yaml"
+    path.write_text(text)
+    for target in (path, tmp_path / "missing.yaml"):
+        proc = subprocess.run([sys.executable, "-m", "kuberl.cli", "render", str(target)], capture_output=True, text=True, timeout=60)
+        assert proc.returncode != 0 and proc.stdout == ""
+        assert proc.stderr.startswith("error: ") and "Traceback" not in proc.stderr
+
+
+def test_operator_command_refuses_two_scopes(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["operator", "--namespace", "a", "--all-namespaces"]) == 2
+    assert "error:" in capsys.readouterr().err

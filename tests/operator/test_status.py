@@ -1,0 +1,191 @@
+"""Observations -> status and actions, without a server: phases, conditions, restarts, progress."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kuberl.spec import validate_manifest
+
+from kuberl_operator import conditions
+from kuberl_operator.health import PodView
+from kuberl_operator.progress import DriverOutcome, Progress, driver_outcome, parse_progress
+from kuberl_operator.status import Observed, decide, invalid_spec_status, merge_diff
+
+T0, T1, T2 = "2026-01-01T00:00:00Z", "2026-01-01T00:01:00Z", "2026-01-01T00:02:00Z"
+
+
+def job(suspend: bool = False, critic_budget: int = 1):
+    return validate_manifest({
+        "apiVersion": "kuberl.io/v1alpha1", "kind": "RLTrainingJob", "metadata": {"name": "j"},
+        "spec": {"data": {"task": "repeat-letter"}, "reward": {"function": "m.n:f"}, "suspend": suspend,
+                 "roles": {"critic": {"replicas": 2, "maxRestarts": critic_budget}}},
+    })
+
+
+def pods(cluster: str = "rc", failed: dict[str, str] | None = None) -> tuple[PodView, ...]:
+    """One ready pod per role, two critics (c0, c1); ``failed`` maps pod name -> reason."""
+    names = {"actor": ["a0"], "critic": ["c0", "c1"], "ref": ["r0"], "reward": ["w0"]}
+    failed = failed or {}
+    return tuple(PodView(name=n, uid=f"u-{n}", role=role, owner=cluster, ready=n not in failed,
+                         failure=failed.get(n), deleting=False)
+                 for role, ns in names.items() for n in ns)
+
+
+def run(old: dict[str, Any], seen: Observed, now: str = T1, **kw: Any):
+    return decide(job(**kw), 1, old, seen, now)
+
+
+def cond(status: dict[str, Any], type_: str) -> dict[str, Any] | None:
+    return conditions.find(status.get("conditions", []), type_)
+
+
+def test_pending_then_provisioning_then_running() -> None:
+    pending = run({}, Observed(cluster_uid=None)).status
+    assert pending["phase"] == "Pending" and cond(pending, "Ready")["reason"] == "WaitingForRayCluster"
+    prov = run(pending, Observed("rc", pods()[:2])).status
+    assert prov["phase"] == "Provisioning" and "critic 1/2" in prov["message"]
+    assert prov["rayCluster"] == "j" and prov["roles"]["critic"]["desired"] == 2
+    decision = run(prov, Observed("rc", pods()), now=T2)
+    running = decision.status
+    assert running["phase"] == "Running" and cond(running, "Ready")["status"] == "True"
+    assert cond(running, "Ready")["lastTransitionTime"] == T2 and cond(running, "Ready")["observedGeneration"] == 1
+    assert [e.reason for e in decision.events] == ["Running"]
+    # Nothing changes: no new event, the same transition time, nothing to write.
+    again = decide(job(), 1, running, Observed("rc", pods()), "2026-01-01T09:00:00Z")
+    assert again.events == () and merge_diff(running, again.status) is None
+
+
+def test_a_failure_restarts_the_role_once_and_only_its_pods_go() -> None:
+    running = run(run({}, Observed("rc", pods())).status, Observed("rc", pods())).status
+    decision = run(running, Observed("rc", pods(failed={"c0": "container ray-worker OOMKilled"})))
+    st = decision.status
+    assert st["phase"] == "Restarting" and st["roles"]["critic"]["restarts"] == 1 and st["restarts"] == 1
+    assert decision.delete_pods == ("c0", "c1")
+    assert "OOMKilled" in st["roles"]["critic"]["lastFailure"]
+    assert [e.reason for e in decision.events] == ["RoleRestart"] and decision.events[0].type == "Warning"
+    # Seen again (a re-reconcile): no second count, the deletions are asked for again.
+    again = run(st, Observed("rc", pods(failed={"c0": "container ray-worker OOMKilled"})))
+    assert again.status["roles"]["critic"]["restarts"] == 1 and again.events == () and again.delete_pods == ("c0", "c1")
+    # Replacements come up: Running again, still one restart.
+    fresh = tuple(p for p in pods() if p.role != "critic") + (
+        PodView("c2", "u-c2", "critic", "rc", True, None, False), PodView("c3", "u-c3", "critic", "rc", True, None, False))
+    back = run(again.status, Observed("rc", fresh)).status
+    assert back["phase"] == "Running" and back["roles"]["critic"]["restarts"] == 1
+
+
+def test_restarting_lasts_until_the_role_is_ready_again() -> None:
+    running = run(run({}, Observed("rc", pods())).status, Observed("rc", pods())).status
+    restarting = run(running, Observed("rc", pods(failed={"c1": "pod failed"}))).status
+    others = tuple(p for p in pods() if p.role != "critic")
+    assert run(restarting, Observed("rc", others)).status["phase"] == "Restarting"
+
+
+def test_the_budget_is_the_number_of_restarts_allowed() -> None:
+    st = run({}, Observed("rc", pods())).status
+    st = run(st, Observed("rc", pods(failed={"c0": "evicted"}))).status
+    assert st["phase"] == "Restarting"
+    st = run(st, Observed("rc", ())).status
+    fresh = tuple(p for p in pods() if p.role != "critic") + (PodView("c9", "u-c9", "critic", "rc", True, None, False),)
+    st = run(st, Observed("rc", fresh)).status
+    decision = run(st, Observed("rc", fresh[:-1] + (PodView("c9", "u-c9", "critic", "rc", False, "pod failed", False),)))
+    assert decision.status["phase"] == "Failed" and cond(decision.status, "Failed")["reason"] == "ReachedMaxRestarts"
+    assert "spec.roles.critic.maxRestarts (1)" in cond(decision.status, "Failed")["message"]
+    assert decision.teardown and decision.delete_pods == ()
+    assert "ReachedMaxRestarts" in [e.reason for e in decision.events]
+
+
+def test_terminal_conditions_are_sticky() -> None:
+    failed = {"phase": "Failed", "conditions": [{"type": "Failed", "status": "True", "reason": "InvalidSpec",
+                                                 "message": "x", "lastTransitionTime": T0}]}
+    decision = run(failed, Observed("rc", pods()))
+    assert decision.status == failed and decision.events == () and decision.teardown
+    assert not run(failed, Observed(None)).teardown
+
+
+def test_suspended_counts_nothing_and_forgets_pods() -> None:
+    running = run(run({}, Observed("rc", pods())).status, Observed("rc", pods())).status
+    decision = run(running, Observed("rc", pods(failed={"c0": "deleted"})), suspend=True)
+    st = decision.status
+    assert st["phase"] == "Suspended" and cond(st, "Suspended")["status"] == "True"
+    assert st["restarts"] == 0 and decision.delete_pods == () and st["roles"]["critic"]["members"] == {}
+    resumed = run(st, Observed(None)).status
+    assert resumed["phase"] == "Pending" and cond(resumed, "Suspended")["status"] == "False"
+
+
+def test_pods_of_an_old_cluster_are_ignored_and_a_new_cluster_starts_clean() -> None:
+    running = run(run({}, Observed("rc", pods())).status, Observed("rc", pods())).status
+    # The RayCluster was replaced (resume): the old members vanished, which is no failure.
+    decision = run(running, Observed("rc2", pods(cluster="old", failed={"c0": "pod failed"})))
+    assert decision.status["restarts"] == 0 and decision.delete_pods == ()
+    assert decision.status["rayClusterUID"] == "rc2" and decision.status["phase"] == "Provisioning"
+
+
+def test_driver_outcome_and_progress() -> None:
+    seen = Observed("rc", pods(), Progress(step=3, total_steps=10, tokens_per_sec=99.5, message="step 3/10",
+                                           role_restarts={"critic": 2}))
+    st = run({}, seen, critic_budget=3).status
+    assert (st["step"], st["totalSteps"], st["tokensPerSec"], st["message"]) == (3, 10, 99.5, "step 3/10")
+    assert st["roles"]["critic"]["restarts"] == 2 and st["roles"]["critic"]["podRestarts"] == 0
+
+    done = run(st, Observed("rc", pods(), driver=DriverOutcome(True, "the driver finished")), critic_budget=3)
+    assert done.status["phase"] == "Succeeded" and cond(done.status, "Succeeded")["reason"] == "DriverSucceeded"
+    assert done.teardown
+    broke = run(st, Observed("rc", pods(), driver=DriverOutcome(False, "the driver Job failed: boom")), critic_budget=3)
+    assert broke.status["phase"] == "Failed" and cond(broke.status, "Failed")["reason"] == "DriverFailed"
+    # A driver that ends because the job was suspended does not end the job.
+    assert run(st, Observed(None, driver=DriverOutcome(False, "x")), suspend=True, critic_budget=3).status["phase"] == "Suspended"
+
+
+def test_the_drivers_account_of_a_failure_names_the_reason() -> None:
+    report = Progress(step=0, phase="Failed", reason="PlacementDegraded", message="role actor: worst GPU link SYS",
+                      role_links={"actor": "SYS"})
+    decision = run({}, Observed("rc", pods(), report, DriverOutcome(False, "the driver Job failed: exit 3")))
+    st = decision.status
+    assert (st["phase"], cond(st, "Failed")["reason"]) == ("Failed", "PlacementDegraded")
+    assert cond(st, "PlacementDegraded")["status"] == "True"
+    assert cond(st, "Failed")["message"] == "role actor: worst GPU link SYS (the driver Job failed: exit 3)"
+    assert st["roles"]["actor"]["worstLink"] == "SYS"
+    # A report that is not a failure does not explain one.
+    running = Progress(phase="Running", reason="PlacementDegraded")
+    plain = run({}, Observed("rc", pods(), running, DriverOutcome(False, "the driver Job failed: OOM"))).status
+    assert cond(plain, "Failed")["reason"] == "DriverFailed" and cond(plain, "PlacementDegraded") is None
+
+
+def test_invalid_spec_status_names_the_field() -> None:
+    st = invalid_spec_status({}, 3, "spec.roles.actor.gpus: must be >= 0", T0)
+    assert st["phase"] == "Failed"
+    failed = cond(st, "Failed")
+    assert (failed["reason"], failed["observedGeneration"], failed["lastTransitionTime"]) == ("InvalidSpec", 3, T0)
+    assert "spec.roles.actor.gpus" in failed["message"] and conditions.terminal(st["conditions"]) == "Failed"
+
+
+def test_set_condition_keeps_order_and_transition_time() -> None:
+    conds = conditions.set_condition([], "A", True, "R", "m", 1, T0)
+    conds = conditions.set_condition(conds, "B", False, "R", "m", 1, T0)
+    conds = conditions.set_condition(conds, "A", True, "R2", "m2", 2, T1)
+    assert [c["type"] for c in conds] == ["A", "B"]
+    assert conds[0] == {"type": "A", "status": "True", "reason": "R2", "message": "m2",
+                        "observedGeneration": 2, "lastTransitionTime": T0}
+    assert conditions.set_condition(conds, "A", False, "R", "m", 2, T2)[0]["lastTransitionTime"] == T2
+
+
+def test_merge_diff() -> None:
+    assert merge_diff({"a": 1, "b": {"c": 1, "d": 2}}, {"a": 1, "b": {"c": 2}}) == {"b": {"c": 2, "d": None}}
+    assert merge_diff({"a": [1]}, {"a": [1, 2], "e": {}}) == {"a": [1, 2], "e": {}}
+    assert merge_diff({"a": {"b": 1}}, {"a": {"b": 1}}) is None
+
+
+def test_progress_parsing_is_tolerant() -> None:
+    assert parse_progress(None) == Progress() and parse_progress("not json") == Progress()
+    assert parse_progress("[1]") == Progress()
+    got = parse_progress('{"step": 4, "totalSteps": "x", "tokensPerSec": 10, "phase": 3, "reason": "not a reason!", '
+                         '"roles": {"ref": {"restarts": 2, "worstLink": "PIX"}, "x": 1}}')
+    assert got == Progress(step=4, tokens_per_sec=10.0, role_restarts={"ref": 2}, role_links={"ref": "PIX"})
+    assert parse_progress('{"phase": "Failed", "reason": "ReachedMaxRestarts"}').reason == "ReachedMaxRestarts"
+
+
+def test_driver_outcome_from_job_conditions() -> None:
+    assert driver_outcome(None) is None and driver_outcome({"status": {"active": 1}}) is None
+    assert driver_outcome({"status": {"conditions": [{"type": "Complete", "status": "True"}]}}).succeeded
+    failed = driver_outcome({"status": {"conditions": [{"type": "Failed", "status": "True", "message": "deadline"}]}})
+    assert not failed.succeeded and "deadline" in failed.message
