@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import yaml
-from kuberl.spec import API_VERSION, KIND, RLTrainingJob, RoleSpec, enabled_roles
+from kuberl.spec import API_VERSION, KIND, RLTrainingJob, RoleSpec, enabled_roles, role_resource
 
 from . import names
 
@@ -66,7 +66,7 @@ def ray_resources_param(role: str, spec: RoleSpec) -> str:
     """rayStartParams.resources: one unit of the role's resource per GPU (or one on CPU), so the
     runtime's actors for this role, each asking for one unit, land only on this group's pods.
     Single-quoted: KubeRay pastes the value into a shell command line."""
-    return "'" + json.dumps({names.role_resource(role): max(spec.gpus, 1)}, separators=(",", ":")) + "'"
+    return "'" + json.dumps({role_resource(role): max(spec.gpus, 1)}, separators=(",", ":")) + "'"
 
 
 def worker_group(job: RLTrainingJob, role: str, opts: BuildOptions) -> dict[str, Any]:

@@ -56,11 +56,3 @@ def progress_configmap(job: str) -> str:
 
 def auth_secret(job: str) -> str:
     return f"{job}-ray-auth"
-
-
-def role_resource(role: str) -> str:
-    """The custom Ray resource a role's pods advertise and its Ray actors request (one unit each).
-
-    Must equal the runtime's ``kuberl.groups.ROLE_RESOURCE`` (a WorkerGroup's bundles ask for it).
-    """
-    return f"kuberl_role_{role}"

@@ -13,10 +13,9 @@ from abc import ABC, abstractmethod
 from typing import Any, Optional
 
 from .batch import Batch
-from .spec import JobSpec
+from .spec import JobSpec, role_resource
 from .workers import WORKERS
 
-ROLE_RESOURCE = "kuberl_role_{role}"
 
 
 class WorkerFailure(RuntimeError):
@@ -119,7 +118,7 @@ class RayWorkerGroup(WorkerGroup):
     def bundle(self) -> dict[str, float]:
         rs = getattr(self.spec.roles, self.role)
         cpus = rs.resources.cpu_cores() / max(rs.gpus, 1)
-        out = {"CPU": cpus, ROLE_RESOURCE.format(role=self.role): 1.0}
+        out = {"CPU": cpus, role_resource(self.role): 1.0}
         if rs.gpus:
             out["GPU"] = 1.0
         return out

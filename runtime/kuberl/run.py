@@ -52,11 +52,12 @@ def start_local_ray(spec: JobSpec) -> None:
     """A private Ray on 127.0.0.1 with each role's resource, as the operator's worker pods advertise."""
     import ray
 
-    from .groups import ROLE_RESOURCE, world_size
+    from .groups import world_size
+    from .spec import role_resource
 
     roles = enabled_roles(spec)
     need_cpu = sum(getattr(spec.roles, r).resources.cpu_cores() * getattr(spec.roles, r).replicas for r in roles)
-    resources = {ROLE_RESOURCE.format(role=r): float(world_size(spec, r)) for r in roles}
+    resources = {role_resource(r): float(world_size(spec, r)) for r in roles}
     ray.init(
         _node_ip_address="127.0.0.1",
         num_cpus=max(int(need_cpu + 0.999), os.cpu_count() or 1),

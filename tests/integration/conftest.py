@@ -17,11 +17,10 @@ REPO = Path(__file__).resolve().parents[2]
 def ray_session(netns):
     """A local Ray bound to 127.0.0.1 with every role's resource, shared by the whole session."""
     ray = pytest.importorskip("ray")
-    from kuberl.groups import ROLE_RESOURCE
-    from kuberl.spec import ROLES
+    from kuberl.spec import ROLES, role_resource
 
     ray.init(_node_ip_address="127.0.0.1", num_cpus=8, include_dashboard=False, configure_logging=False,
-             resources={ROLE_RESOURCE.format(role=r): 16.0 for r in ROLES})
+             resources={role_resource(r): 16.0 for r in ROLES})
     yield ray
     ray.shutdown()
 

@@ -68,9 +68,12 @@ def test_worker_group_settings() -> None:
     assert json.loads(reward["rayStartParams"]["resources"].strip("'")) == {"kuberl_role_reward": 1}
 
 
-def test_role_resource_matches_the_runtime() -> None:
-    groups = pytest.importorskip("kuberl.groups", reason="the runtime extra (ray, torch) is not installed")
-    assert names.role_resource("critic") == groups.ROLE_RESOURCE.format(role="critic")
+def test_worker_groups_advertise_the_role_resource_the_runtime_requests() -> None:
+    from kuberl.spec import role_resource
+
+    rc = by_kind(builders.all_objects(job(), {}, "s3cret", OPTS))["RayCluster"]
+    for group in rc["spec"]["workerGroupSpecs"]:
+        assert role_resource(group["groupName"]) in group["rayStartParams"]["resources"]
 
 
 def test_head_does_no_work_and_everything_shares_the_ray_token() -> None:

@@ -15,10 +15,11 @@ from .model import (
     RLTrainingJob,
     RoleSpec,
     enabled_roles,
+    role_resource,
 )
 
 __all__ = [
     "API_VERSION", "GROUP", "KIND", "PLURAL", "ROLES", "SHORT_NAME", "VERSION",
     "JobSpec", "RLTrainingJob", "RoleSpec", "SpecError", "SpecInvalid",
-    "crd_yaml", "enabled_roles", "generate_crd", "load_manifest", "parse_yaml", "validate_manifest",
+    "crd_yaml", "enabled_roles", "role_resource", "generate_crd", "load_manifest", "parse_yaml", "validate_manifest",
 ]

@@ -21,6 +21,12 @@ SHORT_NAME = "rltj"
 API_VERSION = f"{GROUP}/{VERSION}"
 
 ROLES: tuple[str, ...] = ("actor", "critic", "ref", "reward")
+
+
+def role_resource(role: str) -> str:
+    """The custom Ray resource a role's pods advertise and its Ray actors request (one unit per rank)."""
+    return f"kuberl_role_{role}"
+
 BUILTIN_MODELS: tuple[str, ...] = ("tiny", "qwen2-0.5b", "qwen2-1.5b")
 BUILTIN_TASKS: tuple[str, ...] = ("repeat-letter", "gsm8k-toy")
 IMPORT_PATH = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*$")
