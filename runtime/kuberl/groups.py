@@ -26,6 +26,16 @@ class WorkerFailure(RuntimeError):
         self.role, self.reason = role, reason
 
 
+class RoleError(RuntimeError):
+    """A role's code raised (e.g. a reward function's bug): deterministic, so not worth a restart."""
+
+    reason = "RoleError"
+
+    def __init__(self, role: str, error: str):
+        super().__init__(f"role {role} raised {error}")
+        self.role = role
+
+
 def world_size(spec: JobSpec, role: str) -> int:
     """Ranks of a role: one per GPU (replicas x GPUs per replica), or one per replica on CPU."""
     rs = getattr(spec.roles, role)
@@ -165,6 +175,9 @@ class RayWorkerGroup(WorkerGroup):
             return ray.get(refs, timeout=timeout)
         except ray.exceptions.GetTimeoutError:
             raise WorkerFailure(self.role, f"hung: no answer within {timeout:.0f}s (spec.resilience.callTimeoutSeconds)") from None
+        except ray.exceptions.RayTaskError as exc:
+            cause = exc.cause if getattr(exc, "cause", None) is not None else exc
+            raise RoleError(self.role, f"{type(cause).__name__}: {str(cause).strip().splitlines()[-1] if str(cause).strip() else ''}") from None
         except (ray.exceptions.RayActorError, ray.exceptions.ActorDiedError, ray.exceptions.ActorUnavailableError) as exc:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise WorkerFailure(self.role, f"worker died ({type(exc).__name__}: {first})") from None

@@ -99,6 +99,7 @@ def run_job(job: RLTrainingJob, out: Path, backend: str = "ray", device: str = "
         elif not ray.is_initialized():
             start_local_ray(job.spec)
     from .driver import JobFailed
+    from .groups import RoleError, WorkerFailure
     from .progress import ProgressReporter, progress_of
 
     driver = build_driver(job, out, backend, device, list(faults), progress)
@@ -113,9 +114,10 @@ def run_job(job: RLTrainingJob, out: Path, backend: str = "ray", device: str = "
     try:
         driver.start()
         records = driver.run()
-    except JobFailed as exc:
+    except (JobFailed, RoleError, WorkerFailure) as exc:
         if reporter is not None:
-            reporter.report(progress_of(last, total, "Failed", str(exc), exc.reason, driver.worst_links))
+            reason = "WorkerFailure" if isinstance(exc, WorkerFailure) else exc.reason
+            reporter.report(progress_of(last, total, "Failed", str(exc), reason, driver.worst_links))
         raise
     finally:
         driver.shutdown()
@@ -127,6 +129,7 @@ def run_job(job: RLTrainingJob, out: Path, backend: str = "ray", device: str = "
 
 def run_command(args: argparse.Namespace) -> int:
     from .driver import JobFailed
+    from .groups import RoleError, WorkerFailure
     from .rewards import RewardImportError
     from .tasks import DataError
 
@@ -143,6 +146,9 @@ def run_command(args: argparse.Namespace) -> int:
         return 1
     except JobFailed as exc:
         print(f"error: job failed ({exc.reason}): {exc}", file=sys.stderr)
+        return 3
+    except (RoleError, WorkerFailure) as exc:
+        print(f"error: job failed: {exc}", file=sys.stderr)
         return 3
     if records:
         first, last = records[: min(10, len(records))], records[-min(10, len(records)):]

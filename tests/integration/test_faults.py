@@ -160,3 +160,16 @@ def test_fault_flag_and_spec_list_agree(netns):
     assert parse_fault("ref:2:hang") == ("ref", 2, "hang")
     with pytest.raises(UsageError):
         parse_fault("critic")
+
+
+def test_raising_reward_function_fails_the_job_with_the_error_not_a_restart_loop(netns, tmp_path):
+    """A bug in user code is deterministic: the job stops with the role and the exception, exit 3."""
+    (tmp_path / "badreward.py").write_text("def score(prompt, response, answer):\n    return 1 / 0\n")
+    job = tmp_path / "job.yaml"
+    job.write_text((REPO / "examples" / "quickstart.yaml").read_text().replace("kuberl.rewards.builtin:repeat_letter", "badreward:score"))
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}:{os.environ.get('PYTHONPATH', '')}"}
+    proc = subprocess.run([sys.executable, "-m", "kuberl.cli", "run", str(job), "--out", str(tmp_path / "out"), "--steps", "3",
+                           "--no-progress"], cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 3, proc.stderr[-2000:]
+    assert "error: job failed: role reward raised ZeroDivisionError: division by zero" in proc.stderr
+    assert "Traceback" not in proc.stderr.split("error: job failed")[-1]
