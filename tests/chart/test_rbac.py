@@ -1,0 +1,154 @@
+"""Least privilege: the chart grants exactly the verbs the operator's code uses, no more, no fewer.
+
+The needs are derived from operator/kuberl_operator, not written down twice:
+- kopf's handlers (its registry after importing the handlers): every watched or indexed resource is
+  listed and watched; resources with change handlers are patched (finalizer, kopf's annotations,
+  status through the status subresource); kopf posts Events;
+- the operator's own API calls (an AST scan of ``ctx.kube.get/create/patch/delete(RESOURCE, ...)``);
+- ``reconcile.ensure`` (get, create, patch) for every object ``builders.all_objects`` makes, and
+  ``reconcile.delete_owned`` (get, delete) for every object ``reconcile.children`` names.
+kopf's own cluster-scoped reads (CRDs always; namespaces when it watches a list of them) are fixed.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+import yaml
+
+from .render import REPO, Helm, by_kind, one
+
+Needs = dict[tuple[str, str], set[str]]
+OPERATOR = REPO / "operator" / "kuberl_operator"
+GENERIC = {"ensure": {"get", "create", "patch"}, "delete_owned": {"get", "delete"}}
+KOPF_CLUSTER = {("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"}}
+KOPF_NAMESPACES = {("", "namespaces"): {"list", "watch"}}
+
+
+def kopf_needs() -> Needs:
+    import kuberl_operator.handlers  # noqa: F401  (registers the handlers)
+    from kopf._core.intents import registries
+
+    registry = registries.get_default_registry()
+    assert not registry._webhooks.get_all_handlers(), "admission webhooks need RBAC for webhook configurations"
+    crd = yaml.safe_load((REPO / "crds" / "rltrainingjobs.kuberl.io.yaml").read_text())
+    status_plurals = {crd["spec"]["names"]["plural"]} if any(
+        "status" in (v.get("subresources") or {}) for v in crd["spec"]["versions"]) else set()
+    needs: Needs = defaultdict(set)
+    for kind in ("_indexing", "_watching", "_changing", "_spawning"):
+        for handler in getattr(registry, kind).get_all_handlers():
+            key = (handler.selector.group or "", handler.selector.plural or handler.selector.any_name)
+            needs[key] |= {"list", "watch"}
+            if kind == "_changing":
+                needs[key].add("patch")
+                if key[1] in status_plurals:
+                    needs[(key[0], f"{key[1]}/status")].add("patch")
+    needs[("", "events")].add("create")
+    return needs
+
+
+def api_calls() -> Needs:
+    """``<x>.kube.<verb>(RESOURCE, ...)`` calls in the operator, plus the generic helpers' objects."""
+    from kuberl.spec import load_manifest
+    from kuberl_operator import builders, kube, reconcile
+
+    resources = {name: value for name, value in vars(kube).items() if isinstance(value, kube.Resource)}
+    needs: Needs = defaultdict(set)
+    problems = []
+    for path in sorted(OPERATOR.glob("*.py")):
+        tree = ast.parse(path.read_text())
+        for func in [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]:
+            for call in [n for n in ast.walk(func) if isinstance(n, ast.Call)]:
+                f = call.func
+                on_kube = isinstance(f, ast.Attribute) and isinstance(f.value, ast.Attribute) and f.value.attr == "kube"
+                if on_kube and f.attr == "request":
+                    problems.append(f"{path.name}:{call.lineno} {func.name}: a raw kube.request; "
+                                    f"teach tests/chart/test_rbac.py which resource and verb it uses")
+                if not (on_kube and f.attr in {"get", "create", "patch", "delete"}):
+                    continue
+                first = call.args[0] if call.args else None
+                if isinstance(first, ast.Name) and first.id in resources:
+                    res = resources[first.id]
+                    sub = next((k.value.value for k in call.keywords if k.arg == "sub" and isinstance(k.value, ast.Constant)), None)
+                    needs[(res.group, f"{res.plural}/{sub}" if sub else res.plural)].add(f.attr)
+                elif func.name not in GENERIC:
+                    problems.append(f"{path.name}:{call.lineno} {func.name}: kube.{f.attr} on a computed resource; "
+                                    f"teach tests/chart/test_rbac.py where its resources come from")
+    assert not problems, "\n".join(problems)
+    job = load_manifest(REPO / "examples" / "ppo-gpu.yaml")
+    raw = yaml.safe_load((REPO / "examples" / "ppo-gpu.yaml").read_text())["spec"]
+    for obj in builders.all_objects(job, raw, "token", builders.BuildOptions(namespace="ns")):
+        res = kube.resource_of(obj)
+        needs[(res.group, res.plural)] |= GENERIC["ensure"]
+    for res, _ in reconcile.children("job"):
+        needs[(res.group, res.plural)] |= GENERIC["delete_owned"]
+    return needs
+
+
+def merge(*parts: Needs) -> Needs:
+    out: Needs = defaultdict(set)
+    for part in parts:
+        for key, verbs in part.items():
+            out[key] |= verbs
+    return dict(out)
+
+
+def granted(rules: list[dict]) -> Needs:
+    out: Needs = defaultdict(set)
+    for rule in rules:
+        assert not rule.get("resourceNames") and not rule.get("nonResourceURLs")
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                assert "*" not in (group, resource) and "*" not in rule["verbs"], f"wildcard in {rule}"
+                out[(group, resource)] |= set(rule["verbs"])
+    return dict(out)
+
+
+def compare(granted_: Needs, needed: Needs) -> list[str]:
+    problems = []
+    for key in sorted(set(granted_) | set(needed)):
+        have, need = granted_.get(key, set()), needed.get(key, set())
+        group, resource = key
+        if need - have:
+            problems.append(f"missing {sorted(need - have)} on {group or 'core'}/{resource}")
+        if have - need:
+            problems.append(f"unused {sorted(have - need)} on {group or 'core'}/{resource} (least privilege)")
+    return problems
+
+
+@pytest.fixture(scope="module")
+def namespaced_needs() -> Needs:
+    return merge(kopf_needs(), api_calls())
+
+
+def test_cluster_wide_rbac_is_exactly_what_the_operator_uses(helm: Helm, namespaced_needs: Needs) -> None:
+    objects = helm.render()
+    assert not by_kind(objects, "Role")
+    problems = compare(granted(one(objects, "ClusterRole")["rules"]), merge(namespaced_needs, KOPF_CLUSTER))
+    assert not problems, "\n".join(problems)
+
+
+def test_namespaced_rbac_is_exactly_what_the_operator_uses(helm: Helm, namespaced_needs: Needs) -> None:
+    objects = helm.render({"watchNamespaces": ["team-a", "team-b"]})
+    for role in by_kind(objects, "Role"):
+        problems = compare(granted(role["rules"]), namespaced_needs)
+        assert not problems, f"Role in {role['metadata']['namespace']}:\n" + "\n".join(problems)
+    problems = compare(granted(one(objects, "ClusterRole")["rules"]), merge(KOPF_CLUSTER, KOPF_NAMESPACES))
+    assert not problems, "ClusterRole:\n" + "\n".join(problems)
+
+
+def test_the_operator_can_grant_the_drivers_role(namespaced_needs: Needs) -> None:
+    """RBAC refuses to create a Role granting more than its creator holds (no escalate/bind here)."""
+    from kuberl.spec import load_manifest
+    from kuberl_operator import builders
+
+    job = load_manifest(REPO / "examples" / "ppo-gpu.yaml")
+    roles = [o for o in builders.driver_rbac(job, builders.BuildOptions(namespace="ns")) if o["kind"] == "Role"]
+    assert roles
+    for rule in roles[0]["rules"]:
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                assert set(rule["verbs"]) <= namespaced_needs.get((group, resource), set()), rule
