@@ -51,6 +51,8 @@ def add_run_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     p.add_argument("--fault", action="append", default=[], metavar="ROLE:STEP", help="kill ROLE's worker process at STEP (repeatable)")
     p.add_argument("--no-progress", action="store_true", help="plain log lines instead of a progress bar")
+    p.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port (overrides spec.trainer.metrics.prometheusPort)")
+    p.add_argument("--metrics-address", help="bind address for /metrics (default 127.0.0.1; the operator passes 0.0.0.0 in the driver pod)")
     p.set_defaults(func=cmd_run)
 
 

@@ -27,11 +27,16 @@ def parse_fault(text: str) -> tuple[str, int, str]:
     return parts[0], int(parts[1]), parts[2] if len(parts) == 3 else "kill"
 
 
-def apply_overrides(job: RLTrainingJob, steps: Optional[int], faults: list[str]) -> RLTrainingJob:
+def apply_overrides(job: RLTrainingJob, steps: Optional[int], faults: list[str],
+                    metrics_port: Optional[int] = None, metrics_address: Optional[str] = None) -> RLTrainingJob:
     """Re-validate the manifest with CLI overrides, so overrides get the same field-named errors."""
     obj = job.model_dump(by_alias=True, exclude_none=True)
     if steps is not None:
         obj["spec"]["trainer"]["steps"] = steps
+    if metrics_port is not None:
+        obj["spec"]["trainer"]["metrics"]["prometheusPort"] = metrics_port
+    if metrics_address is not None:
+        obj["spec"]["trainer"]["metrics"]["prometheusAddress"] = metrics_address
     for text in faults:
         role, step, _ = parse_fault(text)
         obj["spec"]["resilience"]["faults"].append({"role": role, "step": step})
@@ -134,7 +139,7 @@ def run_command(args: argparse.Namespace) -> int:
     from .tasks import DataError
 
     try:
-        job = apply_overrides(load_manifest(args.job), args.steps, args.fault)
+        job = apply_overrides(load_manifest(args.job), args.steps, args.fault, args.metrics_port, args.metrics_address)
         preflight(job.spec)
         records = run_job(job, Path(args.out), args.backend, args.device, args.ray_address, tuple(args.fault), not args.no_progress)
     except SpecInvalid as exc:
