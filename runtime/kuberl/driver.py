@@ -243,11 +243,11 @@ class Driver:
         actor_batch.meta["kl_coef"] = [self.kl_ctl.value] * len(batch)
         stats.update(self._timed("update_actor", times, lambda: self._call("actor", "update", actor_batch, step=self.step)[0]))
         sync = self._timed("weight_sync", times, lambda: self._call("actor", "sync_weights"))
-        self.step += 1
-        times["time_step_s"] = time.perf_counter() - t_step
         for role in self.groups:
             for kind, value in self._call(role, "memory")[0].items():
                 stats[f"memory_{role}_{kind}_bytes"] = value
+        self.step += 1
+        times["time_step_s"] = time.perf_counter() - t_step
         return self.record(batch, stats, times, max(sync), recoveries_before)
 
     def compute_advantages(self, batch: Batch) -> dict[str, float]:
