@@ -6,6 +6,7 @@ references (the handler adopts them), so `kuberl render` prints exactly what the
 
 from __future__ import annotations
 
+import copy
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -13,6 +14,7 @@ from typing import Any
 
 import yaml
 from kuberl.spec import API_VERSION, KIND, RLTrainingJob, RoleSpec, enabled_roles, role_resource
+from kuberl.spec.model import node_resource
 
 from . import names
 
@@ -23,6 +25,11 @@ DRIVER_BACKOFF_LIMIT = 2
 DRIVER_GAVE_UP = 3  # `kuberl run`'s exit code for a job that failed for good
 RAY_UID = 1000  # the `ray` user of rayproject images
 RAY_GID = 100
+DRA_API_VERSION = "resource.k8s.io/v1"  # GA (and served by default) since Kubernetes 1.34
+# Standard DRA device attributes (kubernetes.io/docs/reference/node/dra-standard-device-attributes):
+# devices sharing a PCIe root complex, or a NUMA node. A matchAttribute constraint only picks devices
+# that publish the attribute, with one value across the whole request.
+DRA_ATTRIBUTES = {"pcieRoot": "resource.kubernetes.io/pcieRoot", "numaNode": "resource.kubernetes.io/numaNode"}
 
 
 @dataclass(frozen=True)
@@ -32,6 +39,11 @@ class BuildOptions:
     namespace: str
     image: str = DEFAULT_IMAGE
     pull_policy: str = "IfNotPresent"
+
+
+def image_of(job: RLTrainingJob, opts: BuildOptions) -> str:
+    """The job's own runtime image (spec.image), else the operator's default."""
+    return job.spec.image or opts.image
 
 
 def meta(name: str, namespace: str, labels: Mapping[str, str]) -> dict[str, Any]:
@@ -54,37 +66,118 @@ def ray_auth_env(job: str) -> list[dict[str, Any]]:
             {"name": "RAY_AUTH_TOKEN", "valueFrom": {"secretKeyRef": ref}}]
 
 
-def quantities(role: RoleSpec) -> dict[str, Any]:
-    """Requests equal limits (Guaranteed QoS: a training pod is not the first one evicted)."""
+def uses_dra(job: RLTrainingJob, role: str) -> bool:
+    """Whether a role's GPUs come from a ResourceClaimTemplate (spec.placement.mode dra)."""
+    return job.spec.placement.mode == "dra" and getattr(job.spec.roles, role).gpus > 0
+
+
+def quantities(role: RoleSpec, device_plugin: bool = True) -> dict[str, Any]:
+    """Requests equal limits (Guaranteed QoS: a training pod is not the first one evicted). GPUs are
+    a device-plugin limit, or, under DRA, a claim on the pod's ResourceClaim instead."""
     limits: dict[str, Any] = {"cpu": role.resources.cpu, "memory": role.resources.memory}
-    if role.gpus:
+    if role.gpus and device_plugin:
         limits["nvidia.com/gpu"] = role.gpus
-    return {"requests": dict(limits), "limits": limits}
+    out: dict[str, Any] = {"requests": dict(limits), "limits": limits}
+    if role.gpus and not device_plugin:
+        out["claims"] = [{"name": names.GPU_CLAIM}]
+    return out
 
 
 def ray_resources_param(role: str, spec: RoleSpec) -> str:
-    """rayStartParams.resources: one unit of the role's resource per GPU (or one on CPU), so the
-    runtime's actors for this role, each asking for one unit, land only on this group's pods.
-    Single-quoted: KubeRay pastes the value into a shell command line."""
-    return "'" + json.dumps({role_resource(role): max(spec.gpus, 1)}, separators=(",", ":")) + "'"
+    """rayStartParams.resources, per pod, one unit per GPU (or one on CPU) of
+
+    - the role's resource, so the runtime's actors for this role, each asking for one unit, land
+      only on this group's pods;
+    - the pod's topology domain, its Kubernetes node: ``kuberl_node_$(KUBERL_NODE_NAME)``. The node
+      is unknown until the pod is scheduled; the kubelet expands ``$(VAR)`` in the container's args
+      (where KubeRay writes the `ray start` line) from the env var the downward API fills in.
+
+    Single-quoted: KubeRay pastes the value into a shell command line (and trims the quotes when
+    it parses the JSON itself)."""
+    units = max(spec.gpus, 1)
+    resources = {role_resource(role): units, node_resource(f"$({names.NODE_NAME_ENV})"): units}
+    return "'" + json.dumps(resources, separators=(",", ":")) + "'"
+
+
+def topology_env() -> list[dict[str, Any]]:
+    """The pod's node, from the downward API: the value of its ``kuberl_node_*`` Ray resource."""
+    return [{"name": names.NODE_NAME_ENV, "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}]
+
+
+def checkpoint_path(job: RLTrainingJob) -> str | None:
+    """The checkpoint directory inside the pods: the spec's path, or /checkpoints when a PVC is
+    mounted; None leaves the runtime's default (<out>/checkpoints, inside each pod)."""
+    ckpt = job.spec.trainer.checkpoint
+    if ckpt.volume_claim:
+        return ckpt.path or names.DEFAULT_CHECKPOINT_PATH
+    return ckpt.path
+
+
+def checkpoint_storage(job: RLTrainingJob) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(volumes, volumeMounts) for spec.trainer.checkpoint.volumeClaim: the same PVC in the driver and
+    every worker, since the workers write the actor's and critic's (DCP) shards and the driver the
+    step state. Empty without a claim: checkpoints then live inside each pod and die with it."""
+    claim = job.spec.trainer.checkpoint.volume_claim
+    if not claim:
+        return [], []
+    return ([{"name": names.CHECKPOINT_VOLUME, "persistentVolumeClaim": {"claimName": claim}}],
+            [{"name": names.CHECKPOINT_VOLUME, "mountPath": checkpoint_path(job)}])
+
+
+def gpu_claim_template(job: RLTrainingJob, role: str, opts: BuildOptions) -> dict[str, Any]:
+    """A resource.k8s.io/v1 ResourceClaimTemplate: each replica (pod) of the role gets a claim for
+    its ``gpus`` devices of ``placement.deviceClass``, all sharing one PCIe root (or NUMA node).
+
+    One GPU needs no constraint, and gets none: matchAttribute would also exclude GPUs whose driver
+    does not publish the attribute."""
+    spec: RoleSpec = getattr(job.spec.roles, role)
+    placement = job.spec.placement
+    name = job.metadata.name
+    labels = names.labels(name, "gpu-claim", role)
+    request = {"deviceClassName": placement.device_class, "allocationMode": "ExactCount", "count": spec.gpus}
+    devices: dict[str, Any] = {"requests": [{"name": names.GPU_CLAIM, "exactly": request}]}
+    if spec.gpus > 1:
+        devices["constraints"] = [{"requests": [names.GPU_CLAIM],
+                                   "matchAttribute": DRA_ATTRIBUTES[placement.dra_constraint]}]
+    return {
+        "apiVersion": DRA_API_VERSION,
+        "kind": "ResourceClaimTemplate",
+        "metadata": meta(names.claim_template(name, role), opts.namespace, labels),
+        "spec": {"metadata": {"labels": dict(labels)}, "spec": {"devices": devices}},
+    }
+
+
+def gpu_claim_templates(job: RLTrainingJob, opts: BuildOptions) -> list[dict[str, Any]]:
+    """One ResourceClaimTemplate per enabled GPU role under spec.placement.mode dra; none otherwise."""
+    return [gpu_claim_template(job, role, opts) for role in enabled_roles(job.spec) if uses_dra(job, role)]
 
 
 def worker_group(job: RLTrainingJob, role: str, opts: BuildOptions) -> dict[str, Any]:
     """One KubeRay worker group per role: groupName = role, a fixed size, its own Ray resource."""
     spec: RoleSpec = getattr(job.spec.roles, role)
     name = job.metadata.name
+    dra = uses_dra(job, role)
+    volumes, mounts = checkpoint_storage(job)
+    container: dict[str, Any] = {
+        "name": "ray-worker",
+        "image": image_of(job, opts),
+        "imagePullPolicy": opts.pull_policy,
+        "resources": quantities(spec, device_plugin=not dra),
+        "env": [*topology_env(), *ray_auth_env(name)],
+        "securityContext": container_security(),
+    }
+    if mounts:
+        container["volumeMounts"] = mounts
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",  # a dead worker stays dead; the operator restarts the role as a gang
         "securityContext": pod_security(),
-        "containers": [{
-            "name": "ray-worker",
-            "image": opts.image,
-            "imagePullPolicy": opts.pull_policy,
-            "resources": quantities(spec),
-            "env": ray_auth_env(name),
-            "securityContext": container_security(),
-        }],
+        "containers": [container],
     }
+    if volumes:
+        pod_spec["volumes"] = volumes
+    if dra:  # each pod gets its own ResourceClaim made from the role's template
+        pod_spec["resourceClaims"] = [{"name": names.GPU_CLAIM,
+                                       "resourceClaimTemplateName": names.claim_template(name, role)}]
     if spec.gpus:
         pod_spec["tolerations"] = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
     return {
@@ -108,7 +201,7 @@ def head_group(job: RLTrainingJob, opts: BuildOptions) -> dict[str, Any]:
                 "securityContext": pod_security(),
                 "containers": [{
                     "name": "ray-head",
-                    "image": opts.image,
+                    "image": image_of(job, opts),
                     "imagePullPolicy": opts.pull_policy,
                     "resources": {"requests": dict(HEAD_RESOURCES), "limits": dict(HEAD_RESOURCES)},
                     "ports": [{"name": "gcs", "containerPort": names.GCS_PORT},
@@ -153,6 +246,8 @@ def driver_job(job: RLTrainingJob, opts: BuildOptions) -> dict[str, Any]:
         {"name": "KUBERL_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
         *ray_auth_env(name),
     ]
+    image = image_of(job, opts)
+    volumes, mounts = checkpoint_storage(job)
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -174,25 +269,25 @@ def driver_job(job: RLTrainingJob, opts: BuildOptions) -> dict[str, Any]:
                     "securityContext": pod_security(),
                     "initContainers": [{
                         "name": "wait-for-ray",
-                        "image": opts.image,
+                        "image": image,
                         "imagePullPolicy": opts.pull_policy,
                         "command": ["python", "-c", wait_for_gcs],
                         "securityContext": container_security(),
                     }],
                     "containers": [{
                         "name": "driver",
-                        "image": opts.image,
+                        "image": image,
                         "imagePullPolicy": opts.pull_policy,
                         "command": ["kuberl", "run", f"{names.SPEC_MOUNT}/{names.SPEC_FILE}",
                                     "--ray-address", head, "--out", names.OUT_DIR, "--no-progress"],
                         "env": env,
                         "resources": {"requests": dict(DRIVER_RESOURCES), "limits": dict(DRIVER_RESOURCES)},
                         "volumeMounts": [{"name": "spec", "mountPath": names.SPEC_MOUNT, "readOnly": True},
-                                         {"name": "out", "mountPath": names.OUT_DIR}],
+                                         {"name": "out", "mountPath": names.OUT_DIR}, *mounts],
                         "securityContext": container_security(),
                     }],
                     "volumes": [{"name": "spec", "configMap": {"name": names.spec_configmap(name)}},
-                                {"name": "out", "emptyDir": {}}],
+                                {"name": "out", "emptyDir": {}}, *volumes],
                 },
             },
         },
@@ -200,10 +295,16 @@ def driver_job(job: RLTrainingJob, opts: BuildOptions) -> dict[str, Any]:
 
 
 def spec_configmap(job: RLTrainingJob, raw_spec: Mapping[str, Any], opts: BuildOptions) -> dict[str, Any]:
-    """The job's manifest as the driver reads it: `kuberl run /etc/kuberl/job.yaml`."""
+    """The job's manifest as the driver reads it: `kuberl run /etc/kuberl/job.yaml`. With a checkpoint
+    PVC and no path, the path becomes the PVC's mount point (/checkpoints)."""
     name = job.metadata.name
+    spec = copy.deepcopy(dict(raw_spec))
+    path = checkpoint_path(job)
+    if path is not None and job.spec.trainer.checkpoint.path is None:
+        trainer = spec.setdefault("trainer", {})
+        trainer["checkpoint"] = {**(trainer.get("checkpoint") or {}), "path": path}
     manifest = {"apiVersion": API_VERSION, "kind": KIND,
-                "metadata": {"name": name, "namespace": opts.namespace}, "spec": dict(raw_spec)}
+                "metadata": {"name": name, "namespace": opts.namespace}, "spec": spec}
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
@@ -259,8 +360,9 @@ def auth_secret(job: RLTrainingJob, token: str, opts: BuildOptions) -> dict[str,
 
 
 def runtime_objects(job: RLTrainingJob, opts: BuildOptions) -> list[dict[str, Any]]:
-    """What suspend removes and resume recreates: the RayCluster and the driver Job."""
-    return [ray_cluster(job, opts), driver_job(job, opts)]
+    """What suspend removes and resume recreates: the GPU claim templates (immutable, so a resumed
+    job gets ones that match its current spec), the RayCluster and the driver Job."""
+    return [*gpu_claim_templates(job, opts), ray_cluster(job, opts), driver_job(job, opts)]
 
 
 def all_objects(job: RLTrainingJob, raw_spec: Mapping[str, Any], token: str, opts: BuildOptions) -> list[dict[str, Any]]:

@@ -13,24 +13,42 @@ from pathlib import Path
 import yaml
 from kuberl.spec import SpecInvalid, load_manifest, parse_yaml
 
-from . import builders
-from .config import OperatorConfig
+from . import builders, placement
+from .config import DEFAULT_MAX_GPUS_PER_NODE, OperatorConfig
+
+EPHEMERAL_CHECKPOINTS = ("note: spec.trainer.checkpoint.volumeClaim is not set: checkpoints are written inside the "
+                         "pods and do not survive a pod restart, so a restarted role or driver cannot restore from "
+                         "them; name a ReadWriteMany PersistentVolumeClaim there to keep them")
 
 
 def cmd_render(args: argparse.Namespace) -> int:
-    """Print every object the operator would create for a job, as one YAML stream."""
+    """Print every object the operator would create for a job, as one YAML stream (notes on stderr)."""
     try:
         job = load_manifest(args.job)
     except SpecInvalid as exc:
         for err in exc.errors:
             print(f"error: {err}", file=sys.stderr)
         return 1
+    problems = placement.static_problems(job, args.max_gpus_per_node)
+    if problems:  # the operator would fail the job (PlacementDegraded) and create nothing
+        for problem in problems:
+            print(f"error: {problem}", file=sys.stderr)
+        return 1
     namespace = args.namespace or job.metadata.namespace or "default"
     opts = builders.BuildOptions(namespace=namespace, image=args.image)
     raw_spec = parse_yaml(Path(args.job).read_text())["spec"]
     objects = builders.all_objects(job, raw_spec, secrets.token_urlsafe(32), opts)
     sys.stdout.write(yaml.safe_dump_all(objects, sort_keys=False))
+    if not job.spec.trainer.checkpoint.volume_claim:
+        print(EPHEMERAL_CHECKPOINTS, file=sys.stderr)
     return 0
+
+
+def positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
 
 
 def cmd_operator(args: argparse.Namespace) -> int:
@@ -43,7 +61,8 @@ def cmd_operator(args: argparse.Namespace) -> int:
     from . import handlers  # noqa: F401  (registers the handlers)
 
     kopf.configure(verbose=args.verbose)
-    config = OperatorConfig(image=args.image, metrics_port=args.metrics_port, metrics_address=args.metrics_address)
+    config = OperatorConfig(image=args.image, metrics_port=args.metrics_port, metrics_address=args.metrics_address,
+                            max_gpus_per_node=args.max_gpus_per_node)
     kopf.run(
         standalone=True,
         namespaces=args.namespace,
@@ -65,14 +84,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="serve Prometheus /metrics on this port (default: off, or $KUBERL_METRICS_PORT)")
     p.add_argument("--metrics-address", default=env.metrics_address, help="bind address for /metrics (default 0.0.0.0)")
     p.add_argument("--liveness", metavar="URL", help="health endpoint for liveness/readiness probes, e.g. http://0.0.0.0:8081/healthz")
-    p.add_argument("--image", default=env.image, help=f"runtime image for Ray pods and the driver (default {env.image})")
+    p.add_argument("--image", default=env.image,
+                   help=f"runtime image for Ray pods and the driver, unless a job sets spec.image (default {env.image})")
+    p.add_argument("--max-gpus-per-node", type=positive, default=env.max_gpus_per_node,
+                   help="the most GPUs any node has: under placement policy required, a role needing more per "
+                        f"replica fails at once (default {DEFAULT_MAX_GPUS_PER_NODE}, or $KUBERL_MAX_GPUS_PER_NODE)")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     p.set_defaults(func=cmd_operator)
 
     p = subparsers.add_parser("render", help="print the objects the operator would create for a job (no cluster)")
     p.add_argument("job", help="RLTrainingJob manifest (YAML)")
     p.add_argument("-n", "--namespace", help="namespace of the objects (default: the manifest's, else default)")
-    p.add_argument("--image", default=env.image, help=f"runtime image (default {env.image})")
+    p.add_argument("--image", default=env.image, help=f"runtime image unless the job sets spec.image (default {env.image})")
+    p.add_argument("--max-gpus-per-node", type=positive, default=env.max_gpus_per_node,
+                   help=f"as for `kuberl operator` (default {env.max_gpus_per_node})")
     p.set_defaults(func=cmd_render)
 
 

@@ -7,19 +7,24 @@ from dataclasses import dataclass
 
 from .builders import DEFAULT_IMAGE
 
+DEFAULT_MAX_GPUS_PER_NODE = 8
+
 
 @dataclass(frozen=True)
 class OperatorConfig:
-    image: str = DEFAULT_IMAGE  # the runtime image of Ray pods and the driver
+    image: str = DEFAULT_IMAGE  # the runtime image of Ray pods and the driver, unless a job names its own
     metrics_port: int | None = None  # None: no metrics endpoint
     metrics_address: str = "0.0.0.0"
+    max_gpus_per_node: int = DEFAULT_MAX_GPUS_PER_NODE  # the most GPUs any node has: a bigger replica never fits
 
     @classmethod
     def from_env(cls) -> "OperatorConfig":
-        """KUBERL_RUNTIME_IMAGE, KUBERL_METRICS_PORT, KUBERL_METRICS_ADDRESS."""
+        """KUBERL_RUNTIME_IMAGE, KUBERL_METRICS_PORT, KUBERL_METRICS_ADDRESS, KUBERL_MAX_GPUS_PER_NODE."""
         port = os.environ.get("KUBERL_METRICS_PORT")
+        gpus = os.environ.get("KUBERL_MAX_GPUS_PER_NODE")
         return cls(
             image=os.environ.get("KUBERL_RUNTIME_IMAGE", DEFAULT_IMAGE),
             metrics_port=int(port) if port else None,
             metrics_address=os.environ.get("KUBERL_METRICS_ADDRESS", cls.metrics_address),
+            max_gpus_per_node=int(gpus) if gpus else DEFAULT_MAX_GPUS_PER_NODE,
         )

@@ -38,12 +38,14 @@ JOBS = Resource("batch", "v1", "jobs")
 ROLES = Resource("rbac.authorization.k8s.io", "v1", "roles")
 ROLEBINDINGS = Resource("rbac.authorization.k8s.io", "v1", "rolebindings")
 RAYCLUSTERS = Resource("ray.io", "v1", "rayclusters")
+RESOURCECLAIMTEMPLATES = Resource("resource.k8s.io", "v1", "resourceclaimtemplates")
 RLTRAININGJOBS = Resource("kuberl.io", "v1alpha1", "rltrainingjobs")
 
 BY_KIND = {
     ("v1", "ConfigMap"): CONFIGMAPS, ("v1", "Secret"): SECRETS, ("v1", "ServiceAccount"): SERVICEACCOUNTS,
     ("batch/v1", "Job"): JOBS, ("rbac.authorization.k8s.io/v1", "Role"): ROLES,
     ("rbac.authorization.k8s.io/v1", "RoleBinding"): ROLEBINDINGS, ("ray.io/v1", "RayCluster"): RAYCLUSTERS,
+    ("resource.k8s.io/v1", "ResourceClaimTemplate"): RESOURCECLAIMTEMPLATES,
 }
 
 

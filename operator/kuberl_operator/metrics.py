@@ -1,4 +1,5 @@
-"""The operator's Prometheus metrics: jobs by phase, per-role replicas and restarts, reconciles.
+"""The operator's Prometheus metrics: jobs by phase, per-role replicas, restarts and worst GPU link,
+reconciles.
 
 Per-job values are kept from the last status the operator wrote, so they survive nothing but are
 rebuilt on the first reconcile after an operator restart. ``job`` clashes with Prometheus' own
@@ -9,6 +10,7 @@ target label: scrape with ``honorLabels: true`` (the chart's ServiceMonitor shou
 from __future__ import annotations
 
 import contextlib
+import math
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -16,10 +18,21 @@ from typing import Any
 
 import kopf
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from kuberl.topology.matrix import TopologyError, link_score
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 PHASES = ("Pending", "Provisioning", "Running", "Restarting", "Succeeded", "Failed", "Suspended")
 ROLE_LABELS = ("namespace", "job", "role")
+
+
+def valid_link(level: Any) -> bool:
+    """A link level the topology module knows (the driver's report is not trusted blindly)."""
+    if not isinstance(level, str):
+        return False
+    try:
+        return math.isfinite(link_score(level))  # "X" (a GPU to itself) is no link
+    except TopologyError:
+        return False
 
 
 class Metrics:
@@ -34,6 +47,7 @@ class Metrics:
         self._lock = threading.Lock()
         self._phases: dict[tuple[str, str], str] = {}
         self._restarts: dict[tuple[str, str, str], int] = {}
+        self._links: dict[tuple[str, str, str], str] = {}  # status.roles.R.worstLink, as the driver reported it
         self.registry.register(self)
 
     def collect(self) -> Iterator[Any]:
@@ -41,6 +55,7 @@ class Metrics:
         with self._lock:
             phases = list(self._phases.values())
             restarts = dict(self._restarts)
+            links = dict(self._links)
         jobs = GaugeMetricFamily("kuberl_operator_jobs", "RLTrainingJobs by phase.", labels=["phase"])
         for phase in PHASES:
             jobs.add_metric([phase], phases.count(phase))
@@ -49,14 +64,26 @@ class Metrics:
         for labels, value in sorted(restarts.items()):
             total.add_metric(list(labels), value)
         yield total
+        worst = GaugeMetricFamily(
+            "kuberl_operator_role_worst_link_score",
+            "Score of the worst GPU link inside a role's groups (SYS 1, NODE 2, PHB 3, PXB 4, PIX 5, NV<n> 5+n); "
+            "level is the link as nvidia-smi names it.", labels=[*ROLE_LABELS, "level"])
+        for labels, level in sorted(links.items()):
+            worst.add_metric([*labels, level], link_score(level))
+        if links:  # no series (and no family) until some driver has reported a link
+            yield worst
 
     def observe(self, namespace: str, job: str, status: Mapping[str, Any]) -> None:
         """Record a job's status as written."""
         with self._lock:
             if status.get("phase"):
                 self._phases[namespace, job] = status["phase"]
+            for key in [k for k in self._links if k[:2] == (namespace, job)]:
+                del self._links[key]
             for role, rs in (status.get("roles") or {}).items():
                 self._restarts[namespace, job, role] = int(rs.get("restarts", 0))
+                if valid_link(rs.get("worstLink")):
+                    self._links[namespace, job, role] = rs["worstLink"]
         for role, rs in (status.get("roles") or {}).items():
             self.ready.labels(namespace, job, role).set(rs.get("ready", 0))
             self.desired.labels(namespace, job, role).set(rs.get("desired", 0))
@@ -68,6 +95,8 @@ class Metrics:
             roles = [r for (ns, j, r) in self._restarts if (ns, j) == (namespace, job)]
             for role in roles:
                 del self._restarts[namespace, job, role]
+            for key in [k for k in self._links if k[:2] == (namespace, job)]:
+                del self._links[key]
         for role in roles:
             for gauge in (self.ready, self.desired):
                 with contextlib.suppress(KeyError):

@@ -22,6 +22,10 @@ SPEC_FILE = "job.yaml"
 OUT_DIR = "/kuberl/out"
 GCS_PORT = 6379
 AUTH_TOKEN_KEY = "auth_token"
+GPU_CLAIM = "gpus"  # the pod's resourceClaims entry (and the template's device request) under DRA
+NODE_NAME_ENV = "KUBERL_NODE_NAME"  # a worker's Kubernetes node, from the downward API
+CHECKPOINT_VOLUME = "checkpoints"
+DEFAULT_CHECKPOINT_PATH = "/checkpoints"  # where a checkpoint PVC is mounted unless the spec names a path
 
 
 def labels(job: str, component: str, role: str | None = None) -> dict[str, str]:
@@ -56,3 +60,8 @@ def progress_configmap(job: str) -> str:
 
 def auth_secret(job: str) -> str:
     return f"{job}-ray-auth"
+
+
+def claim_template(job: str, role: str) -> str:
+    """The ResourceClaimTemplate of a role's GPUs (spec.placement.mode dra)."""
+    return f"{job}-{role}-gpus"

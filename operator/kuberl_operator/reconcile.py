@@ -20,15 +20,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
+from kuberl.spec import ROLES as JOB_ROLES
 from kuberl.spec import RLTrainingJob, SpecInvalid, validate_manifest
 
-from . import builders, conditions, names
+from . import builders, conditions, names, placement
 from .config import OperatorConfig
-from .kube import (CONFIGMAPS, JOBS, PODS, RAYCLUSTERS, RLTRAININGJOBS, ROLEBINDINGS, ROLES, SECRETS,
-                   SERVICEACCOUNTS, ApiError, Kube, Resource, resource_of)
+from .kube import (CONFIGMAPS, JOBS, PODS, RAYCLUSTERS, RESOURCECLAIMTEMPLATES, RLTRAININGJOBS, ROLEBINDINGS,
+                   ROLES, SECRETS, SERVICEACCOUNTS, ApiError, Kube, Resource, resource_of)
 from .metrics import Metrics
 from .progress import Progress
-from .status import Observed, decide, invalid_spec_status, merge_diff
+from .status import PLACEMENT_DEGRADED, Observed, decide, infeasible_status, invalid_spec_status, merge_diff
 
 log = logging.getLogger(__name__)
 STATUS_ATTEMPTS = 5
@@ -88,14 +89,39 @@ def validated(body: kopf.Body, patch: kopf.Patch) -> RLTrainingJob:
         raise kopf.PermanentError(f"invalid spec: {message}") from None
 
 
+def feasible(ctx: Context, body: kopf.Body, patch: kopf.Patch, job: RLTrainingJob) -> None:
+    """A required placement that no cluster can give fails the job before anything is created."""
+    problems = placement.static_problems(job, ctx.config.max_gpus_per_node)
+    if problems:
+        message = "; ".join(map(str, problems))
+        patch.status.update(infeasible_status(body.status, body.meta.get("generation", 1), message, now()))
+        kopf.event(body, type="Warning", reason=PLACEMENT_DEGRADED, message=message)
+        raise kopf.PermanentError(f"placement cannot be met: {message}")
+
+
+def runtime_children(name: str) -> list[tuple[Resource, str]]:
+    """What suspend removes (newest first): the driver Job, the RayCluster, the GPU claim templates
+    (any role's: the spec may have changed since they were made)."""
+    return [(JOBS, names.driver(name)), (RAYCLUSTERS, names.cluster(name)),
+            *((RESOURCECLAIMTEMPLATES, names.claim_template(name, role)) for role in JOB_ROLES)]
+
+
 def children(name: str) -> list[tuple[Resource, str]]:
-    """Every object a job owns, by name, newest first; the first two are what suspend removes."""
+    """Every object a job owns, by name, newest first; ``runtime_children`` first."""
     return [
-        (JOBS, names.driver(name)), (RAYCLUSTERS, names.cluster(name)),
+        *runtime_children(name),
         (CONFIGMAPS, names.progress_configmap(name)), (CONFIGMAPS, names.spec_configmap(name)),
         (SECRETS, names.auth_secret(name)), (ROLEBINDINGS, names.driver(name)), (ROLES, names.driver(name)),
         (SERVICEACCOUNTS, names.driver(name)),
     ]
+
+
+def not_served(obj: Mapping[str, Any]) -> str:
+    """Why the API server answers 404 to creating ``obj``: its API is not installed."""
+    if obj["apiVersion"] == builders.DRA_API_VERSION:
+        return (f"{obj['apiVersion']} {obj['kind']} is not served: spec.placement.mode dra needs Kubernetes >= 1.34 "
+                f"with dynamic resource allocation (or use mode device-plugin)")
+    return f"{obj['apiVersion']} {obj['kind']} is not served: is KubeRay installed?"
 
 
 def owned_by(obj: Mapping[str, Any], owner_uid: str) -> bool:
@@ -114,7 +140,7 @@ async def ensure(ctx: Context, body: kopf.Body, obj: MutableMapping[str, Any], s
             await ctx.kube.create(obj)
         except ApiError as exc:
             if exc.status == 404:
-                raise kopf.TemporaryError(f"{obj['apiVersion']} {obj['kind']} is not served: is KubeRay installed?", delay=30) from None
+                raise kopf.TemporaryError(not_served(obj), delay=30) from None
             if exc.status != 409:  # 409: created meanwhile by a concurrent reconcile; adopted next time
                 raise
         return True
@@ -147,7 +173,8 @@ async def apply_spec(ctx: Context, body: kopf.Body, patch: kopf.Patch, diff: Seq
     if conditions.terminal(body.status.get("conditions", [])):
         return
     job = validated(body, patch)
-    runtime, spec_configmap = children(name)[:2], (CONFIGMAPS, names.spec_configmap(name))
+    feasible(ctx, body, patch, job)
+    runtime, spec_configmap = runtime_children(name), (CONFIGMAPS, names.spec_configmap(name))
     created = []
     for obj in builders.all_objects(job, body["spec"], secrets.token_urlsafe(32), ctx.options(namespace)):
         key = (resource_of(obj), obj["metadata"]["name"])
@@ -235,6 +262,8 @@ async def reconcile_once(ctx: Context, namespace: str, name: str, indices: Indic
         job = validate_manifest(body)
     except SpecInvalid:
         return True  # the spec handler reports it
+    if placement.static_problems(job, ctx.config.max_gpus_per_node):
+        return True  # likewise
     decision = decide(job, body["metadata"].get("generation", 1), old, indices.observed(namespace, name, cluster_uid), now())
     patch = merge_diff(old, decision.status)
     if patch is not None:

@@ -179,6 +179,15 @@ def invalid_spec_status(old: Mapping[str, Any], generation: int, message: str, n
     return {"phase": FAILED, "message": message, "conditions": conds, "observedGeneration": generation}
 
 
+def infeasible_status(old: Mapping[str, Any], generation: int, message: str, now: str) -> dict[str, Any]:
+    """Status of a job whose required placement no cluster can give (nothing was created): Failed
+    with reason PlacementDegraded, and the PlacementDegraded condition naming the fields."""
+    conds = cond.set_condition(old.get("conditions", []), PLACEMENT_DEGRADED, True, "Infeasible", message, generation, now)
+    conds = cond.set_condition(conds, cond.FAILED, True, PLACEMENT_DEGRADED, message, generation, now)
+    conds = cond.set_condition(conds, cond.READY, False, PLACEMENT_DEGRADED, message, generation, now)
+    return {"phase": FAILED, "message": message, "conditions": conds, "observedGeneration": generation}
+
+
 def merge_diff(old: Any, new: Any) -> Any:
     """The JSON merge patch that turns ``old`` into ``new`` (None where nothing changes)."""
     if not isinstance(old, dict) or not isinstance(new, dict):

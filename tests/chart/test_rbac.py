@@ -78,11 +78,12 @@ def api_calls() -> Needs:
                     problems.append(f"{path.name}:{call.lineno} {func.name}: kube.{f.attr} on a computed resource; "
                                     f"teach tests/chart/test_rbac.py where its resources come from")
     assert not problems, "\n".join(problems)
-    job = load_manifest(REPO / "examples" / "ppo-gpu.yaml")
-    raw = yaml.safe_load((REPO / "examples" / "ppo-gpu.yaml").read_text())["spec"]
-    for obj in builders.all_objects(job, raw, "token", builders.BuildOptions(namespace="ns")):
-        res = kube.resource_of(obj)
-        needs[(res.group, res.plural)] |= GENERIC["ensure"]
+    for example in ("ppo-gpu.yaml", "ppo-gpu-dra.yaml"):  # device-plugin and DRA jobs create different kinds
+        job = load_manifest(REPO / "examples" / example)
+        raw = yaml.safe_load((REPO / "examples" / example).read_text())["spec"]
+        for obj in builders.all_objects(job, raw, "token", builders.BuildOptions(namespace="ns")):
+            res = kube.resource_of(obj)
+            needs[(res.group, res.plural)] |= GENERIC["ensure"]
     for res, _ in reconcile.children("job"):
         needs[(res.group, res.plural)] |= GENERIC["delete_owned"]
     return needs

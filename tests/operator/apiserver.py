@@ -52,6 +52,7 @@ RESOURCES: dict[str, kmock.ResourceInfo] = {
     "rbac.authorization.k8s.io/v1/roles": kmock.ResourceInfo(kind="Role", namespaced=True, verbs=VERBS),
     "rbac.authorization.k8s.io/v1/rolebindings": kmock.ResourceInfo(kind="RoleBinding", namespaced=True, verbs=VERBS),
     "ray.io/v1/rayclusters": kmock.ResourceInfo(kind="RayCluster", namespaced=True, verbs=VERBS, subresources={"status"}),
+    "resource.k8s.io/v1/resourceclaimtemplates": kmock.ResourceInfo(kind="ResourceClaimTemplate", namespaced=True, verbs=VERBS),
     "kuberl.io/v1alpha1/rltrainingjobs": kmock.ResourceInfo(
         kind="RLTrainingJob", namespaced=True, verbs=VERBS, subresources={"status"}, shortnames={"rltj"}
     ),

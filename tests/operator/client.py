@@ -18,6 +18,7 @@ JOBS = "batch/v1/jobs"
 ROLES = "rbac.authorization.k8s.io/v1/roles"
 ROLEBINDINGS = "rbac.authorization.k8s.io/v1/rolebindings"
 RAYCLUSTERS = "ray.io/v1/rayclusters"
+RESOURCECLAIMTEMPLATES = "resource.k8s.io/v1/resourceclaimtemplates"
 RLTJ = "kuberl.io/v1alpha1/rltrainingjobs"
 
 

@@ -57,7 +57,7 @@ class OperatorProcess:
                     "-m", "kuberl_operator.handlers", "--liveness", self.liveness_url]
         return [sys.executable, "-m", "kuberl_operator", "operator", "--verbose", "-n", self.namespace,
                 "--metrics-port", str(self.metrics_port), "--metrics-address", "127.0.0.1",
-                "--liveness", self.liveness_url, "--image", self.image]
+                "--liveness", self.liveness_url, "--image", self.image, "--max-gpus-per-node", "8"]
 
     def start(self, via: str = "kopf", timeout: float = 30) -> None:
         self.starts += 1

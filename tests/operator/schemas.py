@@ -18,6 +18,11 @@ import kubernetes_validate
 import yaml
 
 K8S_VERSION = "1.33"
+# resource.k8s.io/v1 (DRA, GA) is served from Kubernetes 1.34; kubernetes-validate ships its schemas
+# from 1.34 on (1.33 has only the v1beta1/v1beta2 ResourceClaimTemplate). spec.placement.mode dra
+# needs such a cluster anyway.
+DRA_K8S_VERSION = "1.34"
+DRA_KINDS = {("resource.k8s.io/v1", "ResourceClaimTemplate")}
 CORE_KINDS = {
     ("v1", "ConfigMap"), ("v1", "Secret"), ("v1", "ServiceAccount"), ("v1", "Pod"), ("v1", "Event"),
     ("v1", "Namespace"), ("batch/v1", "Job"),
@@ -83,9 +88,9 @@ class CrdSchema:
         return found + unknown_fields(obj, self.schema) + object_meta_problems(obj.get("metadata", {}))
 
 
-def core_problems(obj: dict[str, Any]) -> list[str]:
+def core_problems(obj: dict[str, Any], version: str = K8S_VERSION) -> list[str]:
     try:
-        kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+        kubernetes_validate.validate(obj, version, strict=True)
     except kubernetes_validate.ValidationError as exc:
         return [f"{'.'.join(str(p) for p in exc.path) or '(root)'}: {exc.message}"]
     return []
@@ -105,6 +110,8 @@ def make_validator(kuberay_dir: Path) -> Callable[[dict[str, Any]], list[str]]:
             return custom[key].problems(obj)
         if key in CORE_KINDS:
             return core_problems(obj)
+        if key in DRA_KINDS:
+            return core_problems(obj, DRA_K8S_VERSION)
         return [f"no schema for {key[0]}/{key[1]}: the test server accepts only known kinds"]
 
     return validate

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -26,13 +27,26 @@ def by_kind(objs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return {o["kind"]: o for o in objs}
 
 
-@pytest.mark.parametrize("example", ["ppo-gpu.yaml", "quickstart.yaml", "grpo.yaml"])
+def spec_of(objs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The manifest the driver reads, from the spec ConfigMap."""
+    (cm,) = [o for o in objs if o["metadata"]["name"] == names.spec_configmap("j")]
+    return yaml.safe_load(cm["data"][names.SPEC_FILE])
+
+
+def expand(text: str, env: dict[str, str]) -> str:
+    """What the kubelet does to a container's command and args: $(VAR) from its env, $$ -> $."""
+    return re.sub(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)",
+                  lambda m: "$" if m.group(0) == "$$" else env.get(m.group(1), m.group(0)), text)
+
+
+@pytest.mark.parametrize("example", ["ppo-gpu.yaml", "quickstart.yaml", "grpo.yaml", "ppo-gpu-dra.yaml"])
 def test_every_object_passes_its_schema(example: str, validator) -> None:
     manifest = load_manifest(EXAMPLES / example)
     raw = yaml.safe_load((EXAMPLES / example).read_text())["spec"]
     objs = builders.all_objects(manifest, raw, "token", OPTS)
+    claims = ["ResourceClaimTemplate"] * 3 if manifest.spec.placement.mode == "dra" else []  # actor, critic, ref
     assert [o["kind"] for o in objs] == ["ServiceAccount", "Role", "RoleBinding", "Secret", "ConfigMap",
-                                         "ConfigMap", "RayCluster", "Job"]
+                                         "ConfigMap", *claims, "RayCluster", "Job"]
     for obj in objs:
         assert validator(obj) == [], (obj["kind"], validator(obj))
         assert obj["metadata"]["namespace"] == "ml"
@@ -60,12 +74,14 @@ def test_worker_group_settings() -> None:
     assert pod["tolerations"][0]["key"] == "nvidia.com/gpu"
     assert pod["securityContext"]["runAsNonRoot"] is True and container["securityContext"]["allowPrivilegeEscalation"] is False
     assert actor["template"]["metadata"]["labels"][names.LABEL_ROLE] == "actor"
-    assert json.loads(actor["rayStartParams"]["resources"].strip("'")) == {"kuberl_role_actor": 4}
+    assert json.loads(actor["rayStartParams"]["resources"].strip("'")) == {"kuberl_role_actor": 4,
+                                                                          "kuberl_node_$(KUBERL_NODE_NAME)": 4}
     assert actor["rayStartParams"]["num-gpus"] == "4"
     # A CPU role: no GPU resource, no GPU toleration, one unit of its Ray resource per pod.
     assert "nvidia.com/gpu" not in reward["template"]["spec"]["containers"][0]["resources"]["limits"]
     assert "tolerations" not in reward["template"]["spec"]
-    assert json.loads(reward["rayStartParams"]["resources"].strip("'")) == {"kuberl_role_reward": 1}
+    assert json.loads(reward["rayStartParams"]["resources"].strip("'")) == {"kuberl_role_reward": 1,
+                                                                           "kuberl_node_$(KUBERL_NODE_NAME)": 1}
 
 
 def test_worker_groups_advertise_the_role_resource_the_runtime_requests() -> None:
@@ -120,3 +136,109 @@ def test_spec_configmap_round_trips_through_validation() -> None:
     cm = builders.spec_configmap(job(**raw), raw, OPTS)
     again = validate_manifest(yaml.safe_load(cm["data"]["job.yaml"]))
     assert again.spec == job(**raw).spec and again.metadata.name == "j" and again.metadata.namespace == "ml"
+
+
+def test_workers_advertise_their_node_as_a_ray_resource() -> None:
+    """The node is known only once the pod is scheduled: the downward API puts it in an env var and
+    the kubelet expands $(KUBERL_NODE_NAME) in the `ray start` line KubeRay writes into the args."""
+    from kuberl.spec.model import node_resource
+
+    for group in builders.ray_cluster(job(roles={"actor": {"gpus": 2}}), OPTS)["spec"]["workerGroupSpecs"]:
+        container = group["template"]["spec"]["containers"][0]
+        env = {e["name"]: e for e in container["env"]}
+        assert env[names.NODE_NAME_ENV] == {"name": "KUBERL_NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}
+        # KubeRay's args: `ulimit -n 65536; ray start --resources='{...}' ...`; the shell strips the quotes.
+        args = f"ulimit -n 65536; ray start --resources={group['rayStartParams']['resources']} --block"
+        line = expand(args, {"KUBERL_NODE_NAME": "gpu-node-7.example.internal"})
+        resources = json.loads(re.search(r"--resources='([^']*)'", line).group(1))
+        units = 2 if group["groupName"] == "actor" else 1
+        assert resources == {f"kuberl_role_{group['groupName']}": units, node_resource("gpu-node-7.example.internal"): units}
+        assert node_resource("n") == "kuberl_node_n"
+
+
+def test_dra_gives_each_gpu_role_a_claim_template_instead_of_device_plugin_gpus(validator) -> None:
+    spec = job(placement={"mode": "dra", "policy": "required", "minLink": "PIX"},
+               roles={"actor": {"replicas": 2, "gpus": 4}, "critic": {"gpus": 1}, "ref": {"gpus": 2}})
+    templates = {t["metadata"]["name"]: t for t in builders.gpu_claim_templates(spec, OPTS)}
+    assert list(templates) == ["j-actor-gpus", "j-critic-gpus", "j-ref-gpus"]  # reward runs on CPU: none
+    actor = templates["j-actor-gpus"]
+    assert actor["apiVersion"] == "resource.k8s.io/v1" and actor["metadata"]["namespace"] == "ml"
+    assert actor["metadata"]["labels"][names.LABEL_JOB] == "j" and actor["metadata"]["labels"][names.LABEL_ROLE] == "actor"
+    assert actor["spec"]["spec"]["devices"] == {
+        "requests": [{"name": "gpus", "exactly": {"deviceClassName": "gpu.nvidia.com", "allocationMode": "ExactCount", "count": 4}}],
+        "constraints": [{"requests": ["gpus"], "matchAttribute": "resource.kubernetes.io/pcieRoot"}],
+    }
+    # One GPU: no constraint (matchAttribute would also exclude GPUs that do not publish the attribute).
+    assert "constraints" not in templates["j-critic-gpus"]["spec"]["spec"]["devices"]
+    for template in templates.values():
+        assert validator(template) == [], validator(template)
+
+    groups = {g["groupName"]: g for g in builders.ray_cluster(spec, OPTS)["spec"]["workerGroupSpecs"]}
+    for role in ("actor", "critic", "ref"):
+        pod = groups[role]["template"]["spec"]
+        container = pod["containers"][0]
+        assert pod["resourceClaims"] == [{"name": "gpus", "resourceClaimTemplateName": f"j-{role}-gpus"}]
+        assert container["resources"]["claims"] == [{"name": "gpus"}]
+        assert "nvidia.com/gpu" not in container["resources"]["limits"]
+        assert container["resources"]["limits"] == container["resources"]["requests"]
+        assert groups[role]["rayStartParams"]["num-gpus"] == str(getattr(spec.spec.roles, role).gpus)  # KubeRay cannot infer it
+    assert "resourceClaims" not in groups["reward"]["template"]["spec"]
+    assert validator(builders.ray_cluster(spec, OPTS)) == []
+
+
+def test_dra_constraint_and_device_class_follow_the_spec(validator) -> None:
+    spec = job(placement={"mode": "dra", "draConstraint": "numaNode", "deviceClass": "h200.example.com"},
+               roles={"actor": {"gpus": 2}})
+    (template,) = builders.gpu_claim_templates(spec, OPTS)
+    devices = template["spec"]["spec"]["devices"]
+    assert devices["requests"][0]["exactly"]["deviceClassName"] == "h200.example.com"
+    assert devices["constraints"][0]["matchAttribute"] == "resource.kubernetes.io/numaNode"
+    assert validator(template) == []
+    assert builders.gpu_claim_templates(job(roles={"actor": {"gpus": 2}}), OPTS) == []  # device-plugin mode
+
+
+def test_the_jobs_own_image_overrides_the_operators() -> None:
+    def images(objs: list[dict[str, Any]]) -> set[str]:
+        rc, driver = by_kind(objs)["RayCluster"]["spec"], by_kind(objs)["Job"]["spec"]["template"]["spec"]
+        pods = [rc["headGroupSpec"]["template"]["spec"], *(g["template"]["spec"] for g in rc["workerGroupSpecs"]), driver]
+        return {c["image"] for p in pods for c in [*p["containers"], *p.get("initContainers", [])]}
+
+    assert images(builders.all_objects(job(), {}, "t", OPTS)) == {"runtime:1"}
+    assert images(builders.all_objects(job(image="registry.example.com/rl:2"), {}, "t", OPTS)) == {"registry.example.com/rl:2"}
+
+
+def test_a_checkpoint_pvc_is_mounted_in_the_driver_and_every_worker(validator) -> None:
+    raw = {"data": {"task": "repeat-letter"}, "reward": {"function": "kuberl.rewards.builtin:repeat_letter"},
+           "trainer": {"checkpoint": {"volumeClaim": "ckpt"}}}
+    made = builders.all_objects(job(**raw), raw, "t", OPTS)
+    objs = by_kind(made)
+    volume = {"name": "checkpoints", "persistentVolumeClaim": {"claimName": "ckpt"}}
+    mount = {"name": "checkpoints", "mountPath": "/checkpoints"}
+    driver = objs["Job"]["spec"]["template"]["spec"]
+    pods = [driver, *(g["template"]["spec"] for g in objs["RayCluster"]["spec"]["workerGroupSpecs"])]
+    assert len(pods) == 5
+    for pod in pods:
+        assert volume in pod["volumes"] and mount in pod["containers"][0]["volumeMounts"]
+    assert "volumes" not in objs["RayCluster"]["spec"]["headGroupSpec"]["template"]["spec"]  # the head does no work
+    # The driver reads the path from its spec: the mount point, since the manifest named none.
+    assert spec_of(made)["spec"]["trainer"]["checkpoint"] == {"volumeClaim": "ckpt", "path": "/checkpoints"}
+    assert validate_manifest(spec_of(made)).spec.trainer.checkpoint.path == "/checkpoints"
+    assert raw["trainer"]["checkpoint"] == {"volumeClaim": "ckpt"}  # the caller's spec is not changed
+    for obj in made:
+        assert validator(obj) == [], (obj["kind"], validator(obj))
+
+    # A path of its own is where the PVC goes.
+    raw["trainer"]["checkpoint"]["path"] = "/mnt/ckpt"
+    made = builders.all_objects(job(**raw), raw, "t", OPTS)
+    assert {"name": "checkpoints", "mountPath": "/mnt/ckpt"} in by_kind(made)["Job"]["spec"]["template"]["spec"]["containers"][0]["volumeMounts"]
+    assert spec_of(made)["spec"]["trainer"]["checkpoint"]["path"] == "/mnt/ckpt"
+
+
+def test_without_a_checkpoint_pvc_nothing_is_mounted() -> None:
+    made = builders.all_objects(job(), {"trainer": {"steps": 3}}, "t", OPTS)
+    objs = by_kind(made)
+    driver = objs["Job"]["spec"]["template"]["spec"]
+    assert [v["name"] for v in driver["volumes"]] == ["spec", "out"]
+    for group in objs["RayCluster"]["spec"]["workerGroupSpecs"]:
+        assert "volumes" not in group["template"]["spec"] and "volumeMounts" not in group["template"]["spec"]["containers"][0]
+    assert spec_of(made)["spec"] == {"trainer": {"steps": 3}}

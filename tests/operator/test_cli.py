@@ -11,6 +11,7 @@ import yaml
 from kuberl.cli import main
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "ppo-gpu.yaml"
+DRA_EXAMPLE = EXAMPLE.with_name("ppo-gpu-dra.yaml")
 
 
 def test_render_prints_a_valid_yaml_stream(capsys: pytest.CaptureFixture[str], validator) -> None:
@@ -24,6 +25,38 @@ def test_render_prints_a_valid_yaml_stream(capsys: pytest.CaptureFixture[str], v
     cluster = objs[6]
     assert [g["groupName"] for g in cluster["spec"]["workerGroupSpecs"]] == ["actor", "critic", "ref", "reward"]
     assert cluster["spec"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]["image"] == "runtime:2"
+    assert capsys.readouterr().err == ""
+
+
+def test_render_says_when_checkpoints_do_not_survive_a_restart(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["render", str(EXAMPLE)]) == 0  # no spec.trainer.checkpoint.volumeClaim
+    assert "do not survive a pod restart" in capsys.readouterr().err
+    assert main(["render", str(DRA_EXAMPLE)]) == 0  # has one
+    assert "do not survive" not in capsys.readouterr().err
+
+
+def test_render_of_a_dra_job_has_claim_templates_the_workers_use(capsys: pytest.CaptureFixture[str], validator) -> None:
+    assert main(["render", str(DRA_EXAMPLE), "-n", "ml"]) == 0
+    objs = list(yaml.safe_load_all(capsys.readouterr().out))
+    templates = [o for o in objs if o["kind"] == "ResourceClaimTemplate"]
+    assert [t["metadata"]["name"] for t in templates] == ["ppo-gpu-dra-actor-gpus", "ppo-gpu-dra-critic-gpus", "ppo-gpu-dra-ref-gpus"]
+    for obj in objs:
+        assert validator(obj) == [], (obj["kind"], validator(obj))
+    (cluster,) = [o for o in objs if o["kind"] == "RayCluster"]
+    claims = {g["groupName"]: g["template"]["spec"].get("resourceClaims") for g in cluster["spec"]["workerGroupSpecs"]}
+    assert claims["actor"] == [{"name": "gpus", "resourceClaimTemplateName": "ppo-gpu-dra-actor-gpus"}] and claims["reward"] is None
+
+
+def test_render_refuses_a_placement_no_node_can_give(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    manifest = yaml.safe_load(DRA_EXAMPLE.read_text())
+    manifest["spec"]["roles"]["actor"]["gpus"] = 12
+    manifest["spec"]["rollout"]["tensorParallelSize"] = 1
+    path = tmp_path / "big.yaml"
+    path.write_text(yaml.safe_dump(manifest))
+    assert main(["render", str(path)]) == 1
+    out = capsys.readouterr()
+    assert out.out == "" and out.err.startswith("error: spec.roles.actor.gpus: role actor needs 12 GPUs per replica")
+    assert main(["render", str(path), "--max-gpus-per-node", "16"]) == 0
 
 
 def test_invalid_manifest_names_fields_on_stderr(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

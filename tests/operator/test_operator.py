@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from . import kuberay
-from .client import (CONFIGMAPS, EVENTS, JOBS, PODS, RAYCLUSTERS, RLTJ, ROLEBINDINGS, ROLES, SECRETS,
-                     SERVICEACCOUNTS, Client)
+from .client import (CONFIGMAPS, EVENTS, JOBS, PODS, RAYCLUSTERS, RESOURCECLAIMTEMPLATES, RLTJ, ROLEBINDINGS, ROLES,
+                     SECRETS, SERVICEACCOUNTS, Client)
 from .harness import OperatorProcess, holds, http_get, wait_for
 
 pytestmark = [pytest.mark.netns, pytest.mark.usefixtures("operator", "no_rejections")]
@@ -81,7 +81,8 @@ def test_create_makes_raycluster_driver_and_configmaps(api: Client, operator: Op
         assert group["template"]["metadata"]["labels"]["kuberl.io/role"] == role
         assert group["template"]["metadata"]["labels"]["kuberl.io/job"] == job_name
         assert group["template"]["spec"]["restartPolicy"] == "Never"
-        assert json.loads(group["rayStartParams"]["resources"].strip("'")) == {f"kuberl_role_{role}": 1}
+        assert json.loads(group["rayStartParams"]["resources"].strip("'")) == {f"kuberl_role_{role}": 1,
+                                                                              "kuberl_node_$(KUBERL_NODE_NAME)": 1}
         assert group["template"]["spec"]["containers"][0]["image"] == "kuberl-runtime:test"
 
     driver = api.get(JOBS, f"{job_name}-driver")["spec"]["template"]["spec"]
@@ -255,6 +256,8 @@ def test_progress_is_mirrored_and_the_driver_outcome_ends_the_job(api: Client, o
     assert (st["totalSteps"], st["tokensPerSec"], st["message"]) == (60, 1234.5, "step 7/60")
     assert st["roles"]["critic"]["restarts"] == 1 and st["restarts"] == 1
     assert st["roles"]["actor"]["worstLink"] == "PIX"
+    link = f'kuberl_operator_role_worst_link_score{{job="{job_name}",level="PIX",namespace="kuberl-test",role="actor"}} 5.0'
+    wait_for(lambda: link in http_get(operator.metrics_url)[1], 10, "the worst-link series on /metrics", operator.tail)
 
     api.patch(CONFIGMAPS, f"{job_name}-progress", {"data": {"progress": "not json"}})  # ignored, not fatal
     holds(lambda: status(api, job_name).get("step") == 7, 1, "the last good progress")
@@ -289,6 +292,77 @@ def test_the_drivers_reason_names_the_failure(api: Client, operator: OperatorPro
     assert condition(api, job_name, "Failed")["reason"] == "PlacementDegraded"
     assert condition(api, job_name, "PlacementDegraded")["status"] == "True"
     assert "spec.placement.minLink" in condition(api, job_name, "Failed")["message"]
+
+
+def test_a_dra_job_gets_claim_templates_that_its_workers_use(api: Client, operator: OperatorProcess, job_name: str) -> None:
+    from kuberl.spec import validate_manifest
+
+    from kuberl_operator import builders
+    body = manifest(job_name, placement={"mode": "dra", "policy": "required", "minLink": "PIX"},
+                    roles={"actor": {"replicas": 2, "gpus": 2}, "critic": {"replicas": 2, "gpus": 1}, "ref": {"gpus": 1}},
+                    image="registry.example.com/kuberl:9", trainer={"checkpoint": {"volumeClaim": "ckpt"}})
+    # As after `kuberl render job.yaml | kubectl apply -f -`: the actor's template exists, unowned.
+    rendered = builders.gpu_claim_template(validate_manifest(body), "actor", builders.BuildOptions(namespace=api.namespace))
+    first = api.create(RESOURCECLAIMTEMPLATES, rendered)["metadata"]["uid"]
+    job = api.create(RLTJ, body)
+    cluster = wait_for(lambda: api.get(RAYCLUSTERS, job_name), 10, "the RayCluster", operator.tail)
+
+    def templates() -> dict[str, dict[str, Any]]:
+        return {t["metadata"]["name"]: t for t in api.list(RESOURCECLAIMTEMPLATES, f"kuberl.io/job={job_name}")}
+    made = templates()
+    assert sorted(made) == [f"{job_name}-{role}-gpus" for role in ("actor", "critic", "ref")]  # reward: CPU
+    assert made[f"{job_name}-actor-gpus"]["metadata"]["uid"] == first  # adopted, not duplicated
+    for template in made.values():
+        owners = wait_for(lambda: api.get(RESOURCECLAIMTEMPLATES, template["metadata"]["name"])["metadata"].get("ownerReferences"),
+                          10, "the template adopted", operator.tail)
+        assert [o["uid"] for o in owners] == [job["metadata"]["uid"]]
+    assert made[f"{job_name}-actor-gpus"]["spec"]["spec"]["devices"]["requests"][0]["exactly"]["count"] == 2
+
+    groups = {g["groupName"]: g["template"]["spec"] for g in cluster["spec"]["workerGroupSpecs"]}
+    driver = api.get(JOBS, f"{job_name}-driver")["spec"]["template"]["spec"]
+    for role in ("actor", "critic", "ref"):
+        container = groups[role]["containers"][0]
+        assert groups[role]["resourceClaims"] == [{"name": "gpus", "resourceClaimTemplateName": f"{job_name}-{role}-gpus"}]
+        assert container["resources"]["claims"] == [{"name": "gpus"}] and "nvidia.com/gpu" not in container["resources"]["limits"]
+    for pod in [*groups.values(), driver]:  # the job's own image, and the checkpoint PVC in every pod that works
+        assert pod["containers"][0]["image"] == "registry.example.com/kuberl:9"
+        assert {"name": "checkpoints", "persistentVolumeClaim": {"claimName": "ckpt"}} in pod["volumes"]
+        assert {"name": "checkpoints", "mountPath": "/checkpoints"} in pod["containers"][0]["volumeMounts"]
+    assert "path: /checkpoints" in api.get(CONFIGMAPS, f"{job_name}-spec")["data"]["job.yaml"]
+    kuberay.sync(api, job_name)  # worker pods made from the templates pass Pod validation
+    wait_for(phase_is(api, job_name, "Running"), 10, "phase Running", operator.tail)
+
+    # Templates are immutable: suspend removes them with the RayCluster, resume makes them anew.
+    api.patch(RLTJ, job_name, {"spec": {"suspend": True}})
+    wait_for(lambda: not templates() and api.get(RAYCLUSTERS, job_name) is None, 10, "templates deleted on suspend", operator.tail)
+    for pod in kuberay.pods_of(api, job_name):
+        api.delete(PODS, pod["metadata"]["name"])
+    api.patch(RLTJ, job_name, {"spec": {"suspend": False, "roles": {"actor": {"gpus": 4}}}})
+    again = wait_for(lambda: len(templates()) == 3 and templates(), 10, "templates recreated on resume", operator.tail)
+    assert again[f"{job_name}-actor-gpus"]["spec"]["spec"]["devices"]["requests"][0]["exactly"]["count"] == 4
+
+    api.delete(RLTJ, job_name)
+    wait_for(lambda: api.get(RLTJ, job_name) is None and not templates(), 10, "the templates deleted with the job", operator.tail)
+
+
+@pytest.mark.parametrize("placement, roles, field", [
+    ({"policy": "required"}, {"actor": {"gpus": 16}}, "spec.roles.actor.gpus"),
+    ({"policy": "required", "mode": "dra", "minLink": "NV"}, {"actor": {"gpus": 4}}, "spec.placement.minLink"),
+], ids=["replica-bigger-than-a-node", "dra-cannot-ask-for-nvlink"])
+def test_an_impossible_required_placement_fails_before_anything_is_made(
+        api: Client, operator: OperatorProcess, job_name: str, placement: dict, roles: dict, field: str) -> None:
+    api.create(RLTJ, manifest(job_name, placement=placement, roles=roles))
+    wait_for(phase_is(api, job_name, "Failed"), 10, "phase Failed", operator.tail)
+    failed, degraded = condition(api, job_name, "Failed"), condition(api, job_name, "PlacementDegraded")
+    assert failed["reason"] == "PlacementDegraded" and failed["observedGeneration"] == 1
+    assert degraded["status"] == "True" and field in degraded["message"] and "role actor" in degraded["message"]
+    event = wait_for(lambda: events(api, job_name, "PlacementDegraded"), 10, "a PlacementDegraded Event", operator.tail)
+    assert event[0]["type"] == "Warning" and field in event[0]["message"]
+    # Nothing made, nothing retried, no crash: one Event, and the operator goes on.
+    holds(lambda: len(events(api, job_name, "PlacementDegraded")) == 1 and operator.alive()
+          and not any(api.get(res, pattern.format(job_name)) for res, pattern in CHILDREN)
+          and not api.list(RESOURCECLAIMTEMPLATES, f"kuberl.io/job={job_name}"), 2, "nothing created")
+    assert status(api, job_name)["phase"] == "Failed"
 
 
 def test_operator_restart_adopts_what_exists(api: Client, operator: OperatorProcess, job_name: str) -> None:

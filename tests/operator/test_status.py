@@ -189,3 +189,28 @@ def test_driver_outcome_from_job_conditions() -> None:
     assert driver_outcome({"status": {"conditions": [{"type": "Complete", "status": "True"}]}}).succeeded
     failed = driver_outcome({"status": {"conditions": [{"type": "Failed", "status": "True", "message": "deadline"}]}})
     assert not failed.succeeded and "deadline" in failed.message
+
+
+def test_every_status_field_written_is_declared_in_the_crd() -> None:
+    """A real API server prunes undeclared status fields: the CRD must declare all that decide writes."""
+    from kuberl.spec import generate_crd
+
+    from kuberl_operator.status import infeasible_status
+
+    from .schemas import CrdSchema
+
+    schema = CrdSchema(generate_crd(), "v1alpha1")
+    report = Progress(step=3, total_steps=10, tokens_per_sec=9.5, message="step 3/10", role_restarts={"ref": 1},
+                      role_links={"actor": "PIX", "critic": "NV4"})
+    st = run({}, Observed("rc", pods(), report))
+    st = run(st.status, Observed("rc", pods(failed={"c0": "container ray-worker OOMKilled"}), report)).status
+    assert {"podRestarts", "members", "handledUIDs", "lastFailure", "worstLink"} <= set(st["roles"]["critic"])
+    assert {"rayCluster", "rayClusterUID", "step", "totalSteps", "tokensPerSec", "restarts"} <= set(st)
+    spec = {"data": {"task": "repeat-letter"}, "reward": {"function": "m.n:f"}}
+    for status in (st, invalid_spec_status({}, 1, "x", T0), infeasible_status(st, 1, "y", T0)):
+        body = {"apiVersion": "kuberl.io/v1alpha1", "kind": "RLTrainingJob", "metadata": {"name": "j"},
+                "spec": spec, "status": status}
+        assert schema.problems(body) == []
+    bogus = {"apiVersion": "kuberl.io/v1alpha1", "kind": "RLTrainingJob", "metadata": {"name": "j"}, "spec": spec,
+             "status": {**st, "roles": {"actor": {"surprise": 1}}}}
+    assert any("surprise" in p for p in schema.problems(bogus))  # nothing undeclared slips through

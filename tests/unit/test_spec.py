@@ -53,6 +53,10 @@ def test_hub_model_does_not_get_builtin_default() -> None:
         ({"data": {"files": ["a.csv"]}}, "spec.data.files", ".jsonl or .parquet"),
         ({"roles": {"actor": {"resources": {"memory": "lots"}}}}, "spec.roles.actor.resources.memory", "Kubernetes quantity"),
         ({"algorithm": {"kl": {"controller": "adaptive"}}}, "spec.algorithm.kl.target", "required"),
+        ({"trainer": {"checkpoint": {"volumeClaim": "Bad_Name"}}}, "spec.trainer.checkpoint.volumeClaim", "must match"),
+        ({"trainer": {"checkpoint": {"volumeClaim": "ckpt", "path": "ckpt"}}}, "spec.trainer.checkpoint.path", "absolute path"),
+        ({"placement": {"deviceClass": "GPU Class"}}, "spec.placement.deviceClass", "must match"),
+        ({"image": ""}, "spec.image", "at least 1"),
     ],
 )
 def test_errors_name_the_field_and_fix(spec, field, words) -> None:
@@ -117,3 +121,28 @@ def test_validate_cli_never_tracebacks(tmp_path, text) -> None:
     assert proc.returncode != 0
     assert "Traceback" not in proc.stderr and proc.stderr.startswith("error: ")
     assert all(line.startswith("error: ") and "(fix: " in line for line in proc.stderr.splitlines())
+
+
+def test_kubernetes_only_fields_are_optional() -> None:
+    job = validate_manifest(manifest(image="registry.example.com/kuberl:1",
+                                     trainer={"checkpoint": {"volumeClaim": "ckpt", "path": "/data/ckpt"}}))
+    assert job.spec.image == "registry.example.com/kuberl:1"
+    assert (job.spec.trainer.checkpoint.volume_claim, job.spec.trainer.checkpoint.path) == ("ckpt", "/data/ckpt")
+    plain = validate_manifest(manifest(trainer={"checkpoint": {"path": "relative/dir"}}))  # no PVC: any path
+    assert plain.spec.image is None and plain.spec.trainer.checkpoint.volume_claim is None
+
+
+def test_topology_domain_resource_name() -> None:
+    from kuberl.spec.model import node_resource, role_resource
+
+    assert node_resource("gpu-7.example.internal") == "kuberl_node_gpu-7.example.internal"
+    assert role_resource("actor") == "kuberl_role_actor"
+
+
+def test_crd_declares_the_status_the_operator_writes() -> None:
+    status = generate_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]
+    assert "x-kubernetes-preserve-unknown-fields" not in status  # undeclared fields would be pruned: declare them
+    assert {"phase", "step", "totalSteps", "tokensPerSec", "restarts", "rayCluster", "rayClusterUID",
+            "observedGeneration", "message", "conditions", "roles"} <= set(status["properties"])
+    role = status["properties"]["roles"]["additionalProperties"]
+    assert {"desired", "ready", "restarts", "podRestarts", "lastFailure", "worstLink", "members", "handledUIDs"} <= set(role["properties"])

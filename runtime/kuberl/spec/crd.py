@@ -13,15 +13,17 @@ from typing import Any
 from .model import GROUP, KIND, PLURAL, SHORT_NAME, VERSION, JobSpec
 
 STATUS_SCHEMA: dict[str, Any] = {
+    # Every field the operator writes is declared (and nothing else is kept): a real API server
+    # prunes undeclared status fields, so a field missing here would silently vanish.
     "type": "object",
-    "x-kubernetes-preserve-unknown-fields": True,
     "properties": {
         "phase": {"type": "string", "enum": ["Pending", "Provisioning", "Running", "Restarting", "Succeeded", "Failed", "Suspended"]},
-        "step": {"type": "integer"},
+        "step": {"type": "integer", "description": "Last training step the driver reported."},
         "totalSteps": {"type": "integer"},
         "tokensPerSec": {"type": "number"},
         "restarts": {"type": "integer", "description": "Restarts summed over roles."},
-        "rayCluster": {"type": "string"},
+        "rayCluster": {"type": "string", "description": "Name of the live RayCluster."},
+        "rayClusterUID": {"type": "string", "description": "UID of the live RayCluster: pods of another cluster never count."},
         "observedGeneration": {"type": "integer"},
         "message": {"type": "string"},
         "conditions": {
@@ -41,15 +43,20 @@ STATUS_SCHEMA: dict[str, Any] = {
         },
         "roles": {
             "type": "object",
+            "description": "Per role: health, restarts, worst GPU link, and the operator's pod bookkeeping.",
             "additionalProperties": {
                 "type": "object",
-                "x-kubernetes-preserve-unknown-fields": True,
                 "properties": {
                     "desired": {"type": "integer"},
                     "ready": {"type": "integer"},
-                    "restarts": {"type": "integer"},
+                    "restarts": {"type": "integer", "description": "max(podRestarts, the driver's count)."},
+                    "podRestarts": {"type": "integer", "description": "Restarts the operator counted from pod failures."},
                     "lastFailure": {"type": "string"},
-                    "worstLink": {"type": "string"},
+                    "worstLink": {"type": "string", "description": "Worst GPU link inside the role's groups (NV#, PIX, PXB, PHB, NODE, SYS)."},
+                    "members": {"type": "object", "additionalProperties": {"type": "string"},
+                                "description": "Pods seen alive, uid -> name (a member that vanishes was deleted)."},
+                    "handledUIDs": {"type": "array", "items": {"type": "string"},
+                                    "description": "Pods whose failure is already counted."},
                 },
             },
         },

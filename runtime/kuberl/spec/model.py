@@ -27,10 +27,22 @@ def role_resource(role: str) -> str:
     """The custom Ray resource a role's pods advertise and its Ray actors request (one unit per rank)."""
     return f"kuberl_role_{role}"
 
+
+NODE_RESOURCE_PREFIX = "kuberl_node_"
+"""On Kubernetes every worker pod also advertises ``kuberl_node_<node name>`` (one unit per GPU, or one
+on CPU): its topology domain, the Kubernetes node it runs on. Pods of one node share it, so a bundle
+asking for ``node_resource(n)`` lands on node ``n`` (docs/placement.md)."""
+
+
+def node_resource(node: str) -> str:
+    """The custom Ray resource of the worker pods on Kubernetes node ``node``."""
+    return f"{NODE_RESOURCE_PREFIX}{node}"
+
 BUILTIN_MODELS: tuple[str, ...] = ("tiny", "qwen2-0.5b", "qwen2-1.5b")
 BUILTIN_TASKS: tuple[str, ...] = ("repeat-letter", "gsm8k-toy")
 IMPORT_PATH = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*$")
 QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|Ki|M|Mi|G|Gi|T|Ti)?$")
+DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
 
 
 class Section(BaseModel):
@@ -163,7 +175,9 @@ class RolloutSpec(Section):
 class CheckpointSpec(Section):
     path: Optional[str] = Field(None, description="Directory for checkpoints; defaults to <out>/checkpoints (on Kubernetes: /checkpoints).")
     volume_claim: Optional[str] = Field(
-        None, description="Kubernetes: a ReadWriteMany PersistentVolumeClaim mounted at the checkpoint path in the driver and every worker pod."
+        None, pattern=DNS_SUBDOMAIN, max_length=253,
+        description="Kubernetes: a ReadWriteMany PersistentVolumeClaim mounted at the checkpoint path in the driver and every worker pod. "
+                    "Unset: checkpoints are written inside the pods and do not survive a pod restart.",
     )
     interval: int = Field(10, ge=1, description="Steps between checkpoints.")
     keep: int = Field(2, ge=1, description="Checkpoints kept on disk.")
@@ -247,7 +261,8 @@ class PlacementSpec(Section):
     dra_constraint: Literal["pcieRoot", "numaNode"] = Field(
         "pcieRoot", description="dra: keep each replica's GPUs on one PCIe root or one NUMA node (matchAttribute)."
     )
-    device_class: str = Field("gpu.nvidia.com", min_length=1, description="dra: DeviceClass of the GPUs.")
+    device_class: str = Field("gpu.nvidia.com", min_length=1, max_length=253, pattern=DNS_SUBDOMAIN,
+                              description="dra: DeviceClass of the GPUs.")
 
 
 class JobSpec(Section):
@@ -260,6 +275,9 @@ class JobSpec(Section):
     roles: RolesSpec = Field(default_factory=RolesSpec)
     resilience: ResilienceSpec = Field(default_factory=ResilienceSpec)
     placement: PlacementSpec = Field(default_factory=PlacementSpec)
+    image: Optional[str] = Field(
+        None, min_length=1, description="Kubernetes: runtime image of the Ray pods and the driver; defaults to the operator's --image."
+    )
     suspend: bool = Field(False, description="Stop the job's pods and keep its state; false resumes.")
 
     @property
@@ -350,6 +368,10 @@ def cross_field_problems(spec: JobSpec) -> list[tuple[str, str, str]]:
         out.append(("roles.reward.enabled", "the reward role cannot be disabled", "remove spec.roles.reward.enabled"))
     if spec.placement.mode == "dra" and not any(getattr(roles, r).gpus for r in enabled_roles(spec)):
         out.append(("placement.mode", "dra needs at least one role with GPUs", "set spec.placement.mode to device-plugin or give a role gpus"))
+    ckpt = tr.checkpoint
+    if ckpt.volume_claim and ckpt.path is not None and not ckpt.path.startswith("/"):
+        out.append(("trainer.checkpoint.path", "must be an absolute path when volumeClaim is set (it is the mount path)",
+                    "set spec.trainer.checkpoint.path to an absolute path such as /checkpoints, or remove it"))
     for i, fault in enumerate(spec.resilience.faults):
         if fault.step > tr.steps:
             out.append((f"resilience.faults[{i}].step", f"must be <= trainer.steps ({tr.steps})", "inject the fault at a step the job reaches"))
