@@ -21,6 +21,7 @@ SPEC_MOUNT = "/etc/kuberl"
 SPEC_FILE = "job.yaml"
 OUT_DIR = "/kuberl/out"
 GCS_PORT = 6379
+DRIVER_METRICS_PORT = 9500  # the driver serves /metrics here on the pod IP (the chart's PodMonitor scrapes it)
 AUTH_TOKEN_KEY = "auth_token"
 GPU_CLAIM = "gpus"  # the pod's resourceClaims entry (and the template's device request) under DRA
 NODE_NAME_ENV = "KUBERL_NODE_NAME"  # a worker's Kubernetes node, from the downward API

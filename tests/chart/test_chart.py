@@ -334,22 +334,21 @@ def test_notes(helm: Helm) -> None:
     assert "kubectl get rltj" in notes and "kept on `helm uninstall`" in notes
     assert "podMonitor.enabled=true" in notes
     notes = helm.notes({"podMonitor": {"enabled": True}, "serviceMonitor": {"enabled": True}})
-    assert "prometheusPort: 9500" in notes and "release=kube-prometheus-stack" in notes
+    assert "--metrics-port 9500" in notes and "release=kube-prometheus-stack" in notes
 
 
-def test_readme_first_job_matches_the_podmonitor() -> None:
-    """README's "Run a first job" snippet: valid in a job, and on the port the PodMonitor scrapes."""
-    import re
+def test_driver_serves_metrics_where_the_podmonitor_scrapes() -> None:
+    """The operator starts each driver with /metrics on the PodMonitor's port, on all addresses."""
+    from kuberl.spec import load_manifest
+    from kuberl_operator import builders, names
 
-    from kuberl.spec import validate_manifest
-
-    readme = (REPO / "README.md").read_text()
-    snippet = re.search(r"^ +metrics: (\{prometheusPort: \d+, prometheusAddress: [0-9.]+\})$", readme, re.M)
-    assert snippet, "README lost its spec.trainer.metrics snippet"
-    metrics = yaml.safe_load(snippet.group(1))
     values = yaml.safe_load((CHART / "values.yaml").read_text())
-    assert metrics["prometheusPort"] == values["podMonitor"]["driver"]["port"]
-    assert metrics["prometheusAddress"] == "0.0.0.0"
-    job = yaml.safe_load((REPO / "examples" / "ppo-gpu.yaml").read_text())
-    job["spec"]["trainer"]["metrics"] = metrics
-    validate_manifest(job)
+    assert names.DRIVER_METRICS_PORT == values["podMonitor"]["driver"]["port"]
+    job = load_manifest(REPO / "examples" / "ppo-gpu.yaml")
+    raw = yaml.safe_load((REPO / "examples" / "ppo-gpu.yaml").read_text())["spec"]
+    driver = next(o for o in builders.all_objects(job, raw, "t", builders.BuildOptions(namespace="ns")) if o["kind"] == "Job")
+    container = driver["spec"]["template"]["spec"]["containers"][0]
+    args = container["command"]
+    assert args[args.index("--metrics-port") + 1] == str(names.DRIVER_METRICS_PORT)
+    assert args[args.index("--metrics-address") + 1] == "0.0.0.0"
+    assert {"name": "metrics", "containerPort": names.DRIVER_METRICS_PORT} in container["ports"]
