@@ -26,9 +26,7 @@ def cmd_render(args: argparse.Namespace) -> int:
     try:
         job = load_manifest(args.job)
     except SpecInvalid as exc:
-        for err in exc.errors:
-            print(f"error: {err}", file=sys.stderr)
-        return 1
+        return exc.report()
     problems = placement.static_problems(job, args.max_gpus_per_node)
     if problems:  # the operator would fail the job (PlacementDegraded) and create nothing
         for problem in problems:

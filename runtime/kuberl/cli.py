@@ -18,9 +18,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     try:
         job = load_manifest(args.job)
     except SpecInvalid as exc:
-        for err in exc.errors:
-            print(f"error: {err}", file=sys.stderr)
-        return 1
+        return exc.report()
     print(f"{args.job}: valid {job.kind} {job.metadata.name!r} ({job.spec.algorithm.name}, {job.spec.trainer.steps} steps)")
     return 0
 

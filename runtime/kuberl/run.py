@@ -143,9 +143,7 @@ def run_command(args: argparse.Namespace) -> int:
         preflight(job.spec)
         records = run_job(job, Path(args.out), args.backend, args.device, args.ray_address, tuple(args.fault), not args.no_progress)
     except SpecInvalid as exc:
-        for err in exc.errors:
-            print(f"error: {err}", file=sys.stderr)
-        return 1
+        return exc.report()
     except (UsageError, DataError, RewardImportError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

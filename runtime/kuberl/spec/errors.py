@@ -27,6 +27,14 @@ class SpecInvalid(ValueError):
         super().__init__("\n".join(str(e) for e in errors))
         self.errors = errors
 
+    def report(self) -> int:
+        """Print one `error: ...` line per problem on stderr; returns the CLI exit code (1)."""
+        import sys
+
+        for err in self.errors:
+            print(f"error: {err}", file=sys.stderr)
+        return 1
+
 
 def field_path(loc: Iterable[Any]) -> str:
     """('spec', 'roles', 'actor', 'gpus') -> 'spec.roles.actor.gpus'; list indices as [i]."""
