@@ -38,14 +38,39 @@ def mesh_for(device: torch.device) -> DeviceMesh:
     return init_device_mesh(device.type, (dist.get_world_size(),))
 
 
-def shard(model: nn.Module, device: torch.device, dtype: torch.dtype, mesh: Optional[DeviceMesh] = None) -> nn.Module:
-    """FSDP2: shard each transformer block, then the root. bf16 compute keeps fp32 master weights."""
+def compile_enabled(device: torch.device) -> bool:
+    """Regional torch.compile of transformer blocks: on CUDA unless KUBERL_COMPILE=0 (never on CPU)."""
+    return device.type == "cuda" and os.environ.get("KUBERL_COMPILE", "1") != "0"
+
+
+def shard(model: nn.Module, device: torch.device, dtype: torch.dtype, mesh: Optional[DeviceMesh] = None,
+          compile_blocks: Optional[bool] = None) -> nn.Module:
+    """FSDP2: shard each transformer block, then the root. bf16 compute keeps fp32 master weights
+    (param_dtype bf16, reduce_dtype fp32).
+
+    On CUDA at world size 1 nothing is actually sharded, so per-block units would only add hooks and
+    small copies: the whole model is one FSDP unit there, gathered once (to bf16) per forward and
+    kept until backward. With `compile_blocks` (default: `compile_enabled(device)`) every block's
+    forward goes through torch.compile, after sharding (FSDP's hooks stay outside the compiled region;
+    parameter names are unchanged); blocks share one compiled graph, so this costs one compilation,
+    not one per layer.
+    """
     mesh = mesh or mesh_for(device)
     mp = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32) if dtype != torch.float32 else MixedPrecisionPolicy()
+    single = device.type == "cuda" and mesh.size() == 1
     model.to(device)
-    for block in transformer_blocks(model):
-        fully_shard(block, mesh=mesh, mp_policy=mp)
-    fully_shard(model, mesh=mesh, mp_policy=mp)
+    blocks = transformer_blocks(model)
+    if not single:
+        for block in blocks:
+            fully_shard(block, mesh=mesh, mp_policy=mp)
+    fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=not single)
+    if compile_enabled(device) if compile_blocks is None else compile_blocks:
+        # one code object (the block class's forward) serves every role in the process, each with its
+        # own variants (grad or not, train or eval, mask or none, trunk or causal LM): the default
+        # limit of 8 compiled variants would silently send later ones back to eager
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+        for block in blocks:
+            block.compile()
     return model
 
 
@@ -66,8 +91,9 @@ def pick_device(gpus: int, requested: str = "auto") -> torch.device:
 def measure_matmul_flops(device: torch.device, dtype: torch.dtype, n: int = 0, seconds: float = 0.5) -> float:
     """Achieved FLOP/s of square matmuls (2·n³ each) on `device` in `dtype`: the MFU peak used here.
 
-    A measured peak, not a datasheet number: on an H200 bf16 this is ~790 TFLOP/s; on CPU fp32 it is
-    whatever the cores give this process.
+    A measured peak, not a datasheet number: on an H200 bf16 it was ~790 TFLOP/s on some machines
+    and 653-677 on a power-capped one (docs/performance.md); on CPU fp32 it is whatever the cores give
+    this process.
     """
     import time
 
@@ -75,9 +101,12 @@ def measure_matmul_flops(device: torch.device, dtype: torch.dtype, n: int = 0, s
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    for _ in range(3):
-        a @ b
-    sync()
+    # warm up for a while, not a few calls, so that clocks and power state settle before timing
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < min(seconds, 0.5):
+        for _ in range(5):
+            a @ b
+        sync()
     iters, t0 = 0, time.perf_counter()
     while time.perf_counter() - t0 < seconds:
         for _ in range(5):

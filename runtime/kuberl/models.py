@@ -90,10 +90,16 @@ def _seeded(build, seed: int):
         return build()
 
 
-def load_causal_lm(src: ModelSource, dtype: torch.dtype = torch.float32, seed: int = 0) -> nn.Module:
-    """Policy model (actor, ref, rollout)."""
+def load_causal_lm(src: ModelSource, dtype: torch.dtype = torch.float32, seed: int = 0,
+                   device: torch.device | str | None = None) -> nn.Module:
+    """Policy model (actor, ref, rollout). With `device`, a built-in is initialised there directly
+    (fast on a GPU; the weights then differ from a CPU-built copy, so only use it where they are
+    overwritten anyway, as for the rollout engine, which the actor syncs at setup)."""
     if src.builtin:
         cfg = builtin_config(src.builtin)
+        if device is not None and torch.device(device).type != "cpu":
+            with torch.device(device):
+                return _seeded(lambda: Qwen2ForCausalLM(cfg), seed).to(dtype)
         return _seeded(lambda: Qwen2ForCausalLM(cfg), seed).to(dtype)
     return AutoModelForCausalLM.from_pretrained(src.path or src.hub, dtype=dtype)
 
@@ -109,7 +115,9 @@ class ValueModel(nn.Module):
         nn.init.zeros_(self.head.bias)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        hidden = self.trunk(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        # use_cache=False: no KV cache in a full-sequence pass (HF would build a DynamicCache and copy
+        # every layer's K/V into it; under torch.compile its per-layer state also forces recompiles)
+        hidden = self.trunk(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
         return self.head(hidden).sum(-1).float()  # [B,S,1] -> [B,S]; a sum, not a view (FSDP hooks)
 
 

@@ -1,0 +1,248 @@
+"""Full PPO steps through the runtime's own Driver, in-process (LocalWorkerGroup, no Ray), on one device.
+
+    PYTHONPATH=runtime python bench/ppo_step.py --model qwen2-0.5b          # H200: 0.5B shape, bf16
+    PYTHONPATH=runtime python bench/ppo_step.py --model qwen2-1.5b
+    PYTHONPATH=runtime python bench/ppo_step.py --model tiny --device cpu --steps 2 --batch 8 --prompt-len 16 --response-len 16   # smoke
+
+Every role (actor with its rollout engine, critic, ref, rule reward) is built by the same worker
+classes as in a real job and driven by `Driver.train_step`: rollout, reward, ref, values, advantage,
+update_critic, update_actor, weight_sync. Prompts are exactly --prompt-len tokens (the built-in
+character tokenizer: one character, one token), responses exactly --response-len (rollout.fixedLength),
+so every micro-batch is micro x (prompt + response) tokens with no padding.
+
+Prints per step: time per phase, total step time, rollout tokens/s, training tokens/s, MFU (the
+driver's 6·N·tokens estimate and a stricter count of the FLOPs actually done), against the bf16
+matmul peak measured in this run (printed), and peak GPU memory. Then, unless --no-train-bench, a
+plain actor training step on one micro-batch-sized mini-batch (default 16 x 512 tokens: forward,
+backward, clip, fused AdamW step), timed over --train-reps repetitions.
+The first step includes torch.compile and CUDA-graph capture; the summary is the median of the
+later steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))
+
+from kuberl.batch import Batch  # noqa: E402
+from kuberl.driver import Driver  # noqa: E402
+from kuberl.groups import LocalWorkerGroup  # noqa: E402
+from kuberl.models import CHARS, builtin_config  # noqa: E402
+from kuberl.spec import JobSpec  # noqa: E402
+
+PHASES = ("rollout", "reward", "ref", "values", "advantage", "update_critic", "update_actor", "weight_sync")
+
+
+def model_flops(cfg, batch: int, seq: int, resp: int) -> dict[str, float]:
+    """FLOPs of one forward+backward over `batch` sequences of `seq` tokens whose last `resp` positions
+    go through the LM head: dense layers (6 per parameter per token), LM head (6·V·H per head token),
+    causal attention scores and values (fwd 2·S²·h·d per layer and sequence, x3 with backward)."""
+    h, i, layers = cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers
+    heads, kv = cfg.num_attention_heads, cfg.num_key_value_heads
+    d = h // heads
+    per_layer = h * heads * d + 2 * h * kv * d + heads * d * h + 3 * h * i
+    dense = 6 * per_layer * layers * batch * seq
+    head = 6 * cfg.vocab_size * h * batch * resp
+    attn = 6 * seq * seq * heads * d * layers * batch
+    return {"dense": dense, "head": head, "attention": attn, "total": dense + head + attn}
+
+
+def build_spec(args, data_file: Path) -> JobSpec:
+    gpus = 1 if args.device == "cuda" else 0
+    return JobSpec.model_validate({
+        "model": {"builtin": args.model, "dtype": "bfloat16" if args.device == "cuda" else "float32"},
+        "algorithm": {"name": "ppo", "kl": {"coef": 0.01, "estimator": "k1"}},
+        "data": {"files": [str(data_file)], "maxPromptLength": args.prompt_len, "batchSize": args.batch, "shuffle": True},
+        "reward": {"function": "kuberl.rewards.builtin:repeat_letter"},
+        "rollout": {"engine": "hf", "maxNewTokens": args.response_len, "temperature": 1.0, "topP": 1.0,
+                    "fixedLength": True, "compile": args.device == "cuda" and not args.no_fast_rollout},
+        "trainer": {"steps": args.steps, "ppoEpochs": 1, "miniBatchSize": args.mini or args.batch,
+                    "microBatchSize": args.micro, "actorLr": 1e-6, "criticLr": 1e-5, "seed": 0,
+                    "checkpoint": {"interval": 10_000}},
+        "roles": {"actor": {"gpus": gpus}, "critic": {"gpus": gpus}, "ref": {"gpus": gpus}, "reward": {"gpus": 0}},
+    })
+
+
+def write_prompts(path: Path, n: int, length: int) -> None:
+    """Prompts of exactly `length` characters (= tokens), ending in 'say c:'."""
+    import random
+
+    rng = random.Random(0)
+    rows = []
+    for _ in range(n):
+        c = rng.choice("abcdef")
+        tail = f"say {c}:"
+        head = "".join(rng.choice(CHARS[:36]) for _ in range(max(0, length - len(tail))))
+        rows.append({"prompt": (head + tail)[-length:], "answer": c})
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+
+
+def train_bench(driver: Driver, args, peak: float) -> dict:
+    """A plain actor training step: one optimizer step on a micro x (prompt + response) mini-batch.
+
+    Timed as the runtime runs it (compiled blocks, fused LM head + log-softmax), then, in the same
+    process, with compilation switched off (blocks and head math), and with the logits path instead
+    of the fused head too, so the effect of each is measured here (FSDP2 setup and fused AdamW are
+    the same in all three).
+    """
+    import kuberl.sequence as sequence
+    from kuberl.models import transformer_blocks
+
+    worker = driver.groups["actor"].worker
+    dev = worker.device
+    b, p, r = args.micro, args.prompt_len, args.response_len
+    g = torch.Generator().manual_seed(1)
+    vocab = worker.trainer.model.config.vocab_size
+    prompts = torch.randint(2, vocab, (b, p), generator=g)
+    responses = torch.randint(2, vocab, (b, r), generator=g)
+    batch = Batch({
+        "input_ids": torch.cat([prompts, responses], 1), "attention_mask": torch.ones(b, p + r, dtype=torch.long),
+        "responses": responses, "response_mask": torch.ones(b, r), "old_logprobs": torch.full((b, r), -12.0),
+        "advantages": torch.randn(b, r, generator=g), "ref_logprobs": torch.full((b, r), -12.0),
+    }, {"kl_coef": [0.0] * b}).to(dev)
+    tr = worker.spec.trainer
+    saved = (tr.mini_batch_size, tr.micro_batch_size)
+    tr.mini_batch_size, tr.micro_batch_size = b, b
+    blocks = transformer_blocks(worker.trainer.model)
+    compiled = [getattr(blk, "_compiled_call_impl", None) for blk in blocks]
+    fusable = sequence.fusable
+    tokens = b * (p + r)
+    flops = model_flops(builtin_config(args.model), b, p + r, r)["total"]
+    n = driver.n_params
+
+    def measure() -> dict:
+        worker.update(batch, 0)  # warm-up (compilation for this shape, allocator)
+        times = []
+        for _ in range(args.train_reps):
+            torch.cuda.synchronize() if dev.type == "cuda" else None
+            t0 = time.perf_counter()
+            worker.update(batch, 0)
+            torch.cuda.synchronize() if dev.type == "cuda" else None
+            times.append(time.perf_counter() - t0)
+        t = statistics.median(times)
+        return {"seconds_median": t, "seconds_all": times, "tokens_per_s": tokens / t,
+                "mfu_6nt": 6 * n * tokens / t / peak, "mfu_strict": flops / t / peak}
+
+    out: dict = {"tokens": tokens}
+    try:
+        out["runtime"] = measure()
+        if not args.no_ab:
+            if any(c is not None for c in compiled):
+                sequence.COMPILE_HEAD = False
+                for blk in blocks:
+                    blk._compiled_call_impl = None
+                out["eager_blocks"] = measure()
+            sequence.fusable = lambda model: False
+            out["eager_blocks_logits_path"] = measure()
+    finally:
+        sequence.fusable = fusable
+        sequence.COMPILE_HEAD = None
+        for blk, c in zip(blocks, compiled):
+            blk._compiled_call_impl = c
+        tr.mini_batch_size, tr.micro_batch_size = saved
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="qwen2-0.5b", choices=["tiny", "qwen2-0.5b", "qwen2-1.5b"])
+    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--batch", type=int, default=64, help="prompts (= sequences) per step")
+    ap.add_argument("--prompt-len", type=int, default=128)
+    ap.add_argument("--response-len", type=int, default=384)
+    ap.add_argument("--mini", type=int, default=0, help="sequences per optimizer step (default: the whole batch)")
+    ap.add_argument("--micro", type=int, default=16, help="sequences per forward/backward")
+    ap.add_argument("--no-fast-rollout", action="store_true", help="rollout with transformers generate")
+    ap.add_argument("--no-train-bench", action="store_true")
+    ap.add_argument("--train-reps", type=int, default=5)
+    ap.add_argument("--no-ab", action="store_true", help="time the train step only as the runtime runs it")
+    ap.add_argument("--json", default="")
+    args = ap.parse_args()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        sys.exit("no CUDA device: use --device cpu")
+
+    with tempfile.TemporaryDirectory() as tmp:
+        data = Path(tmp) / "prompts.jsonl"
+        write_prompts(data, max(256, args.batch * (args.steps + 1)), args.prompt_len)
+        spec = build_spec(args, data)
+        t0 = time.perf_counter()
+        driver = Driver(spec, "ppo-bench", Path(tmp) / "out", lambda role: LocalWorkerGroup(role, spec, args.device), progress=False)
+        driver.start()
+        setup_s = time.perf_counter() - t0
+        engine = driver.groups["actor"].worker.engine
+        peak = driver.peak_flops
+        print(json.dumps({"model": args.model, "n_params": driver.n_params, "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
+                          "torch": torch.__version__, "matmul_peak_tflops": peak / 1e12, "rollout_path": engine.path,
+                          "compile_blocks": os.environ.get("KUBERL_COMPILE", "1") != "0" and args.device == "cuda",
+                          "setup_s": setup_s, "batch": args.batch, "prompt_len": args.prompt_len,
+                          "response_len": args.response_len, "mini": args.mini or args.batch, "micro": args.micro}), flush=True)
+        recs = []
+        try:
+            for _ in range(args.steps):
+                rec = driver.train_step()
+                recs.append(rec)
+                keep = {k: v for k, v in rec.items() if k.startswith(("time_", "rollout_tokens", "train_tokens", "mfu", "memory_actor_gpu"))}
+                print(json.dumps({"step": rec["step"], **keep}), flush=True)
+            tb = None if args.no_train_bench else train_bench(driver, args, peak)
+        finally:
+            driver.shutdown()
+
+    cfg = builtin_config(args.model)
+    seq = args.prompt_len + args.response_len
+    upd_flops = model_flops(cfg, args.batch, seq, args.response_len)["total"]
+    later = recs[1:] if len(recs) > 1 else recs
+    med = lambda key: statistics.median(r.get(key, 0.0) for r in later)  # noqa: E731
+    gpu_peak = torch.cuda.max_memory_allocated() / 2**30 if args.device == "cuda" else 0.0
+    summary = {
+        "steps_in_median": [r["step"] for r in later],
+        "phases_s": {p: med(f"time_{p}_s") for p in PHASES},
+        "step_s": med("time_step_s"),
+        "first_step_s": recs[0]["time_step_s"],
+        "rollout_tokens_per_s": med("rollout_tokens_per_s"),
+        "train_tokens_per_s": med("train_tokens_per_s"),
+        "mfu_update_actor_6nt": med("mfu"),
+        "mfu_update_actor_strict": upd_flops / med("time_update_actor_s") / peak if med("time_update_actor_s") else 0.0,
+        "peak_tflops": peak / 1e12,
+        "gpu_peak_gib": gpu_peak,
+        "train_step": tb,
+    }
+    print(json.dumps(summary), flush=True)
+    print()
+    print(f"{args.model}: {args.batch} sequences x ({args.prompt_len} prompt + {args.response_len} response) per step; "
+          f"mini {args.mini or args.batch}, micro {args.micro}; rollout path {engine.path}; "
+          f"{summary['steps_in_median']} in the median")
+    print(f"measured matmul peak (square matmuls in the actor's dtype, this run): {peak / 1e12:.4g} TFLOP/s")
+    print("| phase | seconds |")
+    print("| --- | --- |")
+    for p_, s in summary["phases_s"].items():
+        print(f"| {p_} | {s:.3f} |")
+    print(f"| **step total** | {summary['step_s']:.3f} (first step, with compile/capture: {summary['first_step_s']:.1f}) |")
+    print(f"rollout tokens/s: {summary['rollout_tokens_per_s']:,.0f}   training tokens/s (actor update): {summary['train_tokens_per_s']:,.0f}")
+    print(f"actor update MFU: {summary['mfu_update_actor_6nt']:.1%} (6·N·T, N={driver.n_params / 1e6:.0f}M)   "
+          f"{summary['mfu_update_actor_strict']:.1%} (FLOPs actually done)")
+    if tb:
+        print(f"plain actor train step, {args.micro} x {seq} tokens, one optimizer step (median of {args.train_reps}):")
+        print("| variant | ms | tokens/s | MFU 6·N·T | MFU strict |")
+        print("| --- | --- | --- | --- | --- |")
+        for name, x in tb.items():
+            if isinstance(x, dict):
+                print(f"| {name} | {x['seconds_median'] * 1e3:.1f} | {x['tokens_per_s']:,.0f} | {x['mfu_6nt']:.1%} | {x['mfu_strict']:.1%} |")
+    print(f"peak GPU memory (all roles, one process): {gpu_peak:.1f} GiB")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"args": vars(args), "records": recs, "summary": summary}, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()

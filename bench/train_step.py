@@ -1,0 +1,155 @@
+"""The actor's training step alone: `ActorWorker.update` (FSDP2, world size 1) on one mini-batch.
+
+    PYTHONPATH=runtime python bench/train_step.py --model qwen2-0.5b --profile
+    PYTHONPATH=runtime python bench/train_step.py --model tiny --device cpu --micro 4 --prompt-len 8 --response-len 8   # smoke
+
+Builds only the actor (through LocalWorkerGroup, as a job does) and times one optimizer step on
+--micro sequences of --prompt-len + --response-len tokens (default 16 x 512): forward, PPO loss,
+backward, grad clip, AdamW. Variants, in one process: `runtime` (as a job runs it: compiled blocks
+on CUDA, fused LM head + log-softmax with its chunk math compiled), `eager-head` (the chunk math
+not compiled), `eager` (blocks not compiled either), `eager-logits` (the logits path instead of the
+fused head too). All share FSDP2 setup and fused AdamW. MFU is against the bf16 matmul peak
+measured in this run.
+--profile prints, for `runtime`, the top ops by CUDA time and by CPU time over two profiled steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))
+
+from kuberl import dist as kdist  # noqa: E402
+from kuberl.batch import Batch  # noqa: E402
+from kuberl.groups import LocalWorkerGroup  # noqa: E402
+from kuberl.models import builtin_config, transformer_blocks  # noqa: E402
+from kuberl.spec import JobSpec  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from ppo_step import model_flops  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="qwen2-0.5b", choices=["tiny", "qwen2-0.5b", "qwen2-1.5b"])
+    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    ap.add_argument("--micro", type=int, default=16)
+    ap.add_argument("--prompt-len", type=int, default=128)
+    ap.add_argument("--response-len", type=int, default=384)
+    ap.add_argument("--reps", type=int, default=8)
+    ap.add_argument("--variants", default="runtime,eager-head,eager,eager-logits")
+    ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--json", default="")
+    args = ap.parse_args()
+    cuda = args.device == "cuda"
+    spec = JobSpec.model_validate({
+        "model": {"builtin": args.model, "dtype": "bfloat16" if cuda else "float32"},
+        "data": {"task": "repeat-letter", "batchSize": args.micro},
+        "reward": {"function": "kuberl.rewards.builtin:repeat_letter"},
+        "trainer": {"miniBatchSize": args.micro, "microBatchSize": args.micro, "actorLr": 1e-6},
+        "roles": {"actor": {"gpus": 1 if cuda else 0}},
+    })
+    group = LocalWorkerGroup("actor", spec, args.device)
+    group.start()
+    worker = group.worker
+    dev = worker.device
+    peak = worker.measure_peak_flops()
+    b, p, r = args.micro, args.prompt_len, args.response_len
+    g = torch.Generator().manual_seed(1)
+    vocab = worker.trainer.model.config.vocab_size
+    prompts, responses = torch.randint(2, vocab, (b, p), generator=g), torch.randint(2, vocab, (b, r), generator=g)
+    batch = Batch({
+        "input_ids": torch.cat([prompts, responses], 1), "attention_mask": torch.ones(b, p + r, dtype=torch.long),
+        "responses": responses, "response_mask": torch.ones(b, r), "old_logprobs": torch.full((b, r), -12.0),
+        "advantages": torch.randn(b, r, generator=g), "ref_logprobs": torch.full((b, r), -12.0),
+    }, {"kl_coef": [0.0] * b}).to(dev)
+    n = worker.num_params()
+    tokens = b * (p + r)
+    flops = model_flops(builtin_config(args.model), b, p + r, r)["total"]
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    blocks = transformer_blocks(worker.trainer.model)
+    compiled = [getattr(blk, "_compiled_call_impl", None) for blk in blocks]
+    import kuberl.sequence as sequence
+
+    fusable = sequence.fusable
+    print(json.dumps({"model": args.model, "n_params": n, "peak_tflops": peak / 1e12, "tokens": tokens,
+                      "compiled_blocks": sum(c is not None for c in compiled), "torch": torch.__version__}), flush=True)
+    rows = {}
+
+    def run_variant(name: str) -> None:
+        t0 = time.perf_counter()
+        worker.update(batch, 0)
+        sync()
+        first = time.perf_counter() - t0
+        worker.update(batch, 0)
+        times = []
+        for _ in range(args.reps):
+            sync()
+            t0 = time.perf_counter()
+            worker.update(batch, 0)
+            sync()
+            times.append(time.perf_counter() - t0)
+        t = statistics.median(times)
+        rows[name] = {"ms": t * 1e3, "first_call_s": first, "tokens_per_s": tokens / t, "mfu_6nt": 6 * n * tokens / t / peak,
+                      "mfu_strict": flops / t / peak, "ms_all": [x * 1e3 for x in times]}
+        print(json.dumps({"variant": name, **rows[name]}), flush=True)
+        if args.profile and name == "runtime" and cuda:
+            from torch.profiler import ProfilerActivity, profile
+
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                for _ in range(2):
+                    worker.update(batch, 0)
+                sync()
+            events = prof.key_averages()
+            print(f"profile ({name}), 2 steps of {t * 1e3:.1f} ms each (the table's totals cover both):", flush=True)
+            print(events.table(sort_by="self_device_time_total", row_limit=22, max_name_column_width=70), flush=True)
+            print(events.table(sort_by="self_cpu_time_total", row_limit=30, max_name_column_width=70), flush=True)
+
+    try:
+        for name in args.variants.split(","):
+            if name == "runtime":
+                run_variant(name)
+            elif name == "eager-head":
+                sequence.COMPILE_HEAD = False
+                run_variant(name)
+            elif name == "eager":
+                sequence.COMPILE_HEAD = False
+                for blk in blocks:
+                    blk._compiled_call_impl = None
+                run_variant(name)
+            elif name == "eager-logits":
+                for blk in blocks:
+                    blk._compiled_call_impl = None
+                sequence.fusable = lambda model: False
+                run_variant(name)
+    finally:
+        sequence.fusable = fusable
+        sequence.COMPILE_HEAD = None
+        for blk, c in zip(blocks, compiled):
+            blk._compiled_call_impl = c
+    gpu_peak = torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0
+    print()
+    print(f"{args.model}, actor update on {b} x {p + r} tokens ({r} response), one AdamW step, FSDP2 world size 1; "
+          f"matmul peak this run {peak / 1e12:.0f} TFLOP/s; peak GPU memory {gpu_peak:.1f} GiB")
+    print("| variant | ms | tokens/s | MFU 6·N·T | MFU strict | first call s |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for name, x in rows.items():
+        print(f"| {name} | {x['ms']:.1f} | {x['tokens_per_s']:,.0f} | {x['mfu_6nt']:.1%} | {x['mfu_strict']:.1%} | {x['first_call_s']:.1f} |")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"args": vars(args), "peak_tflops": peak / 1e12, "rows": rows, "gpu_peak_gib": gpu_peak}, indent=1))
+    group.shutdown()
+    if kdist.dist.is_initialized():
+        kdist.dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    with tempfile.TemporaryDirectory():
+        main()

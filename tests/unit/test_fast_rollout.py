@@ -1,0 +1,268 @@
+"""The fast `hf` rollout path (static KV cache decoder) and the fused LM-head log-probs, on CPU.
+
+On CPU the decoder runs its decode step eagerly (CUDA graphs need a GPU: tests/gpu/ covers them),
+so these tests check the logic that the captured graph replays: the functional forward, the cache
+and mask bookkeeping, left padding, EOS then pad, sampling, and in-place weight sync.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+from kuberl.models import char_tokenizer
+from kuberl.rollout.fast import SamplingParams, StaticDecoder, sample, unsupported_reason
+from kuberl.rollout.hf import HFRollout
+from kuberl.sequence import linear_logprobs, response_logprobs
+from kuberl.spec import JobSpec
+
+PAD, EOS, VOCAB = 0, 1, 50
+
+
+def small_lm(kind: str = "qwen2", seed: int = 0) -> torch.nn.Module:
+    """A small model with large init, so greedy decoding is not degenerate and EOS does occur."""
+    torch.manual_seed(seed)
+    kw = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, max_position_embeddings=256, initializer_range=0.4, pad_token_id=PAD,
+              eos_token_id=EOS, tie_word_embeddings=True)
+    model = Qwen2ForCausalLM(Qwen2Config(**kw)) if kind == "qwen2" else LlamaForCausalLM(LlamaConfig(**kw))
+    return model.eval()
+
+
+def prompts(batch: int = 6, length: int = 9, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-padded prompts: row i has i pad tokens."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(2, VOCAB, (batch, length), generator=g)
+    mask = torch.ones(batch, length, dtype=torch.long)
+    for i in range(batch):
+        ids[i, :i], mask[i, :i] = PAD, 0
+    return ids, mask
+
+
+def hf_greedy(model, ids, mask, new_tokens: int) -> torch.Tensor:
+    out = model.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=new_tokens,
+                         pad_token_id=PAD, eos_token_id=EOS)[:, ids.shape[1]:]
+    return torch.nn.functional.pad(out, (0, new_tokens - out.shape[1]), value=PAD)
+
+
+@pytest.mark.parametrize("kind", ["qwen2", "llama"])
+def test_greedy_is_token_identical_to_transformers_generate(kind: str) -> None:
+    model = small_lm(kind)
+    ids, mask = prompts()
+    ours = StaticDecoder(model, PAD, EOS).generate(ids, mask, 30, SamplingParams(greedy=True))
+    want = hf_greedy(model, ids, mask, 30)
+    assert torch.equal(ours, want)
+    assert bool((want == EOS).any()), "the check should cover a sequence that ends early"
+
+
+def test_eos_is_followed_by_pad_only() -> None:
+    model = small_lm()
+    ids, mask = prompts(batch=16)
+    torch.manual_seed(3)
+    out = StaticDecoder(model, PAD, EOS).generate(ids, mask, 40, SamplingParams())
+    ended = 0
+    for row in out.tolist():
+        if EOS in row:
+            ended += 1
+            assert all(t == PAD for t in row[row.index(EOS) + 1:])
+    assert ended > 0
+
+
+def test_fixed_length_never_draws_eos() -> None:
+    out = StaticDecoder(small_lm(), PAD, EOS).generate(*prompts(batch=16), 40, SamplingParams(suppress_eos=True))
+    assert not bool((out == EOS).any()) and not bool((out == PAD).any())
+
+
+def test_tiny_top_p_is_greedy_and_seed_reproduces() -> None:
+    model = small_lm()
+    dec = StaticDecoder(model, PAD, EOS)
+    ids, mask = prompts()
+    greedy = dec.generate(ids, mask, 20, SamplingParams(greedy=True))
+    assert torch.equal(dec.generate(ids, mask, 20, SamplingParams(top_p=1e-9)), greedy)
+    torch.manual_seed(7)
+    a = dec.generate(ids, mask, 20, SamplingParams(temperature=0.8, top_p=0.9))
+    torch.manual_seed(7)
+    b = dec.generate(ids, mask, 20, SamplingParams(temperature=0.8, top_p=0.9))
+    assert torch.equal(a, b)
+
+
+def test_sampling_draws_from_softmax_with_temperature_and_top_p() -> None:
+    logits = torch.tensor([[2.0, 1.0, 0.5, 0.0, -1.0]]).repeat(40000, 1)
+    torch.manual_seed(0)
+    t = 0.7
+    freq = torch.bincount(sample(logits, SamplingParams(temperature=t), None), minlength=5).float() / len(logits)
+    want = torch.softmax(logits[0] / t, -1)
+    assert torch.allclose(freq, want, atol=0.01)
+    # top_p=0.8: the smallest prefix (by probability) whose mass reaches 0.8, renormalised
+    p = torch.softmax(logits[0], -1)
+    keep = (p.cumsum(-1) - p) < 0.8
+    want = torch.where(keep, p, 0.0) / p[keep].sum()
+    freq = torch.bincount(sample(logits, SamplingParams(top_p=0.8), None), minlength=5).float() / len(logits)
+    assert torch.allclose(freq, want, atol=0.01) and float(freq[~keep].sum()) == 0.0
+
+
+def test_one_state_serves_prompts_of_nearby_lengths() -> None:
+    """Prompts are left-padded to a multiple of 16: lengths 9 and 12 share one captured shape."""
+    model = small_lm()
+    dec = StaticDecoder(model, PAD, EOS)
+    for length in (9, 12):
+        ids, mask = prompts(length=length)
+        assert torch.equal(dec.generate(ids, mask, 10, SamplingParams(greedy=True)), hf_greedy(model, ids, mask, 10))
+        assert dec._state.prompt_len == 16
+
+
+def spec(**rollout) -> JobSpec:
+    return JobSpec.model_validate({"data": {"task": "repeat-letter"}, "reward": {"function": "kuberl.rewards.builtin:repeat_letter"},
+                                   "rollout": {"maxNewTokens": 12, **rollout}})
+
+
+def test_hf_engine_weight_sync_is_in_place_and_changes_output() -> None:
+    tok = char_tokenizer()
+    engine = HFRollout(spec(), torch.device("cpu"), torch.float32, tok, fast=True)
+    assert engine.path == "static-eager"
+    ptrs = {k: p.data_ptr() for k, p in engine.model.named_parameters()}
+    enc = tok(["say a:", "3+4="], padding=True, return_tensors="pt")
+    before = engine.fast.generate(enc["input_ids"], enc["attention_mask"], 12, SamplingParams(greedy=True))
+    torch.manual_seed(5)
+    new = {k: torch.randn_like(v) * 0.5 for k, v in engine.model.state_dict().items()}
+    engine.load_weights(new)
+    assert {k: p.data_ptr() for k, p in engine.model.named_parameters()} == ptrs
+    after = engine.fast.generate(enc["input_ids"], enc["attention_mask"], 12, SamplingParams(greedy=True))
+    want = hf_greedy(engine.model, enc["input_ids"], enc["attention_mask"], 12)
+    assert torch.equal(after, want) and not torch.equal(before, after)
+
+
+def test_cpu_default_is_transformers_generate() -> None:
+    tok = char_tokenizer()
+    assert HFRollout(spec(), torch.device("cpu"), torch.float32, tok).path == "generate"
+    assert HFRollout(spec(compile=True), torch.device("cpu"), torch.float32, tok).path == "generate"
+
+
+def test_unsupported_architecture_is_named_and_falls_back() -> None:
+    gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=VOCAB))
+    assert "gpt2" in unsupported_reason(gpt2)
+    with pytest.raises(ValueError, match="does not support"):
+        StaticDecoder(gpt2, PAD, EOS)
+
+
+# --------------------------------------------------------------------------- fused LM head + log-softmax
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+@pytest.mark.parametrize("chunk", [3, 0])
+def test_linear_logprobs_values_and_gradients(temperature: float, chunk: int) -> None:
+    torch.manual_seed(0)
+    hidden = torch.randn(2, 5, 16, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(40, 16, dtype=torch.float64, requires_grad=True)
+    labels = torch.randint(0, 40, (2, 5))
+    logp, ent = linear_logprobs(hidden, weight, labels, temperature, chunk, with_entropy=True, entropy_grad=True)
+    logits = hidden @ weight.T / temperature
+    ref_lp = torch.log_softmax(logits, -1).gather(-1, labels[..., None]).squeeze(-1)
+    ref_ent = -(torch.softmax(logits, -1) * torch.log_softmax(logits, -1)).sum(-1)
+    torch.testing.assert_close(logp, ref_lp.float())
+    torch.testing.assert_close(ent, ref_ent.float())
+    assert logp.dtype == torch.float32
+    # gradients through log p and the entropy, against autograd on the plain formula
+    w1, w2 = torch.randn(2, 5, dtype=torch.float64), torch.randn(2, 5, dtype=torch.float64)
+    gh, gw = torch.autograd.grad((logp.double() * w1).sum() + (ent.double() * w2).sum(), (hidden, weight))
+    rh, rw = torch.autograd.grad((ref_lp * w1).sum() + (ref_ent * w2).sum(), (hidden, weight))
+    torch.testing.assert_close(gh, rh, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(gw, rw, rtol=1e-5, atol=1e-6)
+
+
+def test_linear_logprobs_entropy_without_grad_leaves_gradient_to_logp() -> None:
+    torch.manual_seed(1)
+    hidden = torch.randn(6, 8, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(30, 8, dtype=torch.float64)
+    labels = torch.randint(0, 30, (6,))
+    logp, ent = linear_logprobs(hidden, weight, labels, with_entropy=True, entropy_grad=False, chunk_size=4)
+    (g,) = torch.autograd.grad(logp.sum(), hidden)
+    ref = torch.log_softmax(hidden @ weight.T, -1).gather(-1, labels[:, None]).sum()
+    (rg,) = torch.autograd.grad(ref, hidden)
+    torch.testing.assert_close(g, rg)
+
+
+@pytest.mark.parametrize("entropy_grad", [False, True])
+def test_fused_response_logprobs_match_unfused_with_gradients(entropy_grad: bool) -> None:
+    """The model-level fused path (HF forward with the head doing chunked log-softmax) equals the
+    logits path in values and in every parameter's gradient, tied embeddings included."""
+    base = small_lm()
+    ids, mask = prompts(batch=3, length=12)
+    responses = ids[:, -5:]
+    results = []
+    for fused in (False, True):
+        model = copy.deepcopy(base)
+        logp, ent = response_logprobs(model, ids, mask, responses, 0.9, chunk_size=4, with_entropy=True,
+                                      entropy_grad=entropy_grad, fused=fused)
+        loss = (logp * torch.linspace(-1, 1, logp.numel()).view_as(logp)).sum()
+        if entropy_grad:
+            loss = loss + 0.3 * ent.sum()
+        loss.backward()
+        results.append((logp.detach(), ent.detach(), {k: p.grad.clone() for k, p in model.named_parameters()}))
+    (lp0, e0, g0), (lp1, e1, g1) = results
+    torch.testing.assert_close(lp1, lp0, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(e1, e0, rtol=1e-5, atol=1e-5)
+    for k in g0:
+        torch.testing.assert_close(g1[k], g0[k], rtol=1e-4, atol=1e-4 * float(g0[k].abs().max()), msg=k)
+    assert not math.isnan(float(lp1.sum()))
+
+
+# --------------------------------------------------------------------------- training fast paths (FSDP2, gloo)
+
+
+@pytest.fixture()
+def one_rank_group(netns):
+    """A world-size-1 gloo process group on loopback (reuses one that is already up)."""
+    import torch.distributed as dist
+
+    from kuberl import dist as kdist
+
+    mine = not dist.is_initialized()
+    if mine:
+        kdist.init_group(0, 1, "127.0.0.1", kdist.free_port(), torch.device("cpu"))
+    yield
+    if mine:
+        dist.destroy_process_group()
+
+
+def test_local_shard_clip_and_fused_adamw_equal_torch_on_fsdp2(one_rank_group) -> None:
+    """The trainer's clip and AdamW step run on the local shards (no DTensor dispatch): the clip gives
+    the global L2 norm and scaling, and the AdamW step is bit-for-bit torch's fused AdamW on the FSDP2
+    DTensors, optimizer state layout included (checkpoints stay interchangeable)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    from kuberl.workers.train import clip_grad_norm_local, fused_adamw_step_local
+
+    mesh = init_device_mesh("cpu", (1,))
+    a = small_lm()
+    b = copy.deepcopy(a)
+    fully_shard(a, mesh=mesh)
+    fully_shard(b, mesh=mesh)
+    kw = dict(lr=1e-2, betas=(0.9, 0.95), weight_decay=0.1, fused=True)
+    opt_a, opt_b = torch.optim.AdamW(a.parameters(), **kw), torch.optim.AdamW(b.parameters(), **kw)
+    ids, mask = prompts(batch=2, length=10)
+    for _ in range(3):
+        for m in (a, b):
+            m(input_ids=ids, attention_mask=mask).logits.float().pow(2).mean().backward()
+        # the local clip: same norm (to float rounding: a different summation order) and same scaling
+        grads_b = [p.grad.full_tensor().clone() for p in b.parameters()]
+        got = clip_grad_norm_local(b.parameters(), 0.5)
+        torch.testing.assert_close(got, torch.linalg.vector_norm(torch.stack([g.norm() for g in grads_b])), rtol=1e-6, atol=0)
+        for p, g in zip(b.parameters(), grads_b):
+            torch.testing.assert_close(p.grad.full_tensor(), g * min(1.0, 0.5 / (float(got) + 1e-6)), rtol=1e-6, atol=1e-9)
+        # the local fused AdamW step on identical gradients: bit-for-bit torch's fused AdamW
+        for pa, pb in zip(a.parameters(), b.parameters()):
+            pa.grad = pb.grad.detach().clone()
+        opt_a.step()
+        fused_adamw_step_local(opt_b)
+        opt_a.zero_grad()
+        opt_b.zero_grad()
+    for (name, pa), pb in zip(a.named_parameters(), b.parameters()):
+        assert torch.equal(pa.full_tensor(), pb.full_tensor()), name
+        sa, sb = opt_a.state[pa], opt_b.state[pb]
+        assert torch.equal(sa["step"], sb["step"]) and torch.equal(sa["exp_avg_sq"].full_tensor(), sb["exp_avg_sq"].full_tensor())
