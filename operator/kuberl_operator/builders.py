@@ -22,7 +22,9 @@ DEFAULT_IMAGE = "ghcr.io/kuberl/kuberl-runtime:0.1.0"
 HEAD_RESOURCES = {"cpu": "1", "memory": "4Gi"}
 DRIVER_RESOURCES = {"cpu": "1", "memory": "4Gi"}
 DRIVER_BACKOFF_LIMIT = 2
+DRIVER_BAD_INPUT = 1  # `kuberl run`'s exit code for input it refuses (spec, data, reward import)
 DRIVER_GAVE_UP = 3  # `kuberl run`'s exit code for a job that failed for good
+GCS_WAIT_S = 1800  # the driver's init container gives up on the Ray head after this long
 RAY_UID = 1000  # the `ray` user of rayproject images
 RAY_GID = 100
 DRA_API_VERSION = "resource.k8s.io/v1"  # GA (and served by default) since Kubernetes 1.34
@@ -104,23 +106,20 @@ def topology_env() -> list[dict[str, Any]]:
     return [{"name": names.NODE_NAME_ENV, "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}]
 
 
-def checkpoint_path(job: RLTrainingJob) -> str | None:
-    """The checkpoint directory inside the pods: the spec's path, or /checkpoints when a PVC is
-    mounted; None leaves the runtime's default (<out>/checkpoints, inside each pod)."""
-    ckpt = job.spec.trainer.checkpoint
-    if ckpt.volume_claim:
-        return ckpt.path or names.DEFAULT_CHECKPOINT_PATH
-    return ckpt.path
+def checkpoint_path(job: RLTrainingJob) -> str:
+    """The checkpoint directory inside the pods: the spec's path, or /checkpoints."""
+    return job.spec.trainer.checkpoint.path or names.DEFAULT_CHECKPOINT_PATH
 
 
 def checkpoint_storage(job: RLTrainingJob) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(volumes, volumeMounts) for spec.trainer.checkpoint.volumeClaim: the same PVC in the driver and
-    every worker, since the workers write the actor's and critic's (DCP) shards and the driver the
-    step state. Empty without a claim: checkpoints then live inside each pod and die with it."""
+    """(volumes, volumeMounts) at the checkpoint path in the driver and every worker: the workers write
+    the actor's and critic's (DCP) shards, the driver the step state. With
+    spec.trainer.checkpoint.volumeClaim it is that PVC, shared by all pods; without it, an emptyDir per
+    pod, so writes succeed but a recreated pod sees none of them (the runtime then restores that
+    role from the model path, and a restarted driver starts over)."""
     claim = job.spec.trainer.checkpoint.volume_claim
-    if not claim:
-        return [], []
-    return ([{"name": names.CHECKPOINT_VOLUME, "persistentVolumeClaim": {"claimName": claim}}],
+    source = {"persistentVolumeClaim": {"claimName": claim}} if claim else {"emptyDir": {}}
+    return ([{"name": names.CHECKPOINT_VOLUME, **source}],
             [{"name": names.CHECKPOINT_VOLUME, "mountPath": checkpoint_path(job)}])
 
 
@@ -234,11 +233,14 @@ def driver_job(job: RLTrainingJob, opts: BuildOptions) -> dict[str, Any]:
     name = job.metadata.name
     head = f"{names.head_service(name)}:{names.GCS_PORT}"
     wait_for_gcs = (
-        "import socket, time\n"
+        "import socket, sys, time\n"
+        f"deadline = time.time() + {GCS_WAIT_S}\n"
         "while True:\n"
         "    try:\n"
         f"        socket.create_connection(({names.head_service(name)!r}, {names.GCS_PORT}), 2).close(); break\n"
         "    except OSError:\n"
+        "        if time.time() > deadline:\n"
+        f"            sys.exit('the Ray head did not answer within {GCS_WAIT_S}s')\n"
         "        time.sleep(2)\n"
     )
     env = [
@@ -255,10 +257,11 @@ def driver_job(job: RLTrainingJob, opts: BuildOptions) -> dict[str, Any]:
         "spec": {
             "backoffLimit": DRIVER_BACKOFF_LIMIT,
             "podFailurePolicy": {"rules": [
-                # `kuberl run` exits 3 when the job cannot go on (a spent budget, degraded placement):
-                # retrying cannot help. An evicted or preempted driver does not use up a retry.
+                # `kuberl run` exits 1 for bad input and 3 when the job cannot go on (a spent budget,
+                # degraded placement, a role's code raising): retrying cannot help. Exit 4 (no capacity
+                # in time) and crashes are retried. An evicted or preempted driver does not use up a retry.
                 {"action": "FailJob", "onExitCodes": {"containerName": "driver", "operator": "In",
-                                                       "values": [DRIVER_GAVE_UP]}},
+                                                       "values": [DRIVER_BAD_INPUT, DRIVER_GAVE_UP]}},
                 {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
             ]},
             "template": {
@@ -297,12 +300,12 @@ def driver_job(job: RLTrainingJob, opts: BuildOptions) -> dict[str, Any]:
 
 
 def spec_configmap(job: RLTrainingJob, raw_spec: Mapping[str, Any], opts: BuildOptions) -> dict[str, Any]:
-    """The job's manifest as the driver reads it: `kuberl run /etc/kuberl/job.yaml`. With a checkpoint
-    PVC and no path, the path becomes the PVC's mount point (/checkpoints)."""
+    """The job's manifest as the driver reads it: `kuberl run /etc/kuberl/job.yaml`. Without a path,
+    the path becomes the checkpoint volume's mount point (/checkpoints)."""
     name = job.metadata.name
     spec = copy.deepcopy(dict(raw_spec))
     path = checkpoint_path(job)
-    if path is not None and job.spec.trainer.checkpoint.path is None:
+    if job.spec.trainer.checkpoint.path is None:
         trainer = spec.setdefault("trainer", {})
         trainer["checkpoint"] = {**(trainer.get("checkpoint") or {}), "path": path}
     manifest = {"apiVersion": API_VERSION, "kind": KIND,

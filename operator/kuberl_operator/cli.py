@@ -80,7 +80,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("-A", "--all-namespaces", action="store_true", help="watch every namespace")
     p.add_argument("--metrics-port", type=int, default=env.metrics_port,
                    help="serve Prometheus /metrics on this port (default: off, or $KUBERL_METRICS_PORT)")
-    p.add_argument("--metrics-address", default=env.metrics_address, help="bind address for /metrics (default 0.0.0.0)")
+    p.add_argument("--metrics-address", default=env.metrics_address, help="bind address for /metrics (default 127.0.0.1; the Helm chart sets 0.0.0.0 in the pod)")
     p.add_argument("--liveness", metavar="URL", help="health endpoint for liveness/readiness probes, e.g. http://0.0.0.0:8081/healthz")
     p.add_argument("--image", default=env.image,
                    help=f"runtime image for Ray pods and the driver, unless a job sets spec.image (default {env.image})")

@@ -14,7 +14,7 @@ DEFAULT_MAX_GPUS_PER_NODE = 8
 class OperatorConfig:
     image: str = DEFAULT_IMAGE  # the runtime image of Ray pods and the driver, unless a job names its own
     metrics_port: int | None = None  # None: no metrics endpoint
-    metrics_address: str = "0.0.0.0"
+    metrics_address: str = "127.0.0.1"  # the chart passes 0.0.0.0 inside the pod
     max_gpus_per_node: int = DEFAULT_MAX_GPUS_PER_NODE  # the most GPUs any node has: a bigger replica never fits
 
     @classmethod

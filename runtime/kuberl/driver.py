@@ -89,6 +89,7 @@ class Driver:
         self.health = {r: RoleHealth() for r in self.roles}
         self.groups: dict[str, WorkerGroup] = {}
         self.worst_links: dict[str, Optional[str]] = {}
+        self.loader_at_step_start = self.loader.state_dict()
         self.step = 0
         self.last_ckpt = 0
         self.phase = ""
@@ -136,13 +137,15 @@ class Driver:
         for f in self.faults:
             f.fired = f.fired or f.step <= self.step
 
-    def save_checkpoint(self) -> None:
+    def save_checkpoint(self, data_state: Optional[dict[str, int]] = None) -> None:
+        """Checkpoint the completed step `self.step`. `data_state` is the data position after that
+        step (default: the loader's position now, which is right between steps)."""
         d = checkpoint.step_dir(self.ckpt_root, self.step)
         d.mkdir(parents=True, exist_ok=True)
         for role in STATEFUL:
             if role in self.groups:
                 self._call(role, "save", path=str(d / role))
-        state = {"step": self.step, "data": self.loader.state_dict(), "kl_controller": self.kl_ctl.state_dict(),
+        state = {"step": self.step, "data": data_state or self.loader.state_dict(), "kl_controller": self.kl_ctl.state_dict(),
                  "restarts": {r: h.restarts for r, h in self.health.items()}}
         checkpoint.write_state(self.ckpt_root, self.step, state, self.spec.trainer.checkpoint.keep)
         self.last_ckpt = self.step
@@ -174,34 +177,51 @@ class Driver:
         return result
 
     def _restart(self, rec: Recovery) -> None:
+        """Recreate only `rec.role`'s group and restore its state. A recreate that fails again (no
+        capacity in time, a rank dying during start) counts as another restart of the same budget."""
         role, health = rec.role, self.health[rec.role]
         budget = getattr(self.spec.roles, role).max_restarts
-        if health.restarts >= budget:
-            self._final_checkpoint(role)
-            raise JobFailed(f"role {role} failed at step {rec.step} ({rec.reason}) and reached maxRestarts={budget} "
-                            f"(spec.roles.{role}.maxRestarts); last checkpoint: step {self.last_ckpt}")
-        health.restarts += 1
-        print(f"[{self.name}] role {role} failed in phase {rec.phase} of step {rec.step}: {rec.reason}; "
-              f"restarting {role} only ({health.restarts}/{budget})", flush=True)
-        t0 = time.perf_counter()
         group = self.groups[role]
-        group.shutdown()
-        group.start()
-        if role in STATEFUL and self.last_ckpt > 0:
-            group.call("load", path=str(checkpoint.step_dir(self.ckpt_root, self.last_ckpt) / role))
-            rec.restored_from = f"checkpoint step {self.last_ckpt}"
-        else:
-            rec.restored_from = "model path"
-        rec.steps_lost = (self.step - self.last_ckpt) if role in STATEFUL else 0
+        t0 = time.perf_counter()
+        while True:
+            if health.restarts >= budget:
+                self._final_checkpoint(role)
+                raise JobFailed(f"role {role} failed at step {rec.step} ({rec.reason}) and reached maxRestarts={budget} "
+                                f"(spec.roles.{role}.maxRestarts); last checkpoint: step {self.last_ckpt}")
+            health.restarts += 1
+            print(f"[{self.name}] role {role} failed in phase {rec.phase} of step {rec.step}: {rec.reason}; "
+                  f"restarting {role} only ({health.restarts}/{budget})", flush=True)
+            group.shutdown()
+            try:
+                group.start()
+                rec.restored_from = self._restore(role, group) if role in STATEFUL else "model path"
+                break
+            except WorkerFailure as again:
+                rec.reason = f"{rec.reason}; recreating it failed: {again.reason}"
+        restored = rec.restored_from.startswith("checkpoint")
+        rec.steps_lost = 0 if role not in STATEFUL else (self.step - self.last_ckpt if restored else self.step)
         self.check_placement([role])
         rec.ready_s = time.perf_counter() - t0
         health.recoveries.append(rec)
+
+    def _restore(self, role: str, group: WorkerGroup) -> str:
+        """Load the role's last checkpoint when its new ranks can see it (shared storage); else the role
+        starts again from the model path. Returns where the state came from."""
+        if self.last_ckpt == 0:
+            return "model path"
+        path = str(checkpoint.step_dir(self.ckpt_root, self.last_ckpt) / role)
+        if not all(group.call("has_checkpoint", path=path)):
+            print(f"[{self.name}] warning: the new {role} ranks cannot see {path} (no shared checkpoint volume: "
+                  f"spec.trainer.checkpoint.volumeClaim); {role} restarts from the model path", flush=True)
+            return "model path (checkpoint not visible to the new ranks)"
+        group.call("load", path=path)
+        return f"checkpoint step {self.last_ckpt}"
 
     def _final_checkpoint(self, failed_role: str) -> None:
         """Past the budget: checkpoint the last completed step when the failed role holds no trainable
         state; otherwise the last periodic checkpoint is already the newest consistent state."""
         if failed_role not in STATEFUL and self.step > self.last_ckpt:
-            self.save_checkpoint()
+            self.save_checkpoint(data_state=self.loader_at_step_start)
 
     # -- the training step -------------------------------------------------------------------------
     def _timed(self, phase: str, times: dict[str, float], fn: Callable[[], Any]) -> Any:
@@ -222,10 +242,11 @@ class Driver:
                      {"prompt": [r["prompt"] for r in rows], "answer": [r.get("answer") for r in rows]})
 
     def train_step(self) -> dict[str, Any]:
-        spec, algo = self.spec, self.spec.algorithm
+        spec = self.spec
         times: dict[str, float] = {}
         t_step = time.perf_counter()
         recoveries_before = {r: len(h.recoveries) for r, h in self.health.items()}
+        self.loader_at_step_start = self.loader.state_dict()
         batch = self.make_prompts()
         seed = spec.trainer.seed * 100_003 + self.step
         batch.update(self._timed("rollout", times, lambda: self._call("actor", "generate", batch.select("prompt_ids", "prompt_mask"), seed=seed)))
@@ -239,8 +260,7 @@ class Driver:
         if "critic" in self.groups:
             stats.update(self._timed("update_critic", times, lambda: self._call("critic", "update", batch.select(*seq, "values", "returns"), step=self.step)[0]))
         actor_keys = (*seq, "old_logprobs", "advantages", *(("ref_logprobs",) if "ref_logprobs" in batch.tensors else ()))
-        actor_batch = batch.select(*actor_keys)
-        actor_batch.meta["kl_coef"] = [self.kl_ctl.value] * len(batch)
+        actor_batch = batch.select(*actor_keys, "kl_coef")
         stats.update(self._timed("update_actor", times, lambda: self._call("actor", "update", actor_batch, step=self.step)[0]))
         sync = self._timed("weight_sync", times, lambda: self._call("actor", "sync_weights"))
         for role in self.groups:
@@ -261,10 +281,12 @@ class Driver:
             seq_kl = algos.masked_sum(kl, mask, dim=-1)
             stats["kl"] = float(algos.masked_mean(kl, mask))
             stats["kl_seq"] = float(seq_kl.mean())
-            self.kl_ctl.update(float(seq_kl.mean()), len(batch))
+        kl_coef = self.kl_ctl.value  # this batch is shaped with the coefficient the step started with
+        if kl is not None:
+            self.kl_ctl.update(stats["kl_seq"], len(batch))
         if algo.name == "ppo":
             shaped_kl = kl if (kl is not None and algo.kl.in_reward) else None
-            rewards = algos.token_rewards(scores, mask, shaped_kl, self.kl_ctl.value)
+            rewards = algos.token_rewards(scores, mask, shaped_kl, kl_coef)
             adv, returns = algos.gae_advantages(rewards, batch["values"], mask, algo.gamma, algo.lam)
             if algo.normalize_advantages:
                 adv = algos.masked_whiten(adv, mask)
@@ -274,7 +296,8 @@ class Driver:
         else:
             adv = algos.broadcast_to_tokens(algos.grpo_advantages(scores, batch["group_index"]), mask)
         batch.tensors["advantages"] = adv
-        stats["kl_coef"] = self.kl_ctl.value
+        batch.meta["kl_coef"] = [kl_coef] * len(batch)
+        stats["kl_coef"] = kl_coef
         return stats
 
     def record(self, batch: Batch, stats: dict[str, Any], times: dict[str, float], sync_s: float,
@@ -293,7 +316,6 @@ class Driver:
             "response_length_mean": resp_tokens / len(batch),
             **stats,
             **times,
-            "time_weight_sync_s": sync_s if "time_weight_sync_s" not in times else times["time_weight_sync_s"],
             "weight_sync_worker_s": sync_s,
             "rollout_tokens_per_s": resp_tokens / gen_s if gen_s > 0 else 0.0,
             "train_tokens_per_s": train_tokens / upd if upd > 0 else 0.0,
@@ -324,9 +346,9 @@ class Driver:
         try:
             while self.step < tr.steps:
                 rec = self.train_step()
+                sink.log(rec)  # before the checkpoint: a resume truncates records past its step
                 if self.step % tr.checkpoint.interval == 0 or self.step == tr.steps:
                     self.save_checkpoint()
-                sink.log(rec)
                 records.append(rec)
                 if self.on_step:
                     self.on_step(rec)

@@ -118,10 +118,13 @@ class LocalWorkerGroup(WorkerGroup):
 class RayWorkerGroup(WorkerGroup):
     """`world_size` Ray actors of one role in the role's own placement group (one bundle per rank)."""
 
-    def __init__(self, role: str, spec: JobSpec, device: str = "auto", timeout_s: float = 600.0, ready_timeout_s: float = 300.0):
+    def __init__(self, role: str, spec: JobSpec, device: str = "auto", timeout_s: Optional[float] = None,
+                 ready_timeout_s: Optional[float] = None):
+        """Timeouts default to spec.resilience.callTimeoutSeconds / startTimeoutSeconds."""
         self.role, self.spec, self.device = role, spec, device
         self.world_size = world_size(spec, role)
-        self.timeout_s, self.ready_timeout_s = timeout_s, ready_timeout_s
+        self.timeout_s = timeout_s or spec.resilience.call_timeout_seconds
+        self.ready_timeout_s = ready_timeout_s or spec.resilience.start_timeout_seconds
         self.actors: list[Any] = []
         self.pg = None
 
@@ -161,29 +164,51 @@ class RayWorkerGroup(WorkerGroup):
         try:
             ray.get(self.pg.ready(), timeout=self.ready_timeout_s)
         except ray.exceptions.GetTimeoutError:
-            raise WorkerFailure(self.role, f"no capacity for {self.world_size} x {self.bundle()} within {self.ready_timeout_s:.0f}s") from None
+            raise WorkerFailure(self.role, f"no capacity for {self.world_size} x {self.bundle()} within {self.ready_timeout_s:.0f}s "
+                                           "(spec.resilience.startTimeoutSeconds)") from None
         up = max(self.ready_timeout_s, self.timeout_s)
         addr, port = self._get([self.actors[0].rendezvous.remote()], up)[0]
         nodes = self._get([a.node_gpus.remote() for a in self.actors], up)
         self._get([a.init.remote(addr, port, *local) for a, local in zip(self.actors, local_ranks(nodes))], up)
 
     def _get(self, refs: list[Any], timeout: Optional[float] = None) -> list[Any]:
+        """Results in rank order. The first rank to fail decides: a dead process (or a peer's error
+        while another rank is dead, e.g. a broken collective) is a WorkerFailure; an exception raised
+        by the role's code with every rank alive is a RoleError (deterministic: no restart)."""
         import ray
 
         timeout = timeout or self.timeout_s
+        deadline, pending = time.monotonic() + timeout, list(refs)
         try:
-            return ray.get(refs, timeout=timeout)
-        except ray.exceptions.GetTimeoutError:
-            raise WorkerFailure(self.role, f"hung: no answer within {timeout:.0f}s (spec.resilience.callTimeoutSeconds)") from None
+            while pending:
+                ready, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
+                if not ready:
+                    raise WorkerFailure(self.role, f"hung: no answer within {timeout:.0f}s (spec.resilience.callTimeoutSeconds)")
+                ray.get(ready[0])  # raises this rank's error now, not after slower ranks
+            return ray.get(refs)
         except ray.exceptions.RayTaskError as exc:
             cause = exc.cause if getattr(exc, "cause", None) is not None else exc
-            raise RoleError(self.role, f"{type(cause).__name__}: {str(cause).strip().splitlines()[-1] if str(cause).strip() else ''}") from None
+            text = str(cause).strip().splitlines()[-1] if str(cause).strip() else ""
+            if not self._all_alive():
+                raise WorkerFailure(self.role, f"a rank died ({type(cause).__name__} on a peer: {text})") from None
+            raise RoleError(self.role, f"{type(cause).__name__}: {text}") from None
         except (ray.exceptions.RayActorError, ray.exceptions.ActorDiedError, ray.exceptions.ActorUnavailableError) as exc:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise WorkerFailure(self.role, f"worker died ({type(exc).__name__}: {first})") from None
 
+    def _all_alive(self, timeout_s: float = 10.0) -> bool:
+        import ray
+
+        try:
+            ray.get([a.identity.remote() for a in self.actors], timeout=timeout_s)
+            return True
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+            return False
+
     def _run(self, method, shards, kwargs, fault):
-        refs = [a.execute.remote(method, shard, kwargs, fault if rank == 0 else None) for rank, (a, shard) in enumerate(zip(self.actors, shards))]
+        """Run on every rank; an injected fault hits the last rank (rank 0 of a one-rank group)."""
+        last = self.world_size - 1
+        refs = [a.execute.remote(method, shard, kwargs, fault if rank == last else None) for rank, (a, shard) in enumerate(zip(self.actors, shards))]
         return self._get(refs)
 
     def identities(self) -> list[dict[str, Any]]:

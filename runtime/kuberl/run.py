@@ -51,6 +51,24 @@ def preflight(spec: JobSpec) -> None:
     load_rows(spec.data)
     if spec.reward.function:
         load_reward_fn(spec.reward.function)
+    check_model_source(spec.model, "spec.model")
+    if spec.reward.model is not None and spec.reward.model.is_set():
+        check_model_source(spec.reward.model, "spec.reward.model")
+
+
+def check_model_source(src, field: str) -> None:
+    """The model's tokenizer must load (a local path must exist; a hub id must resolve)."""
+    from pathlib import Path
+
+    from .models import load_tokenizer
+
+    if src.path and not Path(src.path).is_dir():
+        raise UsageError(f"{field}.path: {src.path!r} is not a directory (fix: mount the model there or use hub)")
+    try:
+        load_tokenizer(src)
+    except (OSError, ValueError) as exc:
+        where = f"{field}.hub" if src.hub else f"{field}.path"
+        raise UsageError(f"{where}: cannot load the tokenizer ({str(exc).strip().splitlines()[0]}) (fix: check the id or path)") from None
 
 
 def start_local_ray(spec: JobSpec) -> None:
@@ -78,7 +96,6 @@ def build_driver(job: RLTrainingJob, out: Path, backend: str, device: str, fault
     from .groups import LocalWorkerGroup, RayWorkerGroup
 
     spec = job.spec
-    timeout = spec.resilience.call_timeout_seconds
     modes = {(r, s): m for r, s, m in map(parse_fault, faults)}
     fault_list = [Fault(f.role, f.step, modes.get((f.role, f.step), "kill")) for f in spec.resilience.faults]
     if backend == "local":
@@ -86,7 +103,7 @@ def build_driver(job: RLTrainingJob, out: Path, backend: str, device: str, fault
             raise UsageError("fault injection kills worker processes: it needs --backend ray")
         make = lambda role: LocalWorkerGroup(role, spec, device)  # noqa: E731
     else:
-        make = lambda role: RayWorkerGroup(role, spec, device, timeout_s=timeout)  # noqa: E731
+        make = lambda role: RayWorkerGroup(role, spec, device)  # noqa: E731
     return Driver(spec, job.metadata.name, out, make, fault_list, progress)
 
 
@@ -150,9 +167,12 @@ def run_command(args: argparse.Namespace) -> int:
     except JobFailed as exc:
         print(f"error: job failed ({exc.reason}): {exc}", file=sys.stderr)
         return 3
-    except (RoleError, WorkerFailure) as exc:
+    except RoleError as exc:
         print(f"error: job failed: {exc}", file=sys.stderr)
         return 3
+    except WorkerFailure as exc:  # a role could not start (no capacity in time): worth a retry
+        print(f"error: job could not start: {exc}", file=sys.stderr)
+        return 4
     if records:
         first, last = records[: min(10, len(records))], records[-min(10, len(records)):]
         mean = lambda rs: sum(r["reward_mean"] for r in rs) / len(rs)  # noqa: E731

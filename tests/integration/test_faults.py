@@ -173,3 +173,22 @@ def test_raising_reward_function_fails_the_job_with_the_error_not_a_restart_loop
     assert proc.returncode == 3, proc.stderr[-2000:]
     assert "error: job failed: role reward raised ZeroDivisionError: division by zero" in proc.stderr
     assert "Traceback" not in proc.stderr.split("error: job failed")[-1]
+
+
+def test_killing_one_rank_of_a_two_rank_role_restarts_that_role(ray_session, tmp_path):
+    """The fault hits the critic's last rank while rank 0 is in the same FSDP forward: the role restarts
+    as a gang (a peer's collective error is not mistaken for a bug in the role's code)."""
+    spec = spec_for(**{"roles.critic.replicas": 2, "trainer.microBatchSize": 8})
+    driver = Driver(spec, "two-ranks", tmp_path, lambda r: RayWorkerGroup(r, spec, timeout_s=120), faults=[Fault("critic", 3)], progress=False)
+    driver.start()
+    try:
+        before = identities(driver)
+        records = driver.run()
+        after = identities(driver)
+    finally:
+        driver.shutdown()
+    assert driver.step == 8 and records[-1]["restarts_critic"] == 1
+    assert len(after["critic"]) == 2 and not set(after["critic"]) & set(before["critic"])
+    assert all(after[r] == before[r] for r in ("actor", "ref", "reward"))
+    (rec,) = driver.health["critic"].recoveries
+    assert rec.restored_from == "checkpoint step 2"

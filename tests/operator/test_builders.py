@@ -18,7 +18,8 @@ OPTS = builders.BuildOptions(namespace="ml", image="runtime:1")
 
 
 def job(**spec: Any):
-    base = {"data": {"task": "repeat-letter"}, "reward": {"function": "kuberl.rewards.builtin:repeat_letter"}}
+    base = {"data": {"task": "repeat-letter"}, "reward": {"function": "kuberl.rewards.builtin:repeat_letter"},
+            "trainer": {"microBatchSize": 1}}  # divides the batch for GPU layouts up to 16 ranks
     return validate_manifest({"apiVersion": "kuberl.io/v1alpha1", "kind": "RLTrainingJob",
                               "metadata": {"name": "j"}, "spec": {**base, **spec}})
 
@@ -62,7 +63,7 @@ def test_one_worker_group_per_enabled_role() -> None:
 
 def test_worker_group_settings() -> None:
     spec = job(roles={"actor": {"replicas": 2, "gpus": 4, "resources": {"cpu": "16", "memory": "64Gi"}}},
-               rollout={"engine": "hf", "tensorParallelSize": 2})
+               rollout={"engine": "hf", "tensorParallelSize": 2}, trainer={"microBatchSize": 2})
     groups = {g["groupName"]: g for g in builders.ray_cluster(spec, OPTS)["spec"]["workerGroupSpecs"]}
     actor, reward = groups["actor"], groups["reward"]
     assert (actor["replicas"], actor["minReplicas"], actor["maxReplicas"]) == (2, 2, 2)
@@ -120,7 +121,7 @@ def test_driver_job_runs_kuberl_against_the_head_with_the_spec_mounted() -> None
     assert "j-head-svc" in pod["initContainers"][0]["command"][-1]
     # `kuberl run` exits 3 when the job failed for good: no retries then; evictions cost no retry.
     rules = objs["Job"]["spec"]["podFailurePolicy"]["rules"]
-    assert rules[0] == {"action": "FailJob", "onExitCodes": {"containerName": "driver", "operator": "In", "values": [3]}}
+    assert rules[0] == {"action": "FailJob", "onExitCodes": {"containerName": "driver", "operator": "In", "values": [1, 3]}}
     assert rules[1]["action"] == "Ignore" and rules[1]["onPodConditions"][0]["type"] == "DisruptionTarget"
 
 
@@ -135,7 +136,10 @@ def test_spec_configmap_round_trips_through_validation() -> None:
            "trainer": {"steps": 5}}
     cm = builders.spec_configmap(job(**raw), raw, OPTS)
     again = validate_manifest(yaml.safe_load(cm["data"]["job.yaml"]))
-    assert again.spec == job(**raw).spec and again.metadata.name == "j" and again.metadata.namespace == "ml"
+    no_path = {"trainer": {"checkpoint": {"path"}}}  # the ConfigMap adds the checkpoint volume's mount point
+    assert again.spec.model_dump(exclude=no_path) == job(**raw).spec.model_dump(exclude=no_path)
+    assert again.spec.trainer.checkpoint.path == "/checkpoints"
+    assert again.metadata.name == "j" and again.metadata.namespace == "ml"
 
 
 def test_workers_advertise_their_node_as_a_ray_resource() -> None:
@@ -234,11 +238,14 @@ def test_a_checkpoint_pvc_is_mounted_in_the_driver_and_every_worker(validator) -
     assert spec_of(made)["spec"]["trainer"]["checkpoint"]["path"] == "/mnt/ckpt"
 
 
-def test_without_a_checkpoint_pvc_nothing_is_mounted() -> None:
+def test_without_a_checkpoint_pvc_every_pod_gets_a_writable_emptydir() -> None:
+    """Workers write DCP shards at the checkpoint path: it must exist and be writable in every pod."""
     made = builders.all_objects(job(), {"trainer": {"steps": 3}}, "t", OPTS)
     objs = by_kind(made)
+    volume, mount = {"name": "checkpoints", "emptyDir": {}}, {"name": "checkpoints", "mountPath": "/checkpoints"}
     driver = objs["Job"]["spec"]["template"]["spec"]
-    assert [v["name"] for v in driver["volumes"]] == ["spec", "out"]
+    assert volume in driver["volumes"] and mount in driver["containers"][0]["volumeMounts"]
     for group in objs["RayCluster"]["spec"]["workerGroupSpecs"]:
-        assert "volumes" not in group["template"]["spec"] and "volumeMounts" not in group["template"]["spec"]["containers"][0]
-    assert spec_of(made)["spec"] == {"trainer": {"steps": 3}}
+        assert volume in group["template"]["spec"]["volumes"]
+        assert mount in group["template"]["spec"]["containers"][0]["volumeMounts"]
+    assert spec_of(made)["spec"] == {"trainer": {"steps": 3, "checkpoint": {"path": "/checkpoints"}}}

@@ -50,6 +50,9 @@ def test_render_of_a_dra_job_has_claim_templates_the_workers_use(capsys: pytest.
 def test_render_refuses_a_placement_no_node_can_give(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     manifest = yaml.safe_load(DRA_EXAMPLE.read_text())
     manifest["spec"]["roles"]["actor"]["gpus"] = 12
+    manifest["spec"]["roles"]["actor"]["replicas"] = 1
+    manifest["spec"]["data"]["batchSize"] = 48
+    manifest["spec"]["trainer"].update(miniBatchSize=48, microBatchSize=4)
     manifest["spec"]["rollout"]["tensorParallelSize"] = 1
     path = tmp_path / "big.yaml"
     path.write_text(yaml.safe_dump(manifest))

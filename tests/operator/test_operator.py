@@ -32,7 +32,9 @@ def manifest(name: str, **spec: Any) -> dict[str, Any]:
         "kind": "RLTrainingJob",
         "metadata": {"name": name},
         "spec": {"data": {"task": "repeat-letter"}, "reward": {"function": "kuberl.rewards:repeat_letter"},
-                 "roles": roles, **spec},
+                 "roles": roles, **spec,
+                 # one sample per rank and micro-batch, so that GPU layouts up to 16 ranks divide the batch
+                 "trainer": {"microBatchSize": 1, **spec.get("trainer", {})}},
     }
 
 

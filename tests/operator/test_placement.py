@@ -20,7 +20,7 @@ def job(placement: dict[str, Any] | None = None, **roles: Any):
     return validate_manifest({
         "apiVersion": "kuberl.io/v1alpha1", "kind": "RLTrainingJob", "metadata": {"name": "j"},
         "spec": {"data": {"task": "repeat-letter"}, "reward": {"function": "m.n:f"},
-                 "placement": placement or {}, "roles": roles},
+                 "placement": placement or {}, "roles": roles, "trainer": {"microBatchSize": 1}},
     })
 
 

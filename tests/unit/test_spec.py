@@ -53,6 +53,9 @@ def test_hub_model_does_not_get_builtin_default() -> None:
         ({"data": {"files": ["a.csv"]}}, "spec.data.files", ".jsonl or .parquet"),
         ({"roles": {"actor": {"resources": {"memory": "lots"}}}}, "spec.roles.actor.resources.memory", "Kubernetes quantity"),
         ({"algorithm": {"kl": {"controller": "adaptive"}}}, "spec.algorithm.kl.target", "required"),
+        ({"roles": {"actor": {"resources": {"cpu": "2Gi"}}}}, "spec.roles.actor.resources.cpu", "not a CPU quantity"),
+        ({"data": {"task": "repeat-letter", "batchSize": 3}, "roles": {"actor": {"gpus": 2}}}, "spec.roles.actor.replicas", "2 ranks"),
+        ({"roles": {"actor": {"gpus": 4}}}, "spec.trainer.miniBatchSize", "actor's ranks x trainer.microBatchSize (4 x 8)"),
         ({"trainer": {"checkpoint": {"volumeClaim": "Bad_Name"}}}, "spec.trainer.checkpoint.volumeClaim", "must match"),
         ({"trainer": {"checkpoint": {"volumeClaim": "ckpt", "path": "ckpt"}}}, "spec.trainer.checkpoint.path", "absolute path"),
         ({"placement": {"deviceClass": "GPU Class"}}, "spec.placement.deviceClass", "must match"),
@@ -146,3 +149,10 @@ def test_crd_declares_the_status_the_operator_writes() -> None:
             "observedGeneration", "message", "conditions", "roles"} <= set(status["properties"])
     role = status["properties"]["roles"]["additionalProperties"]
     assert {"desired", "ready", "restarts", "podRestarts", "lastFailure", "worstLink", "members", "handledUIDs"} <= set(role["properties"])
+
+
+def test_non_utf8_manifest_is_a_one_line_error(tmp_path) -> None:
+    path = tmp_path / "job.yaml"
+    path.write_bytes(b"\x00\xff\xfe")
+    proc = subprocess.run([sys.executable, "-m", "kuberl.cli", "validate", str(path)], capture_output=True, text=True)
+    assert proc.returncode == 1 and proc.stderr.startswith(f"error: {path}: is not UTF-8 text") and "Traceback" not in proc.stderr

@@ -47,4 +47,6 @@ def load_manifest(path: str | Path) -> RLTrainingJob:
         text = p.read_text()
     except OSError as exc:
         raise SpecInvalid([SpecError(str(p), f"cannot be read: {exc.strerror or exc}", "check the path")]) from None
+    except UnicodeDecodeError as exc:
+        raise SpecInvalid([SpecError(str(p), f"is not UTF-8 text (byte {exc.start})", "save the manifest as UTF-8 YAML")]) from None
     return validate_manifest(parse_yaml(text, str(p)))

@@ -42,6 +42,7 @@ BUILTIN_MODELS: tuple[str, ...] = ("tiny", "qwen2-0.5b", "qwen2-1.5b")
 BUILTIN_TASKS: tuple[str, ...] = ("repeat-letter", "gsm8k-toy")
 IMPORT_PATH = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*$")
 QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|Ki|M|Mi|G|Gi|T|Ti)?$")
+CPU_QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?m?$")
 DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
 
 
@@ -207,11 +208,18 @@ class Resources(Section):
     cpu: str = Field("1", description="CPU per replica (Kubernetes quantity).")
     memory: str = Field("4Gi", description="Memory per replica (Kubernetes quantity).")
 
-    @field_validator("cpu", "memory")
+    @field_validator("cpu")
     @classmethod
-    def _quantity(cls, v: str) -> str:
+    def _cpu(cls, v: str) -> str:
+        if not CPU_QUANTITY.match(str(v)):
+            raise ValueError(f"{v!r} is not a CPU quantity such as 500m, 1, 2.5")
+        return str(v)
+
+    @field_validator("memory")
+    @classmethod
+    def _memory(cls, v: str) -> str:
         if not QUANTITY.match(str(v)):
-            raise ValueError(f"{v!r} is not a Kubernetes quantity such as 500m, 2, 4Gi")
+            raise ValueError(f"{v!r} is not a Kubernetes quantity such as 512Mi, 4Gi")
         return str(v)
 
     def cpu_cores(self) -> float:
@@ -243,6 +251,9 @@ class FaultSpec(Section):
 
 class ResilienceSpec(Section):
     call_timeout_seconds: float = Field(600.0, gt=0, description="A worker call slower than this counts as hung.")
+    start_timeout_seconds: float = Field(
+        1800.0, gt=0, description="How long a role's group may wait for capacity and start (pods scheduled, image pulled, models built)."
+    )
     faults: list[FaultSpec] = Field(default_factory=list, description="Injected faults (testing/demo).")
 
 
@@ -322,7 +333,8 @@ class CrossFieldError(ValueError):
 
 
 def enabled_roles(spec: JobSpec) -> list[str]:
-    """Roles that run for this spec: the critic is off for GRPO; ref is off when KL is unused."""
+    """Roles that run for this spec: the critic is off for GRPO; a role can be disabled with `enabled: false`
+    (only critic and ref may be)."""
     roles = []
     for role in ROLES:
         rs: RoleSpec = getattr(spec.roles, role)
@@ -355,11 +367,13 @@ def cross_field_problems(spec: JobSpec) -> list[tuple[str, str, str]]:
     if n % tr.mini_batch_size:
         out.append(("trainer.miniBatchSize", f"must divide the samples per step ({n} = data.batchSize x samples per prompt)", f"set spec.trainer.miniBatchSize to a divisor of {n}"))
     for role in enabled_roles(spec):
-        reps = getattr(roles, role).replicas
-        if n % reps:
-            out.append((f"roles.{role}.replicas", f"must divide the samples per step ({n})", f"set spec.roles.{role}.replicas to a divisor of {n}"))
-        if role in ("actor", "critic") and tr.mini_batch_size % (reps * tr.micro_batch_size):
-            out.append(("trainer.miniBatchSize", f"must be a multiple of spec.roles.{role}.replicas x trainer.microBatchSize ({reps} x {tr.micro_batch_size})", f"set spec.trainer.miniBatchSize to a multiple of {reps * tr.micro_batch_size}"))
+        rs = getattr(roles, role)
+        ranks = rs.replicas * max(rs.gpus, 1)
+        what = f"{ranks} ranks = spec.roles.{role}.replicas x gpus" if rs.gpus else f"spec.roles.{role}.replicas ({ranks})"
+        if n % ranks:
+            out.append((f"roles.{role}.replicas", f"{what} must divide the samples per step ({n})", f"choose replicas and gpus for {role} whose product divides {n}"))
+        if role in ("actor", "critic") and tr.mini_batch_size % (ranks * tr.micro_batch_size):
+            out.append(("trainer.miniBatchSize", f"must be a multiple of the {role}'s ranks x trainer.microBatchSize ({ranks} x {tr.micro_batch_size})", f"set spec.trainer.miniBatchSize to a multiple of {ranks * tr.micro_batch_size}"))
     if spec.algorithm.name == "ppo" and not roles.critic.enabled:
         out.append(("roles.critic.enabled", "ppo needs a critic", "set spec.roles.critic.enabled to true or use algorithm grpo"))
     if not roles.actor.enabled:

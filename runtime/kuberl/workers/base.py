@@ -105,6 +105,12 @@ class Worker:
         if self.trainer is not None:
             self.trainer.save(path)
 
+    def has_checkpoint(self, path: str) -> bool:
+        """Whether this rank sees a complete DCP checkpoint at `path` (not so on per-pod storage)."""
+        from pathlib import Path
+
+        return (Path(path) / ".metadata").is_file()
+
     def load(self, path: str) -> None:
         if self.trainer is not None:
             self.trainer.load(path)
