@@ -52,6 +52,17 @@ def identities(driver: Driver) -> dict[str, list[tuple[int, str]]]:
     return {role: [(i["pid"], i["actor_id"]) for i in g.identities()] for role, g in driver.groups.items()}
 
 
+def run_observed(driver: Driver) -> tuple[dict, list[dict], dict]:
+    """Start, run to the end and shut down; returns (identities before, records, identities after)."""
+    driver.start()
+    try:
+        before = identities(driver)
+        records = driver.run()
+        return before, records, identities(driver)
+    finally:
+        driver.shutdown()
+
+
 @pytest.mark.parametrize("role", ROLES)
 def test_killed_role_recovers_alone(ray_session, tmp_path, role):
     spec = spec_for()
@@ -64,13 +75,7 @@ def test_killed_role_recovers_alone(ray_session, tmp_path, role):
 
     driver = ProbingDriver(spec, f"kill-{role}", tmp_path, lambda r: CountingGroup(r, spec, timeout_s=120),
                            faults=[Fault(role, 3)], progress=False, on_step=on_step)
-    driver.start()
-    try:
-        before = identities(driver)
-        records = driver.run()
-        after = identities(driver)
-    finally:
-        driver.shutdown()
+    before, records, after = run_observed(driver)
     assert driver.step == 8 and [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == list(range(1, 9))
     for other in ROLES:
         if other != role:
@@ -180,13 +185,7 @@ def test_killing_one_rank_of_a_two_rank_role_restarts_that_role(ray_session, tmp
     as a gang (a peer's collective error is not mistaken for a bug in the role's code)."""
     spec = spec_for(**{"roles.critic.replicas": 2, "trainer.microBatchSize": 8})
     driver = Driver(spec, "two-ranks", tmp_path, lambda r: RayWorkerGroup(r, spec, timeout_s=120), faults=[Fault("critic", 3)], progress=False)
-    driver.start()
-    try:
-        before = identities(driver)
-        records = driver.run()
-        after = identities(driver)
-    finally:
-        driver.shutdown()
+    before, records, after = run_observed(driver)
     assert driver.step == 8 and records[-1]["restarts_critic"] == 1
     assert len(after["critic"]) == 2 and not set(after["critic"]) & set(before["critic"])
     assert all(after[r] == before[r] for r in ("actor", "ref", "reward"))
