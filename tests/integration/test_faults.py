@@ -191,3 +191,14 @@ def test_killing_one_rank_of_a_two_rank_role_restarts_that_role(ray_session, tmp
     assert all(after[r] == before[r] for r in ("actor", "ref", "reward"))
     (rec,) = driver.health["critic"].recoveries
     assert rec.restored_from == "checkpoint step 2"
+
+
+def test_restarted_critic_loses_the_steps_since_its_checkpoint(ray_session, tmp_path):
+    """Killed in step 4 with the last checkpoint at step 2: the critic is back at step 2's state, so it
+    lost step 3's update (steps_lost_critic = 1); the actor kept its own."""
+    spec = spec_for()
+    driver = Driver(spec, "lost", tmp_path, lambda r: RayWorkerGroup(r, spec, timeout_s=120), faults=[Fault("critic", 4)], progress=False)
+    _, records, _ = run_observed(driver)
+    (rec,) = driver.health["critic"].recoveries
+    assert rec.step == 4 and rec.restored_from == "checkpoint step 2" and rec.steps_lost == 1
+    assert records[3]["steps_lost_critic"] == 1 and driver.step == 8
