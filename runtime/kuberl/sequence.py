@@ -7,7 +7,6 @@ and including EOS. The prediction for response token t comes from position P+t-1
 
 from __future__ import annotations
 
-import os
 import types
 
 import torch
@@ -15,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .algos import entropy_from_logits, logprobs_from_logits
+from .dist import compile_enabled
 
 
 def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -102,7 +102,7 @@ _compiled: dict[str, object] = {}
 
 
 def _chunk_fns(device: torch.device):
-    use = COMPILE_HEAD if COMPILE_HEAD is not None else (device.type == "cuda" and os.environ.get("KUBERL_COMPILE", "1") != "0")
+    use = COMPILE_HEAD if COMPILE_HEAD is not None else compile_enabled(device)
     if not use:
         return _chunk_forward, _chunk_backward
     if not _compiled:

@@ -208,18 +208,13 @@ class Resources(Section):
     cpu: str = Field("1", description="CPU per replica (Kubernetes quantity).")
     memory: str = Field("4Gi", description="Memory per replica (Kubernetes quantity).")
 
-    @field_validator("cpu")
+    @field_validator("cpu", "memory")
     @classmethod
-    def _cpu(cls, v: str) -> str:
-        if not CPU_QUANTITY.match(str(v)):
-            raise ValueError(f"{v!r} is not a CPU quantity such as 500m, 1, 2.5")
-        return str(v)
-
-    @field_validator("memory")
-    @classmethod
-    def _memory(cls, v: str) -> str:
-        if not QUANTITY.match(str(v)):
-            raise ValueError(f"{v!r} is not a Kubernetes quantity such as 512Mi, 4Gi")
+    def _quantity(cls, v: str, info) -> str:
+        pattern, what = (CPU_QUANTITY, "a CPU quantity such as 500m, 1, 2.5") if info.field_name == "cpu" \
+            else (QUANTITY, "a Kubernetes quantity such as 512Mi, 4Gi")
+        if not pattern.match(str(v)):
+            raise ValueError(f"{v!r} is not {what}")
         return str(v)
 
     def cpu_cores(self) -> float:
