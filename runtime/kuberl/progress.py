@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+SA_DIR_ENV = "KUBERL_SA_DIR"  # where the token and ca.crt are; the pod's mount unless set (a driver run outside a pod)
 
 
 @dataclass
@@ -37,9 +38,10 @@ class ProgressReporter:
         url = os.environ.get("KUBERL_API_URL") or (f"https://{host}:{port}" if host else None)
         if url is None:
             return None
-        token_path = os.path.join(SA_DIR, "token")
+        sa_dir = os.environ.get(SA_DIR_ENV, SA_DIR)
+        token_path = os.path.join(sa_dir, "token")
         token = open(token_path).read().strip() if os.path.exists(token_path) else None
-        ca = os.path.join(SA_DIR, "ca.crt")
+        ca = os.path.join(sa_dir, "ca.crt")
         return cls(url, os.environ.get("KUBERL_NAMESPACE", "default"), name, token, ca if os.path.exists(ca) else None)
 
     def report(self, progress: dict[str, Any]) -> bool:
