@@ -53,7 +53,7 @@ def test_hub_model_does_not_get_builtin_default() -> None:
         ({"data": {"files": ["a.csv"]}}, "spec.data.files", ".jsonl or .parquet"),
         ({"roles": {"actor": {"resources": {"memory": "lots"}}}}, "spec.roles.actor.resources.memory", "Kubernetes quantity"),
         ({"algorithm": {"kl": {"controller": "adaptive"}}}, "spec.algorithm.kl.target", "required"),
-        ({"roles": {"actor": {"resources": {"cpu": "2Gi"}}}}, "spec.roles.actor.resources.cpu", "not a CPU quantity"),
+        ({"roles": {"actor": {"resources": {"cpu": "2 cores"}}}}, "spec.roles.actor.resources.cpu", "not a Kubernetes quantity"),
         ({"data": {"task": "repeat-letter", "batchSize": 3}, "roles": {"actor": {"gpus": 2}}}, "spec.roles.actor.replicas", "2 ranks"),
         ({"roles": {"actor": {"gpus": 4}}}, "spec.trainer.miniBatchSize", "actor's ranks x trainer.microBatchSize (4 x 8)"),
         ({"trainer": {"checkpoint": {"volumeClaim": "Bad_Name"}}}, "spec.trainer.checkpoint.volumeClaim", "must match"),

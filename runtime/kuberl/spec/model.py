@@ -13,6 +13,8 @@ from typing import Literal, Optional
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
+from .quantity import INT64_MAX, Quantity, parse_quantity
+
 GROUP = "kuberl.io"
 VERSION = "v1alpha1"
 KIND = "RLTrainingJob"
@@ -41,8 +43,6 @@ def node_resource(node: str) -> str:
 BUILTIN_MODELS: tuple[str, ...] = ("tiny", "qwen2-0.5b", "qwen2-1.5b")
 BUILTIN_TASKS: tuple[str, ...] = ("repeat-letter", "gsm8k-toy")
 IMPORT_PATH = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*$")
-QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|Ki|M|Mi|G|Gi|T|Ti)?$")
-CPU_QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?m?$")
 DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
 
 
@@ -205,21 +205,24 @@ class TrainerSpec(Section):
 
 
 class Resources(Section):
-    cpu: str = Field("1", description="CPU per replica (Kubernetes quantity).")
-    memory: str = Field("4Gi", description="Memory per replica (Kubernetes quantity).")
+    cpu: Quantity = Field("1", description="CPU cores per replica: a Kubernetes quantity, e.g. 2, 500m, 1e3.")
+    memory: Quantity = Field("4Gi", description="Memory per replica in bytes: a Kubernetes quantity, e.g. 512Mi, 4Gi.")
 
     @field_validator("cpu", "memory")
     @classmethod
     def _quantity(cls, v: str, info) -> str:
-        pattern, what = (CPU_QUANTITY, "a CPU quantity such as 500m, 1, 2.5") if info.field_name == "cpu" \
-            else (QUANTITY, "a Kubernetes quantity such as 512Mi, 4Gi")
-        if not pattern.match(str(v)):
-            raise ValueError(f"{v!r} is not {what}")
-        return str(v)
+        value = parse_quantity(v)
+        if value <= 0:
+            raise ValueError(f"{v!r} must be more than 0")
+        if value > INT64_MAX:
+            raise ValueError(f"{v!r} is more than the largest Kubernetes quantity, 2^63-1")
+        if info.field_name == "memory" and value < 1:
+            raise ValueError(f"{v!r} is {value.normalize():f} bytes (m is milli): for mebibytes write Mi (512Mi)")
+        return v
 
     def cpu_cores(self) -> float:
-        """CPU as a float number of cores ("500m" -> 0.5)."""
-        return float(self.cpu[:-1]) / 1000 if self.cpu.endswith("m") else float(self.cpu)
+        """CPU as a number of cores, as Kubernetes reads the quantity ("500m", ".5" -> 0.5; "1e3" -> 1000.0)."""
+        return float(parse_quantity(self.cpu))
 
 
 class RoleSpec(Section):
