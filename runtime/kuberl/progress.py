@@ -1,32 +1,65 @@
 """Report the driver's progress to the operator by patching ConfigMap `<job>-progress` (in-cluster only).
 
 The operator mirrors `data.progress` into the RLTrainingJob status (step, tokens/s, per-role restarts).
-Plain HTTPS with the pod's service-account token: the runtime needs no Kubernetes client, and the
-driver's Role allows only get/patch on that one ConfigMap. A failed report is logged, never fatal.
+Plain HTTPS from the standard library, with the pod's service-account token: the runtime image needs no
+Kubernetes client, and the driver's Role allows only get/patch on that one ConfigMap. The transport does
+what the client's in-cluster configuration would: an IPv6-safe URL, the token re-read for each request
+(projected tokens rotate), and bounded retries with backoff on connection errors, 5xx and 429 (honouring
+Retry-After up to a bound). The final report, whose reason the operator relies on, is retried longer than
+a per-step one. A report that still fails is logged in one line, never fatal.
 """
 
 from __future__ import annotations
 
+import email.utils
 import json
 import os
 import ssl
 import sys
+import time
+import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from typing import Any, Optional
 
 SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 SA_DIR_ENV = "KUBERL_SA_DIR"  # where the token and ca.crt are; the pod's mount unless set (a driver run outside a pod)
+FINAL_PHASES = ("Succeeded", "Failed")
+
+
+def api_url(host: str, port: str) -> str:
+    """The API server's URL from KUBERNETES_SERVICE_HOST/PORT; an IPv6 address goes in brackets."""
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    return f"https://{host}:{port}"
+
+
+def retry_after_s(value: Optional[str], now: Optional[float] = None) -> Optional[float]:
+    """Seconds a Retry-After header asks for (delta-seconds or an HTTP date); None if absent or unreadable."""
+    if not value:
+        return None
+    if value.strip().isdigit():
+        return float(value.strip())
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - (time.time() if now is None else now))
 
 
 @dataclass
 class ProgressReporter:
-    api_url: str  # e.g. https://10.0.0.1:443
+    api_url: str  # e.g. https://10.0.0.1:443 or https://[fd00::1]:443
     namespace: str
     configmap: str
-    token: Optional[str] = None
+    token: Optional[str] = None  # a fixed token; token_file wins when both are given
     ca_file: Optional[str] = None
-    timeout_s: float = 5.0
+    timeout_s: float = 5.0  # per attempt
+    token_file: Optional[str] = None  # read before every request (no Authorization header while it is missing)
+    step_attempts: int = 2  # a per-step report: the next step reports again soon
+    final_attempts: int = 8  # the final report (phase Succeeded/Failed): 0.5+1+2+4+8+10+10 s of waiting
+    backoff_s: float = 0.5  # the first wait; doubled after each failed attempt
+    max_wait_s: float = 10.0  # no wait is longer, Retry-After included
 
     @classmethod
     def from_env(cls) -> Optional["ProgressReporter"]:
@@ -35,29 +68,60 @@ class ProgressReporter:
         if not name:
             return None
         host, port = os.environ.get("KUBERNETES_SERVICE_HOST"), os.environ.get("KUBERNETES_SERVICE_PORT", "443")
-        url = os.environ.get("KUBERL_API_URL") or (f"https://{host}:{port}" if host else None)
+        url = os.environ.get("KUBERL_API_URL") or (api_url(host, port) if host else None)
         if url is None:
             return None
         sa_dir = os.environ.get(SA_DIR_ENV, SA_DIR)
-        token_path = os.path.join(sa_dir, "token")
-        token = open(token_path).read().strip() if os.path.exists(token_path) else None
-        ca = os.path.join(sa_dir, "ca.crt")
-        return cls(url, os.environ.get("KUBERL_NAMESPACE", "default"), name, token, ca if os.path.exists(ca) else None)
+        token, ca = os.path.join(sa_dir, "token"), os.path.join(sa_dir, "ca.crt")
+        return cls(url, os.environ.get("KUBERL_NAMESPACE", "default"), name,
+                   ca_file=ca if os.path.exists(ca) else None, token_file=token)
 
-    def report(self, progress: dict[str, Any]) -> bool:
-        """Merge-patch `data.progress`; returns False (and logs one line) when the API refuses."""
-        body = json.dumps({"data": {"progress": json.dumps(progress)}}).encode()
-        req = urllib.request.Request(f"{self.api_url}/api/v1/namespaces/{self.namespace}/configmaps/{self.configmap}",
-                                     data=body, method="PATCH", headers={"Content-Type": "application/merge-patch+json"})
-        if self.token:
-            req.add_header("Authorization", f"Bearer {self.token}")
+    def _bearer(self) -> Optional[str]:
+        if self.token_file:
+            try:
+                with open(self.token_file) as f:
+                    return f.read().strip() or None
+            except OSError:
+                return None
+        return self.token
+
+    def _patch(self, body: bytes) -> None:
+        """One PATCH; raises urllib's errors (HTTPError for an answer other than 2xx)."""
+        url = f"{self.api_url}/api/v1/namespaces/{self.namespace}/configmaps/{self.configmap}"
+        req = urllib.request.Request(url, data=body, method="PATCH",
+                                     headers={"Content-Type": "application/merge-patch+json"})
+        token = self._bearer()
+        if token:
+            req.add_header("Authorization", f"Bearer {token}")
         ctx = ssl.create_default_context(cafile=self.ca_file) if self.api_url.startswith("https") else None
-        try:
-            with urllib.request.urlopen(req, timeout=self.timeout_s, context=ctx):
+        with urllib.request.urlopen(req, timeout=self.timeout_s, context=ctx):
+            pass
+
+    def report(self, progress: dict[str, Any], final: Optional[bool] = None) -> bool:
+        """Merge-patch `data.progress`, retrying transient failures; returns False (and logs one line) when
+        every attempt failed or the API refused for good (a 4xx other than 429). `final` defaults to
+        whether the document's phase is Succeeded or Failed."""
+        final = progress.get("phase") in FINAL_PHASES if final is None else final
+        attempts = self.final_attempts if final else self.step_attempts
+        body = json.dumps({"data": {"progress": json.dumps(progress)}}).encode()
+        for attempt in range(1, attempts + 1):
+            try:
+                self._patch(body)
                 return True
-        except OSError as exc:  # URLError, HTTPError, timeouts
-            print(f"warning: progress report to {self.configmap} failed: {exc}", file=sys.stderr)
-            return False
+            except OSError as exc:  # HTTPError; connection refused or reset, DNS, timeouts, TLS
+                error = exc
+                if isinstance(exc, urllib.error.HTTPError) and exc.code != 429 and exc.code < 500:
+                    break  # refused (RBAC, a missing ConfigMap): asking again changes nothing
+            if attempt < attempts:
+                time.sleep(self._wait_s(error, attempt))
+        print(f"warning: progress report to {self.configmap} failed after {attempt} attempt(s): {error}",
+              file=sys.stderr)
+        return False
+
+    def _wait_s(self, error: OSError, attempt: int) -> float:
+        """Seconds before the next attempt: the server's Retry-After, else exponential backoff; both capped."""
+        asked = retry_after_s(error.headers.get("Retry-After")) if isinstance(error, urllib.error.HTTPError) else None
+        return min(self.max_wait_s, asked if asked is not None else self.backoff_s * 2 ** (attempt - 1))
 
 
 def progress_of(rec: dict[str, Any], total_steps: int, phase: str = "Running", message: str = "",
