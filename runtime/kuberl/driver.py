@@ -89,6 +89,7 @@ class Driver:
         self.health = {r: RoleHealth() for r in self.roles}
         self.groups: dict[str, WorkerGroup] = {}
         self.worst_links: dict[str, Optional[str]] = {}
+        self.topology_sources: dict[str, str] = {}  # role -> where its ranks read the links (nvml, nvidia-smi, none)
         self.loader_at_step_start = self.loader.state_dict()
         self.step = 0
         self.last_ckpt = 0
@@ -118,8 +119,10 @@ class Driver:
         problems = []
         for role in roles or list(self.groups):
             group = self.groups[role]
-            links = [p["worst_link"] for p in group.call("placement_info") if p["worst_link"]]
+            infos = group.call("placement_info")
+            links = [p["worst_link"] for p in infos if p["worst_link"]]
             self.worst_links[role] = min(links, key=_link_rank) if links else None
+            self.topology_sources[role] = ",".join(sorted({p["topology_source"] for p in infos if p["topology_source"]}))
             problem = placement_problem(self.spec, role, self.worst_links[role])
             if problem:
                 problems.append(problem)
@@ -326,6 +329,7 @@ class Driver:
         for role, link in self.worst_links.items():
             if link:
                 rec[f"worst_link_{role}"] = link
+                rec[f"topology_source_{role}"] = self.topology_sources.get(role) or "none"
         for role, h in self.health.items():
             rec[f"restarts_{role}"] = h.restarts
             for r in h.recoveries[recoveries_before.get(role, 0):]:

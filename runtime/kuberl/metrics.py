@@ -29,7 +29,8 @@ PROM_FAMILIES: dict[str, tuple[str, tuple[str, ...]]] = {
     "kuberl_role_restarts": ("Restarts of a role's WorkerGroup since the job began.", ("role",)),
     "kuberl_recovery_seconds": ("Seconds of the last recovery of a role, by part (detect, ready, replay, total).", ("role", "part")),
     "kuberl_steps_lost": ("Training steps of a role's state lost in its last recovery.", ("role",)),
-    "kuberl_role_worst_link_score": ("Link score of the worst GPU link inside a role's groups (NV#=5+n, PIX 5, PXB 4, PHB 3, NODE 2, SYS 1).", ("role", "level")),
+    "kuberl_role_worst_link_score": ("Link score of the worst GPU link inside a role's groups (NV#=5+n, PIX 5, PXB 4, PHB 3, NODE 2, SYS 1); "
+                                     "source: where the links were read (nvml, nvidia-smi).", ("role", "level", "source")),
     "kuberl_role_memory_bytes": ("Peak memory of a role's rank 0, by kind (gpu_peak, rss_peak).", ("role", "kind")),
 }
 _PLAIN = {"step": "kuberl_step", "reward_mean": "kuberl_reward_mean", "kl": "kuberl_kl", "kl_coef": "kuberl_kl_coef",
@@ -52,7 +53,9 @@ def prom_samples(record: dict[str, Any]) -> list[tuple[str, dict[str, str], floa
         if key.startswith("worst_link_") and isinstance(value, str) and value != "unknown":
             from .topology import link_score
 
-            out.append(("kuberl_role_worst_link_score", {"role": key[len("worst_link_"):], "level": value}, link_score(value)))
+            role = key[len("worst_link_"):]
+            labels = {"role": role, "level": value, "source": str(record.get(f"topology_source_{role}", "none"))}
+            out.append(("kuberl_role_worst_link_score", labels, link_score(value)))
             continue
         if not isinstance(value, (int, float)) or not math.isfinite(value):
             continue

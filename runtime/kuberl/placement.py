@@ -8,6 +8,7 @@ link inside the role's groups sets NCCL_P2P_LEVEL and is compared with `spec.pla
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from typing import Optional
 
@@ -21,6 +22,7 @@ class RankPlacement:
     group: tuple[int, ...]  # the GPUs of this rank's group
     worst_link: str  # worst link inside the role's groups on this node ("X" for one GPU)
     nccl_p2p_level: str
+    topology_source: str = "none"  # where the links came from: "nvml", "nvidia-smi" (topo -m text) or "none"
 
 
 def group_size(spec: JobSpec, role: str) -> int:
@@ -41,7 +43,7 @@ def place_ranks(matrix: LinkMatrix, node_gpus: list[int], k: int) -> list[RankPl
     out = []
     for local_rank in range(len(node_gpus)):
         group, device = pin_devices(plan, local_rank)
-        out.append(RankPlacement(device, tuple(group), worst, level))
+        out.append(RankPlacement(device, tuple(group), worst, level, matrix.source or "none"))
     return out
 
 
@@ -60,11 +62,17 @@ def placement_problem(spec: JobSpec, role: str, worst_link: Optional[str]) -> Op
 
 def pin_rank(spec: JobSpec, role: str, local_rank: int, node_gpus: list[int]) -> RankPlacement:
     """This rank's placement from the local link matrix; without a readable topology (no NVML and no
-    nvidia-smi) the rank takes the local_rank-th GPU in index order and the link is unknown."""
+    nvidia-smi) the rank takes the local_rank-th GPU in index order and the link is unknown. Logs one line
+    saying where the topology came from."""
     from .topology import TopologyError, read_local
 
     gpus = sorted(node_gpus)
     try:
-        return place_ranks(read_local(), gpus, group_size(spec, role))[local_rank]
-    except TopologyError:
-        return RankPlacement(gpus[local_rank], tuple(gpus), "unknown", "SYS")
+        placed = place_ranks(read_local(), gpus, group_size(spec, role))[local_rank]
+        what = {"nvml": "NVML", "nvidia-smi": "nvidia-smi topo -m (NVML unavailable)"}[placed.topology_source]
+    except TopologyError as exc:
+        placed = RankPlacement(gpus[local_rank], tuple(gpus), "unknown", "SYS", "none")
+        what = f"nowhere ({exc}): GPUs taken in index order, links unknown"
+    print(f"kuberl: {role} rank {local_rank}: GPU topology from {what}; GPU {placed.device}, "
+          f"worst link {placed.worst_link}", file=sys.stderr, flush=True)
+    return placed

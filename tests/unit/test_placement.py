@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 from kuberl.groups import local_ranks
@@ -62,15 +64,35 @@ def test_group_size_follows_tensor_parallel_for_actor():
     assert group_size(spec(), "actor") == 4 and group_size(spec(), "ref") == 1
 
 
-def test_pin_rank_without_topology_falls_back_in_index_order(monkeypatch):
-    monkeypatch.setenv("PATH", "/nonexistent")  # no nvidia-smi; pynvml is not installed here
+def test_pin_rank_without_topology_falls_back_in_index_order(monkeypatch, capsys):
+    monkeypatch.setenv("PATH", "/nonexistent")  # no nvidia-smi; NVML finds no driver library here
     p = pin_rank(spec(), "actor", 1, [6, 2])
-    assert p == RankPlacement(6, (2, 6), "unknown", "SYS")
+    assert p == RankPlacement(6, (2, 6), "unknown", "SYS", "none")
+    assert "kuberl: actor rank 1: GPU topology from nowhere (no NVIDIA GPU found" in capsys.readouterr().err
+
+
+def test_pin_rank_says_where_the_topology_came_from(monkeypatch, tmp_path, capsys, shared_dir):
+    """NVML when its driver answers (here the test's stand-in pynvml module), else nvidia-smi's text."""
+    from tests.unit.test_topology import fake_pynvml
+
+    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml())
+    p = pin_rank(spec(roles={"actor": {"gpus": 2}}, trainer={"microBatchSize": 8}), "actor", 1, [0, 1, 2, 3])
+    assert (p.topology_source, p.worst_link) == ("nvml", "NV2")
+    assert "kuberl: actor rank 1: GPU topology from NVML; GPU 1, worst link NV2" in capsys.readouterr().err
+
+    monkeypatch.setitem(sys.modules, "pynvml", None)
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text(f"#!/bin/sh\ncat {shared_dir / 'fixtures' / 'topo' / 'dgx_h100_nvswitch_nv18.txt'}\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")  # ours first; cat from the system
+    p = pin_rank(spec(), "actor", 0, list(range(8)))
+    assert (p.topology_source, p.worst_link) == ("nvidia-smi", "NV18")
+    assert "GPU topology from nvidia-smi topo -m (NVML unavailable)" in capsys.readouterr().err
 
 
 def test_worst_link_is_visible_in_metrics_and_progress():
-    rec = {"step": 3, "worst_link_actor": "PXB", "restarts_actor": 0}
-    assert ("kuberl_role_worst_link_score", {"role": "actor", "level": "PXB"}, 4.0) in prom_samples(rec)
+    rec = {"step": 3, "worst_link_actor": "PXB", "topology_source_actor": "nvml", "restarts_actor": 0}
+    assert ("kuberl_role_worst_link_score", {"role": "actor", "level": "PXB", "source": "nvml"}, 4.0) in prom_samples(rec)
     doc = progress_of(rec, 10, "Failed", "below minLink", "PlacementDegraded", {"critic": "SYS"})
     assert doc["roles"] == {"actor": {"restarts": 0, "worstLink": "PXB"}, "critic": {"worstLink": "SYS"}}
     assert doc["reason"] == "PlacementDegraded"

@@ -399,6 +399,7 @@ def test_read_nvml_with_fake_driver(monkeypatch: pytest.MonkeyPatch) -> None:
     ]
     assert m.cpu_affinity == ["0-7", "0-7", "8-15", "8-15"] and m.numa_affinity == ["0", "0", "1", "1"]
     assert groups(m, 2) == ([[0, 1], [2, 3]], "NV2")
+    assert m.source == "nvml"
 
 
 def test_read_nvml_without_pynvml(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -415,7 +416,7 @@ def test_read_local_falls_back_to_nvidia_smi(monkeypatch: pytest.MonkeyPatch, tm
     smi = tmp_path / "nvidia-smi"
     smi.write_text(f"#!/bin/sh\nprintf '{RTX}'\n")
     smi.chmod(0o755)
-    assert read_local().size == 4
+    assert read_local().size == 4 and read_local().source == "nvidia-smi"
     smi.write_text("#!/bin/sh\necho 'NVIDIA-SMI has failed because it could not communicate with the driver' >&2\nexit 9\n")
     with pytest.raises(TopologyError, match="nvidia-smi topo -m exited 9: NVIDIA-SMI has failed"):
         read_local()

@@ -111,7 +111,8 @@ class LinkMatrix:
     ``links[i][j]`` is the level between the GPUs at positions ``i`` and ``j`` (``X`` on the
     diagonal); ``indices[i]`` is the GPU index of position ``i`` (nvidia-smi/NVML order, i.e. PCI bus
     order). ``cpu_affinity``/``numa_affinity`` hold the raw id lists (``"0-47,96-143"``, ``"0"``), or
-    ``None`` where unknown.
+    ``None`` where unknown. ``source`` says where the links were read: ``"nvml"`` or ``"nvidia-smi"``
+    (the text of ``nvidia-smi topo -m``); empty for a matrix built by hand.
     """
 
     names: list[str]
@@ -119,6 +120,7 @@ class LinkMatrix:
     links: list[list[str]]
     cpu_affinity: list[str | None]
     numa_affinity: list[str | None]
+    source: str = ""
 
     def __post_init__(self) -> None:
         n = len(self.names)

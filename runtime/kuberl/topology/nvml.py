@@ -38,7 +38,7 @@ def read_nvml() -> LinkMatrix:
 
 
 def read_local() -> LinkMatrix:
-    """The local link matrix: NVML when it works, else ``nvidia-smi topo -m``."""
+    """The local link matrix: NVML when it works, else ``nvidia-smi topo -m`` (``source`` says which)."""
     try:
         return read_nvml()
     except TopologyError as e:
@@ -76,6 +76,7 @@ def _read(nv: Any) -> LinkMatrix:
         links=links,
         cpu_affinity=[_cpu_affinity(nv, h) for h in handles],
         numa_affinity=[_numa_affinity(nv, h) for h in handles],
+        source="nvml",
     )
 
 

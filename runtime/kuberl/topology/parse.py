@@ -52,6 +52,7 @@ def parse_nvidia_smi_topo(text: str) -> LinkMatrix:
         links=links,
         cpu_affinity=[_value(rows[g][1].get("CPU Affinity")) for g in gpus],
         numa_affinity=[_value(rows[g][1].get("NUMA Affinity")) for g in gpus],
+        source="nvidia-smi",
     )
 
 

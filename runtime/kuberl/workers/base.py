@@ -44,9 +44,10 @@ class Worker:
         return {"role": self.role, "rank": self.rank, "pid": os.getpid()}
 
     def placement_info(self) -> dict[str, Any]:
-        """This rank's GPU, its group and the worst link inside the role's groups (None on CPU)."""
+        """This rank's GPU, the worst link inside the role's groups and where the links were read (None on CPU)."""
         p = self.placement
-        return {"device": None if p is None else p.device, "worst_link": None if p is None else p.worst_link}
+        return {"device": None if p is None else p.device, "worst_link": None if p is None else p.worst_link,
+                "topology_source": None if p is None else p.topology_source}
 
     def measure_peak_flops(self) -> float:
         """Dense matmul FLOP/s on this worker's device and dtype (the MFU denominator)."""
