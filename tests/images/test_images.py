@@ -199,7 +199,9 @@ def test_runtime_pins_agree_with_pyproject() -> None:
     args = build_args(DOCKERFILES["runtime"])
     assert args["RAY_VERSION"] == pin("runtime", "ray")
     assert args["TRANSFORMERS_VERSION"] == pin("runtime", "transformers")
-    # torch is the one deliberate difference: vLLM pins its own (images/README.md).
+    # The image tests what CI tests: pyproject's torch, which the venv CI builds installs (Makefile).
+    assert args["TORCH_VERSION"] == pin("runtime", "torch")
+    assert f"'torch=={args['TORCH_VERSION']}'" in (REPO / "Makefile").read_text()
     assert "torch==${TORCH_VERSION}" in DOCKERFILES["runtime"].read_text()
 
 
