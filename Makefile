@@ -16,8 +16,15 @@ HELM     ?= $(or $(shell command -v helm 2>/dev/null),.tools/helm)
 CHART_CRD = $(BIN)/python -c "import json, yaml; json.dump(yaml.safe_load(open('crds/rltrainingjobs.kuberl.io.yaml')), \
 	open('charts/kuberl/files/rltrainingjobs.kuberl.io.json', 'w'), indent=1)"
 
+# The images' Python packages, every one pinned with its hashes (uv pip compile), for the images' Python 3.12
+# on x86-64 Linux with glibc >= 2.36 (Debian bookworm, Ubuntu 24.04). uv keeps the versions a lock already has
+# where it can; the runtime lock adds the vLLM its Dockerfile names.
+LOCK = $(BIN)/uv pip compile --quiet --no-progress --generate-hashes --python-version 3.12 \
+	--python-platform x86_64-manylinux_2_36 --custom-compile-command 'make locks'
+VLLM_VERSION = $(shell sed -n 's/^ARG VLLM_VERSION=//p' images/runtime/Dockerfile)
+
 .DEFAULT_GOAL := help
-.PHONY: help venv helm install demo demo-grpo demo-fault test test-all lint crds chart images e2e bench clean
+.PHONY: help venv helm install demo demo-grpo demo-fault test test-all lint crds locks chart images e2e bench clean
 
 help: ## list the targets
 	@grep -hE '^[a-z][a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -69,6 +76,10 @@ lint: venv helm ## compile check, helm lint --strict, and the chart/image checks
 crds: venv ## regenerate crds/ (and the chart's copy) from the spec model
 	$(BIN)/kuberl crd -o crds/rltrainingjobs.kuberl.io.yaml
 	$(CHART_CRD)
+
+locks: venv ## regenerate images/*/requirements.txt from pyproject's extras (and the runtime image's VLLM_VERSION)
+	$(LOCK) pyproject.toml --extra operator -o images/operator/requirements.txt
+	echo 'vllm==$(VLLM_VERSION)' | $(LOCK) pyproject.toml --extra runtime - -o images/runtime/requirements.txt
 
 chart: venv helm ## lint and package the Helm chart, and render it with default values, into out/chart/
 	$(CHART_CRD)

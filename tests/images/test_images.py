@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from packaging.requirements import Requirement
 
 REPO = Path(__file__).resolve().parents[2]
 IMAGES = REPO / "images"
@@ -167,42 +168,88 @@ def pin(extra: str, package: str) -> str:
     raise AssertionError(f"pyproject's {extra} extra does not pin {package}")
 
 
-def test_operator_image_installs_only_the_operator_extra() -> None:
-    text = DOCKERFILES["operator"].read_text()
-    installs = [i.args for i in instructions(DOCKERFILES["operator"]) if i.keyword == "RUN" and "pip install" in i.args]
-    assert installs and all("[operator]" in run for run in installs)
-    assert not re.search(r"\[(?:[^\]]*,)?\s*(runtime|dev)\b", text), "the operator image must not install the runtime or dev extra"
-    assert "torch" not in "".join(installs)
+LOCKS = {image: IMAGES / image / "requirements.txt" for image in DOCKERFILES}
+HEAVY = {"torch", "ray", "transformers", "vllm", "nvidia-cudnn-cu12", "nvidia-cudnn-cu13"}
 
 
-def test_operator_extra_pulls_in_no_torch() -> None:
-    from images.constraints import closure
-
-    deps = closure("operator")
-    assert "kopf" in deps
-    heavy = {"torch", "ray", "transformers", "vllm", "nvidia-cudnn-cu12", "nvidia-cudnn-cu13"} & set(deps)
-    assert not heavy, f"kuberl[operator] pulls in {heavy}"
-
-
-def test_operator_constraints_agree_with_pyproject() -> None:
-    lines = [l for l in (IMAGES / "operator" / "constraints.txt").read_text().splitlines() if l and not l.startswith("#")]
-    pins = dict(l.split("==", 1) for l in lines)
-    assert all(re.fullmatch(r"[a-z0-9][a-z0-9.-]*", n) for n in pins), "one `name==version` per line"
-    for req in PYPROJECT["project"]["optional-dependencies"]["operator"] + PYPROJECT["project"]["dependencies"]:
-        name = requirement_name(req)
-        assert name in pins, f"constraints.txt lacks {name}: regenerate it (images/README.md)"
-        if "==" in req:
-            assert pins[name] == req.split("==", 1)[1], f"{name}: constraints.txt {pins[name]} != pyproject {req}"
+def lock(image: str) -> dict[str, str]:
+    """name -> version of a uv lock (``name==version \\`` then ``--hash=sha256:...`` lines); checks its form."""
+    pins: dict[str, str] = {}
+    name = None
+    for line in LOCKS[image].read_text().splitlines():
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        if not line.startswith(" "):
+            m = re.fullmatch(r"([a-z0-9][a-z0-9._-]*)==([^\s;]+)(?: ; .*)? \\", line)
+            assert m, f"{LOCKS[image].relative_to(REPO)}: {line!r} is not `name==version \\`"
+            name = canonical(m.group(1))
+            assert name not in pins, f"{name} is locked twice"
+            pins[name] = m.group(2)
+        else:
+            assert re.fullmatch(r"\s+--hash=sha256:[0-9a-f]{64}( \\)?", line), f"{name}: {line!r} is not a hash"
+    return pins
 
 
-def test_runtime_pins_agree_with_pyproject() -> None:
-    args = build_args(DOCKERFILES["runtime"])
-    assert args["RAY_VERSION"] == pin("runtime", "ray")
-    assert args["TRANSFORMERS_VERSION"] == pin("runtime", "transformers")
-    # The image tests what CI tests: pyproject's torch, which the venv CI builds installs (Makefile).
-    assert args["TORCH_VERSION"] == pin("runtime", "torch")
-    assert f"'torch=={args['TORCH_VERSION']}'" in (REPO / "Makefile").read_text()
-    assert "torch==${TORCH_VERSION}" in DOCKERFILES["runtime"].read_text()
+def canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def extra(name: str) -> list[Requirement]:
+    reqs = PYPROJECT["project"]["optional-dependencies"][name] + PYPROJECT["project"]["dependencies"]
+    return [Requirement(r) for r in reqs if not r.startswith("kuberl[")]
+
+
+@pytest.mark.parametrize("image", DOCKERFILES)
+def test_images_install_their_lock_with_hashes(image: str) -> None:
+    installs = [i.args for i in instructions(DOCKERFILES[image]) if i.keyword == "RUN" and "pip install" in i.args]
+    text = " ".join(installs)
+    assert "--require-hashes --no-deps -r /tmp/requirements.txt" in text
+    copies = [i.args for i in instructions(DOCKERFILES[image]) if i.keyword == "COPY"]
+    assert f"images/{image}/requirements.txt /tmp/requirements.txt" in copies
+    # kuberl itself comes without its dependencies: everything it needs is in the lock.
+    assert re.search(r"pip install --no-deps /src(\s|$)", text)
+    assert not re.search(r"\[(?:[^\]]*,)?\s*(runtime|operator|dev)\b", text), "an extra would resolve outside the lock"
+
+
+@pytest.mark.parametrize("image", DOCKERFILES)
+def test_locks_pin_every_requirement_with_hashes(image: str) -> None:
+    """Each lock satisfies every requirement of its extra (the runtime one also the Dockerfile's vLLM), and
+    every package in it carries hashes (pip's --require-hashes refuses anything else)."""
+    pins = lock(image)
+    for req in extra(image):
+        name = canonical(req.name)
+        assert name in pins, f"{LOCKS[image].relative_to(REPO)} lacks {name}: run `make locks`"
+        assert req.specifier.contains(pins[name], prereleases=True), f"{name} {pins[name]} does not satisfy {req}"
+    assert LOCKS[image].read_text().startswith("# This file was autogenerated by uv via the following command:\n#    make locks\n")
+
+
+def test_operator_lock_holds_no_runtime_or_test_packages() -> None:
+    pins = lock("operator")
+    assert "kopf" in pins and "pydantic" in pins
+    assert not HEAVY & set(pins), f"kuberl[operator] pulls in {HEAVY & set(pins)}"
+    assert "kubernetes-validate" not in pins and "pytest" not in pins
+
+
+def test_kubernetes_validate_is_a_test_dependency_only() -> None:
+    """Only tests import it, so it lives in the dev extra, not in the operator's extra or image."""
+    extras = PYPROJECT["project"]["optional-dependencies"]
+    assert "kubernetes-validate" in {requirement_name(r) for r in extras["dev"]}
+    assert "kubernetes-validate" not in {requirement_name(r) for r in extras["operator"] + extras["runtime"]}
+    for package in ("operator", "runtime"):
+        users = [p for p in (REPO / package).rglob("*.py") if "kubernetes_validate" in p.read_text()]
+        assert not users, f"{users} import kubernetes_validate: it is not installed in the images"
+
+
+def test_runtime_image_and_ci_test_the_same_torch() -> None:
+    """The runtime image's torch is pyproject's pin, which is what `make venv` (CI's environment) installs; its
+    vLLM is the Dockerfile's VLLM_VERSION (the build checks it), and Ray and transformers are pyproject's."""
+    pins, args = lock("runtime"), build_args(DOCKERFILES["runtime"])
+    assert pins["torch"] == pin("runtime", "torch")
+    assert f"'torch=={pins['torch']}'" in (REPO / "Makefile").read_text()
+    assert pins["vllm"] == args["VLLM_VERSION"]
+    assert pins["ray"] == pin("runtime", "ray") and pins["transformers"] == pin("runtime", "transformers")
+    assert "nvidia-ml-py" in pins  # NVML for the topology reader (kuberl.topology)
+    assert "vllm.__version__ == '${VLLM_VERSION}'" in DOCKERFILES["runtime"].read_text()
 
 
 def last_user(dockerfile: Path) -> tuple[int, int]:
