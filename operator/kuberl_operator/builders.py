@@ -111,6 +111,15 @@ def checkpoint_path(job: RLTrainingJob) -> str:
     return job.spec.trainer.checkpoint.path or names.DEFAULT_CHECKPOINT_PATH
 
 
+def driver_out(job: RLTrainingJob) -> str:
+    """The driver's --out, where it writes metrics.jsonl and reward_curve.png. With a checkpoint PVC, on it, per
+    job (<checkpoint path>/runs/<job>), so they outlive the pod and a restarted driver continues metrics.jsonl;
+    without one, /kuberl/out, an emptyDir of the driver pod that goes with it."""
+    if job.spec.trainer.checkpoint.volume_claim:
+        return f"{checkpoint_path(job).rstrip('/')}/runs/{job.metadata.name}"
+    return names.OUT_DIR
+
+
 def checkpoint_storage(job: RLTrainingJob) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(volumes, volumeMounts) at the checkpoint path in the driver and every worker: the workers write
     the actor's and critic's (DCP) shards, the driver the step state. With
@@ -250,6 +259,9 @@ def driver_job(job: RLTrainingJob, opts: BuildOptions) -> dict[str, Any]:
     ]
     image = image_of(job, opts)
     volumes, mounts = checkpoint_storage(job)
+    out = driver_out(job)
+    if out == names.OUT_DIR:
+        volumes, mounts = [{"name": "out", "emptyDir": {}}, *volumes], [{"name": "out", "mountPath": out}, *mounts]
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -282,17 +294,15 @@ def driver_job(job: RLTrainingJob, opts: BuildOptions) -> dict[str, Any]:
                         "image": image,
                         "imagePullPolicy": opts.pull_policy,
                         "command": ["kuberl", "run", f"{names.SPEC_MOUNT}/{names.SPEC_FILE}",
-                                    "--ray-address", head, "--out", names.OUT_DIR, "--no-progress",
+                                    "--ray-address", head, "--out", out, "--no-progress",
                                     "--metrics-port", str(names.DRIVER_METRICS_PORT), "--metrics-address", "0.0.0.0"],
                         "ports": [{"name": "metrics", "containerPort": names.DRIVER_METRICS_PORT}],
                         "env": env,
                         "resources": {"requests": dict(DRIVER_RESOURCES), "limits": dict(DRIVER_RESOURCES)},
-                        "volumeMounts": [{"name": "spec", "mountPath": names.SPEC_MOUNT, "readOnly": True},
-                                         {"name": "out", "mountPath": names.OUT_DIR}, *mounts],
+                        "volumeMounts": [{"name": "spec", "mountPath": names.SPEC_MOUNT, "readOnly": True}, *mounts],
                         "securityContext": container_security(),
                     }],
-                    "volumes": [{"name": "spec", "configMap": {"name": names.spec_configmap(name)}},
-                                {"name": "out", "emptyDir": {}}, *volumes],
+                    "volumes": [{"name": "spec", "configMap": {"name": names.spec_configmap(name)}}, *volumes],
                 },
             },
         },

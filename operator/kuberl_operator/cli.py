@@ -19,6 +19,10 @@ from .config import DEFAULT_MAX_GPUS_PER_NODE, OperatorConfig
 EPHEMERAL_CHECKPOINTS = ("note: spec.trainer.checkpoint.volumeClaim is not set: checkpoints are written inside the "
                          "pods and do not survive a pod restart, so a restarted role or driver cannot restore from "
                          "them; name a ReadWriteMany PersistentVolumeClaim there to keep them")
+EPHEMERAL_ARTEFACTS = ("note: metrics.jsonl and reward_curve.png go to {out} in the driver pod, an emptyDir that "
+                       "vanishes with the pod: copy them while it runs (kubectl cp <driver pod>:{out} .), or read the "
+                       "metrics from the driver's log or Prometheus; with a volumeClaim they go to "
+                       "<checkpoint path>/runs/<job> on it")
 
 
 def cmd_render(args: argparse.Namespace) -> int:
@@ -39,6 +43,10 @@ def cmd_render(args: argparse.Namespace) -> int:
     sys.stdout.write(yaml.safe_dump_all(objects, sort_keys=False))
     if not job.spec.trainer.checkpoint.volume_claim:
         print(EPHEMERAL_CHECKPOINTS, file=sys.stderr)
+        print(EPHEMERAL_ARTEFACTS.format(out=builders.driver_out(job)), file=sys.stderr)
+    else:
+        print(f"note: metrics.jsonl and reward_curve.png go to {builders.driver_out(job)} on the checkpoint "
+              f"volume ({job.spec.trainer.checkpoint.volume_claim})", file=sys.stderr)
     return 0
 
 

@@ -117,6 +117,9 @@ def test_driver_job_runs_kuberl_against_the_head_with_the_spec_mounted() -> None
     assert env["KUBERL_PROGRESS_CONFIGMAP"]["value"] == "j-progress"
     assert env["KUBERL_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
     assert {"name": "spec", "configMap": {"name": "j-spec"}} in pod["volumes"]
+    # No checkpoint PVC: metrics.jsonl and the reward curve go to an emptyDir of the driver pod.
+    assert {"name": "out", "emptyDir": {}} in pod["volumes"]
+    assert {"name": "out", "mountPath": "/kuberl/out"} in driver["volumeMounts"]
     assert pod["serviceAccountName"] == "j-driver" and pod["restartPolicy"] == "Never"
     assert "j-head-svc" in pod["initContainers"][0]["command"][-1]
     # `kuberl run` exits 3 when the job failed for good: no retries then; evictions cost no retry.
@@ -236,6 +239,19 @@ def test_a_checkpoint_pvc_is_mounted_in_the_driver_and_every_worker(validator) -
     made = builders.all_objects(job(**raw), raw, "t", OPTS)
     assert {"name": "checkpoints", "mountPath": "/mnt/ckpt"} in by_kind(made)["Job"]["spec"]["template"]["spec"]["containers"][0]["volumeMounts"]
     assert spec_of(made)["spec"]["trainer"]["checkpoint"]["path"] == "/mnt/ckpt"
+
+
+@pytest.mark.parametrize("path, out", [(None, "/checkpoints/runs/j"), ("/mnt/ckpt/", "/mnt/ckpt/runs/j")])
+def test_with_a_checkpoint_pvc_the_driver_writes_its_artefacts_there(path, out) -> None:
+    """metrics.jsonl and reward_curve.png outlive the driver pod: its --out is on the PVC, per job."""
+    raw = {"trainer": {"checkpoint": {"volumeClaim": "ckpt", **({"path": path} if path else {})}}}
+    objs = by_kind(builders.all_objects(job(**raw), raw, "t", OPTS))
+    pod = objs["Job"]["spec"]["template"]["spec"]
+    command = pod["containers"][0]["command"]
+    assert command[command.index("--out") + 1] == out == builders.driver_out(job(**raw))
+    assert {"name": "checkpoints", "persistentVolumeClaim": {"claimName": "ckpt"}} in pod["volumes"]
+    assert "out" not in {v["name"] for v in pod["volumes"]}  # no emptyDir left to lose them in
+    assert out.startswith(pod["containers"][0]["volumeMounts"][-1]["mountPath"].rstrip("/") + "/runs/")
 
 
 def test_without_a_checkpoint_pvc_every_pod_gets_a_writable_emptydir() -> None:

@@ -30,9 +30,13 @@ def test_render_prints_a_valid_yaml_stream(capsys: pytest.CaptureFixture[str], v
 
 def test_render_says_when_checkpoints_do_not_survive_a_restart(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["render", str(EXAMPLE)]) == 0  # no spec.trainer.checkpoint.volumeClaim
-    assert "do not survive a pod restart" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "do not survive a pod restart" in err
+    assert "metrics.jsonl and reward_curve.png go to /kuberl/out in the driver pod, an emptyDir that vanishes" in err
     assert main(["render", str(DRA_EXAMPLE)]) == 0  # has one
-    assert "do not survive" not in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "do not survive" not in err and "vanishes" not in err
+    assert "metrics.jsonl and reward_curve.png go to /checkpoints/runs/ppo-gpu-dra on the checkpoint volume" in err
 
 
 def test_render_of_a_dra_job_has_claim_templates_the_workers_use(capsys: pytest.CaptureFixture[str], validator) -> None:
