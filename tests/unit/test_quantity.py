@@ -116,14 +116,16 @@ def _apimachinery_parser(tmp: Path) -> Path:
 
 
 def test_table_against_apimachinery(tmp_path: Path) -> None:
-    """Every valid/value/canonical entry is what Kubernetes' own resource.ParseQuantity says."""
+    """Every valid/value/canonical entry is what Kubernetes' own resource.ParseQuantity says, and the CRD's
+    pattern, compiled by Go's regexp as an API server compiles it, admits what the table says it does."""
     binary = _apimachinery_parser(tmp_path)
     texts = [str(r["quantity"]) for r in TEXT_ROWS]
-    done = subprocess.run([str(binary)], input="".join(json.dumps(t) + "\n" for t in texts),
+    done = subprocess.run([str(binary), QUANTITY_PATTERN], input="".join(json.dumps(t) + "\n" for t in texts),
                           capture_output=True, text=True, timeout=60, check=True)
     seen = [json.loads(line) for line in done.stdout.splitlines()]
     assert [s["quantity"] for s in seen] == texts
     for row, got in zip(TEXT_ROWS, seen):
         assert got["valid"] == row["valid"], row
+        assert got["patternMatches"] == (row["valid"] or row.get("patternAdmits", False)), row
         if row["valid"]:
             assert Decimal(got["value"]) == Decimal(row["value"]) and got["canonical"] == row["canonical"], (row, got)

@@ -1,5 +1,7 @@
 // Command quantity_parse runs quantities through apimachinery's own resource.ParseQuantity: one JSON
-// string a line in, one JSON object a line out ({"quantity", "valid", "value", "canonical"}).
+// string a line in, one JSON object a line out ({"quantity", "valid", "value", "canonical"}). Given a
+// regular expression as its argument, it also says whether Go's regexp (RE2, as an API server compiles a
+// CRD's pattern) matches each quantity ("patternMatches").
 // tests/unit/test_quantity.py checks tests/data/quantities.yaml with it.
 package main
 
@@ -8,6 +10,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"regexp"
 
 	"k8s.io/apimachinery/pkg/api/resource"
 )
@@ -17,9 +20,14 @@ type result struct {
 	Valid     bool   `json:"valid"`
 	Value     string `json:"value,omitempty"`
 	Canonical string `json:"canonical,omitempty"`
+	Pattern   *bool  `json:"patternMatches,omitempty"`
 }
 
 func main() {
+	var pattern *regexp.Regexp
+	if len(os.Args) > 1 {
+		pattern = regexp.MustCompile(os.Args[1])
+	}
 	in := bufio.NewScanner(os.Stdin)
 	out := json.NewEncoder(os.Stdout)
 	for in.Scan() {
@@ -31,6 +39,10 @@ func main() {
 		r := result{Quantity: text}
 		if q, err := resource.ParseQuantity(text); err == nil {
 			r.Valid, r.Value, r.Canonical = true, q.AsDec().String(), q.String()
+		}
+		if pattern != nil {
+			matches := pattern.MatchString(text)
+			r.Pattern = &matches
 		}
 		if err := out.Encode(r); err != nil {
 			os.Exit(1)
