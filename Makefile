@@ -96,6 +96,12 @@ images: ## build the operator and runtime images (needs a Docker engine with Bui
 e2e: venv ## end-to-end scenarios on a kind cluster with KubeRay (needs Docker + kind)
 	KUBERL_NO_NETNS=1 $(BIN)/python -m pytest -q -m e2e tests/e2e  # kind lives on the host network
 
+.PHONY: prometheus
+prometheus: ## Debian's prometheus + promtool for tests/prometheus (apt-get when missing; never starts its service)
+	@sh tests/prometheus/install.sh
+# The test targets need it: prerequisites added here, so the test recipes above stay as they are.
+test test-all: prometheus
+
 bench: venv ## CPU benchmark of one PPO step through the real code path
 	$(BIN)/python bench/ppo_step.py --model tiny --device cpu
 

@@ -7,15 +7,10 @@ labelled ``job`` plus its own labels) and the families the operator's ``Metrics`
 
 from __future__ import annotations
 
-import json
-import re
-from typing import Any
-
 import pytest
 
-from .render import CHART
+from .dashboard import dashboard, expressions, metrics_in
 
-DASHBOARD = CHART / "dashboards" / "kuberl-training.json"
 # Labels Prometheus adds to every scraped series (prometheus-operator's relabelling, podTargetLabels).
 TARGET_LABELS = {"namespace", "pod", "container", "instance", "endpoint", "service", "job",
                  "kuberl_io_job", "kuberl_io_role", "le"}
@@ -37,43 +32,6 @@ def exported() -> dict[str, set[str]]:
         for sample in family.samples:
             names.setdefault(sample.name, set()).update(sample.labels)
     return names
-
-
-def dashboard() -> dict[str, Any]:
-    return json.loads(DASHBOARD.read_text())
-
-
-def expressions(dash: dict[str, Any]) -> list[str]:
-    exprs = [t["expr"] for p in dash["panels"] for t in p.get("targets", [])]
-    for var in dash["templating"]["list"]:
-        if var["type"] == "query":
-            exprs.append(var["query"]["query"] if isinstance(var["query"], dict) else var["query"])
-    return exprs
-
-
-STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
-SELECTOR = re.compile(r"([a-zA-Z_:][a-zA-Z0-9_:]*)?\{([^}]*)\}")
-MATCHER = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)\s*(=~|!~|!=|=)\s*("(?:[^"\\]|\\.)*")')
-GROUPING = re.compile(r"\b(by|without|on|ignoring|group_left|group_right)\s*\(([^)]*)\)")
-IDENT = re.compile(r"\b(kuberl_[a-zA-Z0-9_:]*)\b")
-
-
-def metrics_in(expr: str) -> list[tuple[str, set[str]]]:
-    """(metric name, label names it is matched or grouped on) for every kuberl_* metric in a PromQL expression."""
-    found: list[tuple[str, set[str]]] = []
-    grouped = {label.strip() for _, labels in GROUPING.findall(expr) for label in labels.split(",") if label.strip()}
-    for name, body in SELECTOR.findall(expr):
-        matchers = MATCHER.findall(body)
-        labels = {label for label, _, _ in matchers if label != "__name__"}
-        names = [name] if name else []
-        for label, op, value in matchers:
-            if label == "__name__":
-                assert op in {"=", "=~"}, f"negative __name__ matcher in {expr}"
-                names += value.strip('"').split("|")
-        found += [(n, labels | grouped) for n in names]
-    bare = GROUPING.sub(" ", SELECTOR.sub(" ", STRING.sub('""', expr)))
-    found += [(n, grouped) for n in IDENT.findall(bare)]
-    return found
 
 
 def test_parser_sees_names_in_every_form() -> None:

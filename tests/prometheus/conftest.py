@@ -1,0 +1,103 @@
+"""A real Prometheus scraping a real `kuberl run` of the quickstart, through the chart's PodMonitor.
+
+One run per session (Ray and the tiny model take about a minute to start on 2 cores): a few steps
+with the critic killed at step 2, so restart and recovery series exist, scraped every second.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.chart.conftest import helm  # noqa: F401  (the session's helm, for rendering the monitors)
+from tests.chart.render import Helm, one
+
+from .server import Pod, Prometheus, free_port, http_get, missing_binaries, pod_monitor_scrape
+
+REPO = Path(__file__).resolve().parents[2]
+ALERTS = REPO / "charts" / "kuberl" / "files" / "alerts.yaml"
+NAMESPACE = "team-a"  # where the job's pods would run; the PodMonitor's discovery labels say so
+STEPS, FAULT = 6, "critic:2"
+SCRAPE = "1s"
+
+
+@pytest.fixture(scope="session")
+def promtool() -> str:
+    reason = missing_binaries()
+    if reason:
+        pytest.skip(reason)
+    return "promtool"
+
+
+@dataclass
+class Scrape:
+    """What one scraped run left behind."""
+
+    prom: Prometheus
+    job: str
+    namespace: str
+    start: float  # unix seconds: before the run started
+    end: float  # unix seconds: after its last sample was scraped
+    exposition: str  # the driver's /metrics text once recovery series existed
+    out: Path
+    scrape_interval_s: float = 1.0
+
+
+def driver_pod(job_name: str, port: int) -> Pod:
+    """The driver pod the operator would create for this job (its labels and container name)."""
+    from kuberl.spec import load_manifest
+    from kuberl_operator import builders, names
+
+    job = load_manifest(REPO / "examples" / "quickstart.yaml")
+    manifest = builders.driver_job(job, builders.BuildOptions(namespace=NAMESPACE))
+    template = manifest["spec"]["template"]
+    return Pod(NAMESPACE, f"{names.driver(job_name)}-x7k2p", template["spec"]["containers"][0]["name"],
+               f"127.0.0.1:{port}", template["metadata"]["labels"])
+
+
+def wait_for_text(url: str, needle: str, proc: subprocess.Popen, timeout: float) -> str:
+    """Poll a /metrics endpoint until its text contains ``needle`` (or the process ends)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            text = http_get(url, timeout=2.0)
+            if needle in text:
+                return text
+        except OSError:
+            pass
+        time.sleep(0.2)
+    raise AssertionError(f"{url} never served {needle!r} (run exit code {proc.poll()})")
+
+
+@pytest.fixture(scope="session")
+def quickstart_scrape(netns, promtool, helm: Helm, tmp_path_factory: pytest.TempPathFactory) -> Scrape:  # noqa: F811
+    work = tmp_path_factory.mktemp("prometheus")
+    port = free_port()
+    values = {"podMonitor": {"enabled": True, "interval": SCRAPE, "scrapeTimeout": SCRAPE, "driver": {"port": port}}}
+    monitor = one(helm.render(values), "PodMonitor")
+    job = yaml.safe_load((REPO / "examples" / "quickstart.yaml").read_text())["metadata"]["name"]
+    prom = Prometheus(work, [pod_monitor_scrape(monitor, 0, driver_pod(job, port))], [ALERTS] if ALERTS.exists() else [])
+    out = work / "run"
+    start = time.time()
+    cmd = [sys.executable, "-m", "kuberl.cli", "run", str(REPO / "examples" / "quickstart.yaml"), "--out", str(out),
+           "--steps", str(STEPS), "--fault", FAULT, "--metrics-port", str(port), "--no-progress"]
+    log = (work / "run.log").open("w")
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ))
+    try:
+        exposition = wait_for_text(f"http://127.0.0.1:{port}/metrics", "kuberl_recovery_seconds", proc, 600)
+        assert proc.wait(timeout=600) == 0, (work / "run.log").read_text()[-4000:]
+        end = time.time()
+        yield Scrape(prom, job, NAMESPACE, start, end, exposition, out)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        log.close()
+        prom.stop()

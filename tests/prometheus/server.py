@@ -1,0 +1,186 @@
+"""Debian's `prometheus`, run by the tests: on 127.0.0.1, with its own config and data directory.
+
+The scrape configs come from the chart's own PodMonitor/ServiceMonitor, translated the way
+prometheus-operator does for a pod or endpoint it discovers: the target labels it adds (namespace,
+pod, container, job = <namespace>/<monitor>, podTargetLabels), then the monitor's own relabelings
+and honorLabels. A static target stands in for Kubernetes service discovery, carrying the
+``__meta_kubernetes_*`` labels discovery would give the pod, so the monitor's relabelings run for real.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def free_port() -> int:
+    """A port free on 127.0.0.1 now (the caller binds it next)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def http_get(url: str, timeout: float = 5.0) -> str:
+    with NO_PROXY.open(url, timeout=timeout) as resp:
+        return resp.read().decode()
+
+
+def missing_binaries() -> str | None:
+    """Why Prometheus tests cannot run here, or None."""
+    absent = [b for b in ("prometheus", "promtool") if shutil.which(b) is None]
+    if absent:
+        return f"{' and '.join(absent)} not installed: `make prometheus` installs Debian's package"
+    return None
+
+
+def _snake(key: str) -> str:
+    return re.sub(r"([A-Z])", lambda m: "_" + m.group(1).lower(), key)
+
+
+def relabel_configs(relabelings: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """prometheus-operator RelabelConfig (camelCase) -> Prometheus relabel_config (snake_case)."""
+    out = []
+    for r in relabelings:
+        rc = {_snake(k): v for k, v in r.items()}
+        if "action" in rc:
+            rc["action"] = rc["action"].lower()
+        out.append(rc)
+    return out
+
+
+@dataclass(frozen=True)
+class Pod:
+    """What Kubernetes discovery would say about one pod's container (a static target here)."""
+
+    namespace: str
+    name: str
+    container: str
+    address: str  # host:port the test process listens on
+    labels: dict[str, str]
+
+    def meta(self) -> dict[str, str]:
+        meta = {"__meta_kubernetes_namespace": self.namespace, "__meta_kubernetes_pod_name": self.name,
+                "__meta_kubernetes_pod_container_name": self.container,
+                "__meta_kubernetes_pod_container_init": "false"}
+        for key, value in self.labels.items():
+            meta["__meta_kubernetes_pod_label_" + re.sub(r"[^a-zA-Z0-9_]", "_", key)] = value
+        return meta
+
+
+def pod_monitor_scrape(monitor: dict[str, Any], endpoint: int, pod: Pod) -> dict[str, Any]:
+    """One scrape config for endpoint ``endpoint`` of a rendered PodMonitor, aimed at ``pod``."""
+    ns, name = monitor["metadata"]["namespace"], monitor["metadata"]["name"]
+    spec = monitor["spec"]
+    ep = spec["podMetricsEndpoints"][endpoint]
+    for key, value in spec["selector"].get("matchLabels", {}).items():
+        assert pod.labels.get(key) == value, f"PodMonitor {name} does not select the pod: {key}"
+    for expr in spec["selector"].get("matchExpressions", []):
+        assert expr["operator"] == "Exists" and expr["key"] in pod.labels, f"PodMonitor {name} does not select the pod: {expr}"
+    generated = [
+        {"source_labels": ["__meta_kubernetes_namespace"], "target_label": "namespace"},
+        {"source_labels": ["__meta_kubernetes_pod_container_name"], "target_label": "container"},
+        {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"},
+        {"target_label": "job", "replacement": f"{ns}/{name}"},
+        *({"source_labels": ["__meta_kubernetes_pod_label_" + re.sub(r"[^a-zA-Z0-9_]", "_", label)],
+           "target_label": re.sub(r"[^a-zA-Z0-9_]", "_", label)} for label in spec.get("podTargetLabels", [])),
+        {"target_label": "endpoint", "replacement": ep.get("port", str(endpoint))},
+    ]
+    return {
+        "job_name": f"podMonitor/{ns}/{name}/{endpoint}",
+        "honor_labels": bool(ep.get("honorLabels", False)),
+        "metrics_path": ep.get("path", "/metrics"),
+        "scrape_interval": ep["interval"],
+        "scrape_timeout": ep["scrapeTimeout"],
+        "static_configs": [{"targets": [pod.address], "labels": pod.meta()}],
+        "relabel_configs": generated + relabel_configs(ep.get("relabelings", [])),
+    }
+
+
+class Prometheus:
+    """A prometheus process on 127.0.0.1 with a config written here; stop() ends it."""
+
+    def __init__(self, workdir: Path, scrape_configs: list[dict[str, Any]], rule_files: list[Path] = (),
+                 interval: str = "1s"):
+        self.workdir = workdir
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        config = {"global": {"scrape_interval": interval, "evaluation_interval": interval},
+                  "scrape_configs": scrape_configs, "rule_files": [str(p) for p in rule_files]}
+        self.config = workdir / "prometheus.yml"
+        self.config.write_text(yaml.safe_dump(config, sort_keys=False))
+        self.log = (workdir / "prometheus.log").open("w")
+        self.proc = subprocess.Popen(
+            ["prometheus", f"--config.file={self.config}", f"--storage.tsdb.path={workdir / 'data'}",
+             f"--web.listen-address=127.0.0.1:{self.port}", "--web.enable-lifecycle",
+             "--storage.tsdb.retention.time=1d", "--log.level=warn"],
+            stdout=self.log, stderr=subprocess.STDOUT)
+        self._wait_ready(60.0)
+
+    def _wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"prometheus exited {self.proc.returncode}: {self.logs()}")
+            try:
+                http_get(f"{self.url}/-/ready", timeout=1.0)
+                return
+            except (urllib.error.URLError, ConnectionError, OSError):
+                time.sleep(0.2)
+        raise TimeoutError(f"prometheus not ready in {timeout:.0f}s: {self.logs()}")
+
+    def logs(self) -> str:
+        self.log.flush()
+        return (self.workdir / "prometheus.log").read_text()[-4000:]
+
+    def api(self, path: str, **params: Any) -> Any:
+        """GET /api/v1/<path>; returns `data`, raises with Prometheus' error otherwise."""
+        query = urllib.parse.urlencode([(k, v) for k, vs in params.items() for v in (vs if isinstance(vs, list) else [vs])])
+        try:
+            body = json.loads(http_get(f"{self.url}/api/v1/{path}?{query}", timeout=30.0))
+        except urllib.error.HTTPError as exc:
+            body = json.loads(exc.read().decode())
+        if body.get("status") != "success":
+            raise ValueError(f"{path} {params}: {body.get('errorType')}: {body.get('error')}")
+        return body["data"]
+
+    def query_range(self, expr: str, start: float, end: float, step: float) -> list[dict[str, Any]]:
+        data = self.api("query_range", query=expr, start=f"{start:.3f}", end=f"{end:.3f}", step=f"{step:g}")
+        return data["result"]
+
+    def query(self, expr: str, at: float | None = None) -> list[dict[str, Any]]:
+        params = {"query": expr} if at is None else {"query": expr, "time": f"{at:.3f}"}
+        return self.api("query", **params)["result"]
+
+    def wait_for(self, expr: str, timeout: float, what: str) -> list[dict[str, Any]]:
+        """Poll an instant query until it returns something."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            result = self.query(expr)
+            if result:
+                return result
+            time.sleep(0.5)
+        raise TimeoutError(f"{what}: {expr!r} returned nothing in {timeout:.0f}s")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()

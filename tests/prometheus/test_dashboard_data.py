@@ -1,0 +1,94 @@
+"""Every dashboard query returns data from a real Prometheus that scraped a real `kuberl run`.
+
+Each target's PromQL, with the dashboard's variables filled in for the scraped job (namespace and
+job, as Grafana substitutes them), runs as the range query Grafana would send for the run's window.
+A target that returns nothing fails, naming its panel. Targets on the operator's families need a
+real operator: tests/prometheus/test_operator_scrape.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from kuberl.metrics import PROM_FAMILIES
+from tests.chart.dashboard import LABEL_VALUES, Target, dashboard, fill, metrics_in, targets, variable_queries
+
+from .conftest import FAULT, Scrape
+
+STEP_S = 1.0  # the range query's resolution (Grafana's $__interval)
+DASH = dashboard()
+
+
+def source(target: Target) -> str:
+    """"runtime" when every metric the target reads is the driver's, "operator" when any is the operator's."""
+    names = {n for n, _ in metrics_in(target.expr)}
+    assert names, f"{target}: no kuberl metric in {target.expr!r}"
+    if any(n.startswith("kuberl_operator_") for n in names):
+        return "operator"
+    unknown = names - set(PROM_FAMILIES)
+    assert not unknown, f"{target}: {sorted(unknown)} are neither the runtime's nor the operator's"
+    return "runtime"
+
+
+RUNTIME_TARGETS = [t for t in targets(DASH) if source(t) == "runtime"]
+
+
+def run_query(scrape: Scrape, target: Target) -> list[dict]:
+    variables = {"namespace": scrape.namespace, "job": scrape.job}
+    expr = fill(target.expr, variables, STEP_S, scrape.scrape_interval_s, scrape.end - scrape.start)
+    return scrape.prom.query_range(expr, scrape.start, scrape.end, STEP_S)
+
+
+@pytest.mark.parametrize("target", RUNTIME_TARGETS, ids=str)
+def test_panel_returns_data(quickstart_scrape: Scrape, target: Target) -> None:
+    result = run_query(quickstart_scrape, target)
+    assert result, (f"{target} ({target.legend!r}) returned no data for namespace={quickstart_scrape.namespace} "
+                    f"job={quickstart_scrape.job}: {target.expr}")
+    assert all(series["values"] for series in result), f"{target}: a series without points"
+
+
+def test_dashboard_variables_list_the_job(quickstart_scrape: Scrape) -> None:
+    """The namespace and job pickers offer the scraped job (Grafana's label_values -> /api/v1/label/../values)."""
+    s = quickstart_scrape
+    chosen = {"namespace": s.namespace, "job": s.job}
+    for name, query in variable_queries(DASH).items():
+        m = LABEL_VALUES.match(query)
+        assert m, f"variable {name}: {query!r} is not label_values(selector, label)"
+        selector = fill(m.group(1), {**chosen, "namespace": s.namespace}, STEP_S, s.scrape_interval_s, s.end - s.start)
+        values = s.prom.api(f"label/{m.group(2)}/values", **{"match[]": selector, "start": s.start, "end": s.end})
+        assert chosen[name] in values, f"variable {name}: {query!r} offers {values}, not {chosen[name]!r}"
+
+
+def by_label(result: list[dict], label: str) -> dict[str, float]:
+    """label value -> the largest value of that series over the window."""
+    return {series["metric"][label]: max(float(v) for _, v in series["values"]) for series in result}
+
+
+def panel_target(title: str, ref: str = "A") -> Target:
+    found = [t for t in targets(DASH) if t.panel == title and t.ref == ref]
+    assert found, f"no panel {title!r} with target {ref}"
+    return found[0]
+
+
+def test_restart_and_recovery_panels_show_the_injected_fault(quickstart_scrape: Scrape) -> None:
+    faulted = FAULT.split(":")[0]
+    restarts = by_label(run_query(quickstart_scrape, panel_target("Restarts per role", "B")), "role")
+    assert restarts[faulted] == 1 and all(v == 0 for r, v in restarts.items() if r != faulted), restarts
+    recovery = by_label(run_query(quickstart_scrape, panel_target("Recovery time per role")), "role")
+    assert set(recovery) == {faulted} and recovery[faulted] > 0, recovery
+    parts = run_query(quickstart_scrape, panel_target("Last recovery by part"))
+    assert {s["metric"]["part"] for s in parts} == {"detect", "ready", "replay"}
+
+
+def test_prometheus_scraped_the_driver_through_the_pod_monitor(quickstart_scrape: Scrape) -> None:
+    """The PodMonitor's relabelling kept the driver target, and honorLabels kept the job's own name."""
+    s = quickstart_scrape
+    up = s.prom.query_range("up", s.start, s.end, STEP_S)
+    assert len(up) == 1, up
+    healthy = sum(1 for _, v in up[0]["values"] if v == "1")
+    assert healthy >= 5, f"only {healthy} successful scrapes of the driver: {up}"
+    labels = s.prom.query_range(f'kuberl_step{{namespace="{s.namespace}"}}', s.start, s.end, STEP_S)[0]["metric"]
+    assert labels["job"] == s.job and labels["kuberl_io_job"] == s.job and labels["container"] == "driver", labels
+    assert "exported_job" not in labels, labels
+    steps = by_label(s.prom.query_range(f'kuberl_step{{job="{s.job}"}}', s.start, s.end, STEP_S), "job")
+    assert steps[s.job] >= int(FAULT.split(":")[1]) + 1, steps  # it saw steps completed after the recovery
