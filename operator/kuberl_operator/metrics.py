@@ -1,10 +1,11 @@
-"""The operator's Prometheus metrics: jobs by phase, per-role replicas, restarts and worst GPU link,
-reconciles.
+"""The operator's Prometheus metrics: jobs by phase, each job's phase, per-role replicas, restarts,
+restart budgets and worst GPU link, reconciles, and the build.
 
-Per-job values are kept from the last status the operator wrote, so they survive nothing but are
-rebuilt on the first reconcile after an operator restart. ``job`` clashes with Prometheus' own
-target label: scrape with ``honorLabels: true`` (the chart's ServiceMonitor should) or read it as
-``exported_job``.
+``FAMILIES`` is the one definition of every family (type, help, labels): the registry is built from
+it, and docs/metrics.md is generated from it. Per-job values are kept from the last status the
+operator wrote, so they survive nothing but are rebuilt on the first reconcile after an operator
+restart. ``job`` clashes with Prometheus' own target label: scrape with ``honorLabels: true`` (the
+chart's ServiceMonitor does) or read it as ``exported_job``.
 """
 
 from __future__ import annotations
@@ -17,12 +18,34 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 import kopf
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from kuberl.spec import JobSpec, enabled_roles
 from kuberl.topology.matrix import TopologyError, link_score
+from kuberl.version import build_labels
+from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 PHASES = ("Pending", "Provisioning", "Running", "Restarting", "Succeeded", "Failed", "Suspended")
-ROLE_LABELS = ("namespace", "job", "role")
+JOB_LABELS = ("namespace", "job")
+ROLE_LABELS = (*JOB_LABELS, "role")
+
+# name as scraped -> (type, help, labels)
+FAMILIES: dict[str, tuple[str, str, tuple[str, ...]]] = {
+    "kuberl_build_info": ("gauge", "Always 1: the kuberl version this process runs, and which component it is.",
+                          ("version", "component")),
+    "kuberl_operator_jobs": ("gauge", "RLTrainingJobs by phase.", ("phase",)),
+    "kuberl_operator_job_phase": ("gauge", "1 for the job's current phase (status.phase), 0 for every other phase.",
+                                  (*JOB_LABELS, "phase")),
+    "kuberl_operator_role_ready_replicas": ("gauge", "Ready pods of a role.", ROLE_LABELS),
+    "kuberl_operator_role_desired_replicas": ("gauge", "Desired pods of a role.", ROLE_LABELS),
+    "kuberl_operator_role_restarts_total": ("counter", "Restarts of a role (status.roles.R.restarts).", ROLE_LABELS),
+    "kuberl_operator_role_max_restarts": ("gauge", "A role's restart budget (spec.roles.R.maxRestarts): one more "
+                                          "restart than this fails the job.", ROLE_LABELS),
+    "kuberl_operator_role_worst_link_score": (
+        "gauge", "Score of the worst GPU link inside a role's groups (SYS 1, NODE 2, PHB 3, PXB 4, PIX 5, NV<n> 5+n); "
+        "level is the link as nvidia-smi names it.", (*ROLE_LABELS, "level")),
+    "kuberl_operator_reconcile_errors_total": ("counter", "Reconciles that ended in an error (waits excluded).", ()),
+    "kuberl_operator_reconcile_duration_seconds": ("histogram", "Time spent in one reconcile.", ()),
+}
 
 
 def valid_link(level: Any) -> bool:
@@ -35,72 +58,93 @@ def valid_link(level: Any) -> bool:
         return False
 
 
+def restart_budgets(spec: JobSpec) -> dict[str, int]:
+    """role -> spec.roles.<role>.maxRestarts, for the roles the job runs."""
+    return {role: getattr(spec.roles, role).max_restarts for role in enabled_roles(spec)}
+
+
+def _family(name: str) -> GaugeMetricFamily | CounterMetricFamily:
+    kind, help_text, labels = FAMILIES[name]
+    cls = CounterMetricFamily if kind == "counter" else GaugeMetricFamily
+    return cls(name, help_text, labels=list(labels))
+
+
 class Metrics:
     """A registry of its own (no process/platform collectors), filled from job statuses."""
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
-        self.ready = Gauge("kuberl_operator_role_ready_replicas", "Ready pods of a role.", ROLE_LABELS, registry=self.registry)
-        self.desired = Gauge("kuberl_operator_role_desired_replicas", "Desired pods of a role.", ROLE_LABELS, registry=self.registry)
-        self.errors = Counter("kuberl_operator_reconcile_errors", "Reconciles that ended in an error (waits excluded).", registry=self.registry)
-        self.duration = Histogram("kuberl_operator_reconcile_duration_seconds", "Time spent in one reconcile.", registry=self.registry)
+        self.errors = Counter("kuberl_operator_reconcile_errors", FAMILIES["kuberl_operator_reconcile_errors_total"][1],
+                              registry=self.registry)
+        self.duration = Histogram("kuberl_operator_reconcile_duration_seconds",
+                                  FAMILIES["kuberl_operator_reconcile_duration_seconds"][1], registry=self.registry)
         self._lock = threading.Lock()
         self._phases: dict[tuple[str, str], str] = {}
-        self._restarts: dict[tuple[str, str, str], int] = {}
-        self._links: dict[tuple[str, str, str], str] = {}  # status.roles.R.worstLink, as the driver reported it
+        self._roles: dict[tuple[str, str, str], Mapping[str, Any]] = {}  # status.roles.R as written
+        self._budgets: dict[tuple[str, str, str], int] = {}
         self.registry.register(self)
 
     def collect(self) -> Iterator[Any]:
-        """Jobs by phase and restarts per role, computed at scrape time (prometheus_client collector)."""
+        """Every family but the reconcile counter and histogram, computed at scrape time (a collector)."""
         with self._lock:
-            phases = list(self._phases.values())
-            restarts = dict(self._restarts)
-            links = dict(self._links)
-        jobs = GaugeMetricFamily("kuberl_operator_jobs", "RLTrainingJobs by phase.", labels=["phase"])
+            phases = dict(self._phases)
+            roles = dict(self._roles)
+            budgets = dict(self._budgets)
+        info = _family("kuberl_build_info")
+        labels = build_labels("operator")
+        info.add_metric([labels[k] for k in FAMILIES["kuberl_build_info"][2]], 1.0)
+        yield info
+        jobs, job_phase = _family("kuberl_operator_jobs"), _family("kuberl_operator_job_phase")
         for phase in PHASES:
-            jobs.add_metric([phase], phases.count(phase))
+            jobs.add_metric([phase], list(phases.values()).count(phase))
+        for (ns, job), current in sorted(phases.items()):
+            for phase in PHASES:
+                job_phase.add_metric([ns, job, phase], 1.0 if phase == current else 0.0)
         yield jobs
-        total = CounterMetricFamily("kuberl_operator_role_restarts", "Restarts of a role (status.roles.R.restarts).", labels=list(ROLE_LABELS))
-        for labels, value in sorted(restarts.items()):
-            total.add_metric(list(labels), value)
-        yield total
-        worst = GaugeMetricFamily(
-            "kuberl_operator_role_worst_link_score",
-            "Score of the worst GPU link inside a role's groups (SYS 1, NODE 2, PHB 3, PXB 4, PIX 5, NV<n> 5+n); "
-            "level is the link as nvidia-smi names it.", labels=[*ROLE_LABELS, "level"])
-        for labels, level in sorted(links.items()):
-            worst.add_metric([*labels, level], link_score(level))
-        if links:  # no series (and no family) until some driver has reported a link
+        yield job_phase
+        ready = _family("kuberl_operator_role_ready_replicas")
+        desired = _family("kuberl_operator_role_desired_replicas")
+        restarts = _family("kuberl_operator_role_restarts_total")
+        worst = _family("kuberl_operator_role_worst_link_score")
+        for key, rs in sorted(roles.items()):
+            ready.add_metric(list(key), float(rs.get("ready", 0)))
+            desired.add_metric(list(key), float(rs.get("desired", 0)))
+            restarts.add_metric(list(key), float(rs.get("restarts", 0)))
+            if valid_link(rs.get("worstLink")):
+                worst.add_metric([*key, rs["worstLink"]], link_score(rs["worstLink"]))
+        yield from (ready, desired, restarts)
+        budget = _family("kuberl_operator_role_max_restarts")
+        for key, value in sorted(budgets.items()):
+            budget.add_metric(list(key), float(value))
+        yield budget
+        if worst.samples:  # no series (and no family) until some driver has reported a link
             yield worst
 
-    def observe(self, namespace: str, job: str, status: Mapping[str, Any]) -> None:
-        """Record a job's status as written."""
+    def observe(self, namespace: str, job: str, status: Mapping[str, Any], spec: JobSpec | None = None) -> None:
+        """Record a job's status as written (and, given its spec, the roles' restart budgets)."""
         with self._lock:
             if status.get("phase"):
                 self._phases[namespace, job] = status["phase"]
-            for key in [k for k in self._links if k[:2] == (namespace, job)]:
-                del self._links[key]
-            for role, rs in (status.get("roles") or {}).items():
-                self._restarts[namespace, job, role] = int(rs.get("restarts", 0))
-                if valid_link(rs.get("worstLink")):
-                    self._links[namespace, job, role] = rs["worstLink"]
-        for role, rs in (status.get("roles") or {}).items():
-            self.ready.labels(namespace, job, role).set(rs.get("ready", 0))
-            self.desired.labels(namespace, job, role).set(rs.get("desired", 0))
+            if "roles" in status:
+                self._drop(self._roles, namespace, job)
+                for role, rs in (status.get("roles") or {}).items():
+                    self._roles[namespace, job, role] = dict(rs)
+            if spec is not None:
+                self._drop(self._budgets, namespace, job)
+                for role, value in restart_budgets(spec).items():
+                    self._budgets[namespace, job, role] = value
 
     def forget(self, namespace: str, job: str) -> None:
         """Drop a deleted job's series."""
         with self._lock:
             self._phases.pop((namespace, job), None)
-            roles = [r for (ns, j, r) in self._restarts if (ns, j) == (namespace, job)]
-            for role in roles:
-                del self._restarts[namespace, job, role]
-            for key in [k for k in self._links if k[:2] == (namespace, job)]:
-                del self._links[key]
-        for role in roles:
-            for gauge in (self.ready, self.desired):
-                with contextlib.suppress(KeyError):
-                    gauge.remove(namespace, job, role)
+            self._drop(self._roles, namespace, job)
+            self._drop(self._budgets, namespace, job)
+
+    @staticmethod
+    def _drop(table: dict[tuple[str, str, str], Any], namespace: str, job: str) -> None:
+        for key in [k for k in table if k[:2] == (namespace, job)]:
+            del table[key]
 
     @contextlib.contextmanager
     def reconcile(self) -> Iterator[None]:

@@ -274,7 +274,7 @@ async def reconcile_once(ctx: Context, namespace: str, name: str, indices: Indic
             if exc.status == 409:
                 return False
             raise
-    ctx.metrics.observe(namespace, name, decision.status)
+    ctx.metrics.observe(namespace, name, decision.status, job.spec)
     for event in decision.events:
         kopf.event(body, type=event.type, reason=event.reason, message=event.message)
     for pod in decision.delete_pods:

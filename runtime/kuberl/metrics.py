@@ -10,36 +10,54 @@ import json
 import math
 import re
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any, Optional
 
-# family -> (help, labels besides `job`)
+# family -> (help, labels besides `job`); every family is a gauge unless PROM_COUNTERS names it.
 PROM_FAMILIES: dict[str, tuple[str, tuple[str, ...]]] = {
+    "kuberl_build_info": ("Always 1: the kuberl version this process runs, and which component it is.",
+                          ("version", "component")),
     "kuberl_step": ("Last completed training step.", ()),
+    "kuberl_last_step_timestamp_seconds": ("Unix time at which the last step completed.", ()),
     "kuberl_reward_mean": ("Mean sequence reward of the step's rollouts.", ()),
     "kuberl_kl": ("Mean per-token KL(actor || ref) of the rollouts.", ()),
     "kuberl_kl_coef": ("Current KL coefficient.", ()),
     "kuberl_entropy": ("Mean per-token policy entropy (nats).", ()),
-    "kuberl_clip_frac": ("Fraction of tokens whose policy ratio was clipped.", ()),
-    "kuberl_response_length_mean": ("Mean response length in tokens.", ()),
+    "kuberl_clipped_tokens_ratio": ("Fraction of tokens whose policy ratio was clipped.", ()),
+    "kuberl_response_length_tokens": ("Mean response length of the step's rollouts, in tokens.", ()),
     "kuberl_rollout_tokens_per_second": ("Generated tokens per second of generation time.", ()),
     "kuberl_train_tokens_per_second": ("Actor training tokens per second of update time.", ()),
     "kuberl_mfu_ratio": ("Actor update model-FLOPs utilisation (6·N·tokens / measured peak).", ()),
     "kuberl_phase_seconds": ("Seconds spent in a phase of the last step.", ("phase",)),
-    "kuberl_role_restarts": ("Restarts of a role's WorkerGroup since the job began.", ("role",)),
-    "kuberl_recovery_seconds": ("Seconds of the last recovery of a role, by part (detect, ready, replay, total).", ("role", "part")),
+    "kuberl_role_group_restarts_total": ("Restarts of a role's WorkerGroup since the job began.", ("role",)),
+    "kuberl_recovery_seconds": ("Seconds of the last recovery of a role, by part (detect, ready, replay, total).",
+                                ("role", "part")),
     "kuberl_steps_lost": ("Training steps of a role's state lost in its last recovery.", ("role",)),
-    "kuberl_role_worst_link_score": ("Link score of the worst GPU link inside a role's groups (NV#=5+n, PIX 5, PXB 4, PHB 3, NODE 2, SYS 1); "
+    "kuberl_role_worst_link_score": ("Link score of the worst GPU link inside a role's groups "
+                                     "(NV#=5+n, PIX 5, PXB 4, PHB 3, NODE 2, SYS 1); "
                                      "source: where the links were read (nvml, nvidia-smi).", ("role", "level", "source")),
     "kuberl_role_memory_bytes": ("Peak memory of a role's rank 0, by kind (gpu_peak, rss_peak).", ("role", "kind")),
 }
+PROM_COUNTERS = frozenset({"kuberl_role_group_restarts_total"})
+# Renamed families: old name -> new name. The old name is still served, as a gauge with the same
+# series, until the release named here; docs/metrics.md lists them.
+PROM_ALIASES: dict[str, str] = {
+    "kuberl_clip_frac": "kuberl_clipped_tokens_ratio",
+    "kuberl_response_length_mean": "kuberl_response_length_tokens",
+    "kuberl_role_restarts": "kuberl_role_group_restarts_total",
+}
+ALIASES_REMOVED_IN = "0.2.0"
 _PLAIN = {"step": "kuberl_step", "reward_mean": "kuberl_reward_mean", "kl": "kuberl_kl", "kl_coef": "kuberl_kl_coef",
-          "entropy": "kuberl_entropy", "clip_frac": "kuberl_clip_frac", "response_length_mean": "kuberl_response_length_mean",
-          "rollout_tokens_per_s": "kuberl_rollout_tokens_per_second", "train_tokens_per_s": "kuberl_train_tokens_per_second",
+          "entropy": "kuberl_entropy", "clip_frac": "kuberl_clipped_tokens_ratio",
+          "response_length_mean": "kuberl_response_length_tokens",
+          "rollout_tokens_per_s": "kuberl_rollout_tokens_per_second",
+          "train_tokens_per_s": "kuberl_train_tokens_per_second",
           "mfu": "kuberl_mfu_ratio"}
 _PATTERNS = [
     (re.compile(r"^time_(?P<phase>\w+?)_s$"), "kuberl_phase_seconds"),
-    (re.compile(r"^restarts_(?P<role>\w+)$"), "kuberl_role_restarts"),
+    (re.compile(r"^restarts_(?P<role>\w+)$"), "kuberl_role_group_restarts_total"),
     (re.compile(r"^recovery_(?P<role>[a-z]+)_(?P<part>\w+?)_s$"), "kuberl_recovery_seconds"),
     (re.compile(r"^steps_lost_(?P<role>\w+)$"), "kuberl_steps_lost"),
     (re.compile(r"^memory_(?P<role>[a-z]+)_(?P<kind>\w+?)_bytes$"), "kuberl_role_memory_bytes"),
@@ -70,6 +88,39 @@ def prom_samples(record: dict[str, Any]) -> list[tuple[str, dict[str, str], floa
     return out
 
 
+class PromSeries:
+    """The last value of every (family, labels) the sink has set, served with its family's type, and
+    under each deprecated alias of the family too (a prometheus_client collector)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._values: dict[str, dict[tuple[str, ...], float]] = {}
+
+    def set(self, family: str, labels: dict[str, str], value: float) -> None:
+        """labels: `job` and the family's own labels (PROM_FAMILIES)."""
+        names = ("job", *PROM_FAMILIES[family][1])
+        with self._lock:
+            self._values.setdefault(family, {})[tuple(labels[n] for n in names)] = value
+
+    def collect(self) -> Any:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        with self._lock:
+            values = {family: dict(series) for family, series in self._values.items()}
+        aliases = {new: old for old, new in PROM_ALIASES.items()}
+        for family, series in values.items():
+            help_text, labels = PROM_FAMILIES[family]
+            kinds = [(family, CounterMetricFamily if family in PROM_COUNTERS else GaugeMetricFamily, help_text)]
+            if family in aliases:
+                kinds.append((aliases[family], GaugeMetricFamily,
+                              f"Deprecated: renamed {family}, this name goes in {ALIASES_REMOVED_IN}. {help_text}"))
+            for name, cls, text in kinds:
+                metric = cls(name, text, labels=["job", *labels])
+                for key, value in sorted(series.items()):
+                    metric.add_metric(list(key), value)
+                yield metric
+
+
 PROGRESS_KEYS = (("reward_mean", "reward"), ("kl", "kl"), ("rollout_tokens_per_s", "tok/s"))
 
 
@@ -97,7 +148,6 @@ class MetricsSink:
             from tqdm import tqdm
 
             self.bar = tqdm(total=total_steps, initial=start_step, desc=job, unit="step", dynamic_ncols=True)
-        self.gauges: dict[str, Any] = {}
         self.registry = None
         self.port: Optional[int] = None
         if prometheus_port is not None:
@@ -112,25 +162,23 @@ class MetricsSink:
     def _serve(self, port: int, address: str) -> None:
         from prometheus_client import CollectorRegistry, start_http_server
 
+        from .version import build_labels
+
         self.registry = CollectorRegistry()
+        self.series = PromSeries()
+        self.registry.register(self.series)
+        self.series.set("kuberl_build_info", {"job": self.job, **build_labels("driver")}, 1.0)
         server, _ = start_http_server(port, addr=address, registry=self.registry)
         self.server = server
         self.port = server.server_address[1]
-
-    def _gauge(self, family: str):
-        from prometheus_client import Gauge
-
-        if family not in self.gauges:
-            help_text, labels = PROM_FAMILIES[family]
-            self.gauges[family] = Gauge(family, help_text, ["job", *labels], registry=self.registry)
-        return self.gauges[family]
 
     def log(self, record: dict[str, Any]) -> None:
         with self.path.open("a") as fh:
             fh.write(json.dumps(record) + "\n")
         if self.registry is not None:
             for family, labels, value in prom_samples(record):
-                self._gauge(family).labels(job=self.job, **labels).set(value)
+                self.series.set(family, {"job": self.job, **labels}, value)
+            self.series.set("kuberl_last_step_timestamp_seconds", {"job": self.job}, time.time())
         shown = {label: record[k] for k, label in PROGRESS_KEYS if k in record}
         if self.bar is not None:
             self.bar.set_postfix({k: f"{v:.3g}" for k, v in shown.items()}, refresh=False)

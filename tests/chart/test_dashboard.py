@@ -1,8 +1,8 @@
 """The Grafana dashboard queries only metrics the code exports, with labels those metrics carry.
 
-Known names come from the code itself: the runtime's ``kuberl.metrics.PROM_FAMILIES`` (gauges, each
-labelled ``job`` plus its own labels) and the families the operator's ``Metrics`` registry collects
-(with the suffixes Prometheus exposes: counters ``_total``, histograms ``_bucket``/``_sum``/``_count``).
+Known names come from the code itself: the runtime's ``kuberl.metrics.PROM_FAMILIES`` (each
+labelled ``job`` plus its own labels) and the operator's ``kuberl_operator.metrics.FAMILIES`` (with the
+names Prometheus scrapes: histograms as ``_bucket``/``_sum``/``_count``).
 """
 
 from __future__ import annotations
@@ -17,21 +17,15 @@ TARGET_LABELS = {"namespace", "pod", "container", "instance", "endpoint", "servi
 
 
 def exported() -> dict[str, set[str]]:
-    """Every metric name the code exposes -> its label names."""
-    from kuberl.metrics import PROM_FAMILIES
-    from kuberl_operator.metrics import Metrics
+    """Every sample name the driver and the operator expose -> its label names (their FAMILIES tables),
+    and the deprecated names the driver still serves."""
+    from kuberl_operator.metrics_reference import aliases, catalogue
 
-    names = {family: {"job", *labels} for family, (_, labels) in PROM_FAMILIES.items()}
-    # Fill every operator family once, then read the sample names Prometheus would scrape.
-    metrics = Metrics()
-    metrics.observe("ns", "job", {"phase": "Running", "roles": {"actor": {"restarts": 1, "ready": 1, "desired": 1}}})
-    with metrics.reconcile():
-        pass
-    for family in metrics.registry.collect():
-        assert family.samples, f"{family.name}: no samples to learn its exposed names from"
-        for sample in family.samples:
-            names.setdefault(sample.name, set()).update(sample.labels)
-    return names
+    names: dict[str, set[str]] = {}
+    for family in catalogue():
+        for name, labels in family.exposed().items():
+            names.setdefault(name, set()).update(labels)
+    return names | {a.old: names[a.new] for a in aliases()}
 
 
 def test_parser_sees_names_in_every_form() -> None:
@@ -57,7 +51,7 @@ def test_every_dashboard_metric_exists_in_code() -> None:
 
 @pytest.mark.parametrize("metric", [
     "kuberl_rollout_tokens_per_second", "kuberl_train_tokens_per_second", "kuberl_phase_seconds",
-    "kuberl_reward_mean", "kuberl_kl", "kuberl_mfu_ratio", "kuberl_role_restarts", "kuberl_recovery_seconds",
+    "kuberl_reward_mean", "kuberl_kl", "kuberl_mfu_ratio", "kuberl_role_group_restarts_total", "kuberl_recovery_seconds",
     "kuberl_operator_role_ready_replicas", "kuberl_role_memory_bytes",
 ])
 def test_dashboard_shows(metric: str) -> None:
@@ -71,7 +65,7 @@ def test_per_role_panels_split_by_role() -> None:
     for panel in dashboard()["panels"]:
         for target in panel.get("targets", []):
             for name, labels in metrics_in(target["expr"]):
-                if name in {"kuberl_role_restarts", "kuberl_recovery_seconds", "kuberl_role_memory_bytes",
+                if name in {"kuberl_role_group_restarts_total", "kuberl_recovery_seconds", "kuberl_role_memory_bytes",
                             "kuberl_operator_role_ready_replicas"} and panel["type"] == "timeseries":
                     assert "role" in labels and "{{role}}" in target["legendFormat"], panel["title"]
 

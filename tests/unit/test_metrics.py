@@ -81,6 +81,26 @@ def test_prometheus_serves_gauges_on_loopback(tmp_path: Path) -> None:
         sink.close()
 
 
+def test_prometheus_types_timestamp_and_build_info(tmp_path: Path) -> None:
+    import time
+
+    from kuberl.version import version
+
+    sink = MetricsSink(tmp_path, "demo", total_steps=2, progress=False, prometheus_port=0)
+    try:
+        before = time.time()
+        sink.log({**record(1), "restarts_critic": 2})
+        text = scrape(sink.port)
+    finally:
+        sink.close()
+    assert "# TYPE kuberl_role_group_restarts_total counter" in text
+    assert 'kuberl_role_group_restarts_total{job="demo",role="critic"} 2.0' in text
+    assert 'kuberl_role_restarts{job="demo",role="critic"} 2.0' in text  # the old name, until 0.2.0
+    stamp = [line for line in text.splitlines() if line.startswith('kuberl_last_step_timestamp_seconds{job="demo"}')]
+    assert stamp and before <= float(stamp[0].split()[-1]) <= time.time()
+    assert f'kuberl_build_info{{component="driver",job="demo",version="{version()}"}} 1.0' in text
+
+
 def test_prometheus_port_is_released_on_close(tmp_path: Path) -> None:
     sink = MetricsSink(tmp_path, "demo", total_steps=1, progress=False, prometheus_port=0)
     port = sink.port
