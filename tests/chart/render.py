@@ -87,7 +87,7 @@ def one(objects: list[dict[str, Any]], kind: str) -> dict[str, Any]:
     return found[0]
 
 
-# prometheus-operator's ServiceMonitor/PodMonitor: their CRD schemas are not here (and not ours to
+# prometheus-operator's ServiceMonitor/PodMonitor/PrometheusRule: their CRD schemas are not here (and not ours to
 # copy), so these are our own structural checks of the fields the chart writes, written from the
 # monitoring.coreos.com/v1 API reference: required fields, types, enums, and no unknown keys.
 DURATION = r"^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$"
@@ -147,6 +147,30 @@ MONITOR_SCHEMAS = {
                                         "type": "object", "additionalProperties": False,
                                         "properties": {**_ENDPOINT_COMMON,
                                                        "portNumber": {"type": "integer", "minimum": 1, "maximum": 65535}}}}}},
+        },
+    },
+    "PrometheusRule": {
+        "type": "object", "required": ["apiVersion", "kind", "metadata", "spec"],
+        "properties": {
+            "apiVersion": {"const": "monitoring.coreos.com/v1"}, "kind": {"const": "PrometheusRule"},
+            "spec": {"type": "object", "additionalProperties": False, "required": ["groups"],
+                     "properties": {"groups": {"type": "array", "minItems": 1, "items": {
+                         "type": "object", "additionalProperties": False, "required": ["name", "rules"],
+                         "properties": {
+                             "name": {"type": "string", "minLength": 1},
+                             "interval": {"type": "string", "pattern": DURATION},
+                             "rules": {"type": "array", "minItems": 1, "items": {
+                                 "type": "object", "additionalProperties": False, "required": ["expr"],
+                                 "oneOf": [{"required": ["alert"]}, {"required": ["record"]}],
+                                 "properties": {
+                                     "alert": {"type": "string", "pattern": "^[a-zA-Z_][a-zA-Z0-9_]*$"},
+                                     "record": {"type": "string"}, "expr": {"type": ["string", "integer"]},
+                                     "for": {"type": "string", "pattern": DURATION},
+                                     "keep_firing_for": {"type": "string", "pattern": DURATION},
+                                     "labels": {"type": "object", "additionalProperties": {"type": "string"}},
+                                     "annotations": {"type": "object", "additionalProperties": {"type": "string"}},
+                                 }}},
+                         }}}}},
         },
     },
 }

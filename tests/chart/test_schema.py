@@ -28,6 +28,10 @@ BAD = {
     "dashboard label value": ({"dashboard": {"enabled": True, "label": "grafana_dashboard", "labelValue": 1}},
                               "'/dashboard/labelValue': got number, want string"),
     "image tag": ({"image": {"repository": "r", "tag": "has space"}}, "'/image/tag'"),
+    "unknown alert": ({"prometheusRule": {"enabled": True, "disabled": ["KuberlJobFialed"]}},
+                      "'/prometheusRule/disabled/0': value must be one of"),
+    "alert label name": ({"prometheusRule": {"enabled": True, "additionalAlertLabels": {"team-name": "ml"}}},
+                         "invalid propertyName 'team-name'"),
 }
 
 

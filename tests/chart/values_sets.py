@@ -26,6 +26,8 @@ NON_DEFAULT = {
                        "interval": "15s", "scrapeTimeout": "5s"},
     "podMonitor": {"enabled": True, "release": "prom", "labels": {"team": "ml-infra"}, "interval": "10s",
                    "scrapeTimeout": "5s", "namespaces": ["team-a"], "driver": {"port": 9400}, "ray": {"enabled": False}},
+    "prometheusRule": {"enabled": True, "release": "prom", "labels": {"team": "ml-infra"},
+                       "additionalAlertLabels": {"team": "ml-infra"}, "disabled": ["KuberlTrainThroughputDropped"]},
     "dashboard": {"enabled": True, "label": "grafana_dashboard", "labelValue": "1", "namespace": "monitoring",
                   "folder": "", "labels": {"team": "ml-infra"}},
 }
