@@ -74,6 +74,13 @@ def matchers_in(expr: str) -> list[tuple[str, str, str]]:
     return [m for _, body in SELECTOR.findall(expr) for m in MATCHER.findall(body)]
 
 
+def vector_selectors(expr: str) -> list[tuple[str, list[tuple[str, str, str]]]]:
+    """(selector text, its matchers) of every vector selector: `name{...}`, `{...}`, and a bare kuberl_* name."""
+    found = [(m.group(0), MATCHER.findall(m.group(2))) for m in SELECTOR.finditer(expr)]
+    bare = GROUPING.sub(" ", SELECTOR.sub(" ", STRING.sub('""', expr)))
+    return found + [(name, []) for name in IDENT.findall(bare)]
+
+
 def rate_interval(step_s: float, scrape_s: float) -> float:
     """Grafana's $__rate_interval: max($__interval + scrape interval, 4 x scrape interval)."""
     return max(step_s + scrape_s, 4 * scrape_s)
