@@ -83,7 +83,7 @@ def quickstart_scrape(netns, promtool, helm: Helm, tmp_path_factory: pytest.Temp
     values = {"podMonitor": {"enabled": True, "interval": SCRAPE, "scrapeTimeout": SCRAPE, "driver": {"port": port}}}
     monitor = one(helm.render(values), "PodMonitor")
     job = yaml.safe_load((REPO / "examples" / "quickstart.yaml").read_text())["metadata"]["name"]
-    prom = Prometheus(work, [pod_monitor_scrape(monitor, 0, driver_pod(job, port))], [ALERTS] if ALERTS.exists() else [])
+    prom = Prometheus(work, [pod_monitor_scrape(monitor, 0, driver_pod(job, port))], [ALERTS])
     out = work / "run"
     start = time.time()
     cmd = [sys.executable, "-m", "kuberl.cli", "run", str(REPO / "examples" / "quickstart.yaml"), "--out", str(out),

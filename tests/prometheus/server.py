@@ -89,7 +89,7 @@ def pod_monitor_scrape(monitor: dict[str, Any], endpoint: int, pod: Pod) -> dict
     for key, value in spec["selector"].get("matchLabels", {}).items():
         assert pod.labels.get(key) == value, f"PodMonitor {name} does not select the pod: {key}"
     for expr in spec["selector"].get("matchExpressions", []):
-        assert expr["operator"] == "Exists" and expr["key"] in pod.labels, f"PodMonitor {name} does not select the pod: {expr}"
+        assert expr["operator"] == "Exists" and expr["key"] in pod.labels, f"PodMonitor {name} misses the pod: {expr}"
     generated = [
         {"source_labels": ["__meta_kubernetes_namespace"], "target_label": "namespace"},
         {"source_labels": ["__meta_kubernetes_pod_container_name"], "target_label": "container"},
@@ -106,6 +106,51 @@ def pod_monitor_scrape(monitor: dict[str, Any], endpoint: int, pod: Pod) -> dict
         "scrape_interval": ep["interval"],
         "scrape_timeout": ep["scrapeTimeout"],
         "static_configs": [{"targets": [pod.address], "labels": pod.meta()}],
+        "relabel_configs": generated + relabel_configs(ep.get("relabelings", [])),
+    }
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """A Service's endpoint as Kubernetes discovery (role endpoints) would report it: a static target here."""
+
+    service: dict[str, Any]  # the rendered Service
+    pod: Pod  # the pod behind it
+    port_name: str
+
+    def meta(self) -> dict[str, str]:
+        meta = {**self.pod.meta(), "__meta_kubernetes_service_name": self.service["metadata"]["name"],
+                "__meta_kubernetes_endpoint_port_name": self.port_name}
+        for key, value in self.service["metadata"].get("labels", {}).items():
+            meta["__meta_kubernetes_service_label_" + re.sub(r"[^a-zA-Z0-9_]", "_", key)] = value
+        return meta
+
+
+def service_monitor_scrape(monitor: dict[str, Any], endpoint: int, target: Endpoint) -> dict[str, Any]:
+    """One scrape config for endpoint ``endpoint`` of a rendered ServiceMonitor, aimed at ``target``."""
+    ns, name = monitor["metadata"]["namespace"], monitor["metadata"]["name"]
+    spec = monitor["spec"]
+    ep = spec["endpoints"][endpoint]
+    service_labels = target.service["metadata"].get("labels", {})
+    for key, value in spec["selector"].get("matchLabels", {}).items():
+        assert service_labels.get(key) == value, f"ServiceMonitor {name} does not select the Service: {key}"
+    assert target.service["metadata"]["namespace"] in spec.get("namespaceSelector", {}).get("matchNames", [ns])
+    assert ep["port"] == target.port_name, f"ServiceMonitor {name} scrapes port {ep['port']}, not {target.port_name}"
+    generated = [
+        {"source_labels": ["__meta_kubernetes_namespace"], "target_label": "namespace"},
+        {"source_labels": ["__meta_kubernetes_service_name"], "target_label": "service"},
+        {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"},
+        {"source_labels": ["__meta_kubernetes_pod_container_name"], "target_label": "container"},
+        {"source_labels": ["__meta_kubernetes_service_name"], "target_label": "job"},
+        {"target_label": "endpoint", "replacement": ep["port"]},
+    ]
+    return {
+        "job_name": f"serviceMonitor/{ns}/{name}/{endpoint}",
+        "honor_labels": bool(ep.get("honorLabels", False)),
+        "metrics_path": ep.get("path", "/metrics"),
+        "scrape_interval": ep["interval"],
+        "scrape_timeout": ep["scrapeTimeout"],
+        "static_configs": [{"targets": [target.pod.address], "labels": target.meta()}],
         "relabel_configs": generated + relabel_configs(ep.get("relabelings", [])),
     }
 
@@ -148,7 +193,8 @@ class Prometheus:
 
     def api(self, path: str, **params: Any) -> Any:
         """GET /api/v1/<path>; returns `data`, raises with Prometheus' error otherwise."""
-        query = urllib.parse.urlencode([(k, v) for k, vs in params.items() for v in (vs if isinstance(vs, list) else [vs])])
+        pairs = [(k, v) for k, vs in params.items() for v in (vs if isinstance(vs, list) else [vs])]
+        query = urllib.parse.urlencode(pairs)
         try:
             body = json.loads(http_get(f"{self.url}/api/v1/{path}?{query}", timeout=30.0))
         except urllib.error.HTTPError as exc:

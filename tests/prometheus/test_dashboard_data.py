@@ -10,40 +10,16 @@ from __future__ import annotations
 
 import pytest
 
-from kuberl.metrics import PROM_FAMILIES
-from tests.chart.dashboard import LABEL_VALUES, Target, dashboard, fill, metrics_in, targets, variable_queries
+from tests.chart.dashboard import LABEL_VALUES, Target, fill, variable_queries
 
 from .conftest import FAULT, Scrape
-
-STEP_S = 1.0  # the range query's resolution (Grafana's $__interval)
-DASH = dashboard()
-
-
-def source(target: Target) -> str:
-    """"runtime" when every metric the target reads is the driver's, "operator" when any is the operator's."""
-    names = {n for n, _ in metrics_in(target.expr)}
-    assert names, f"{target}: no kuberl metric in {target.expr!r}"
-    if any(n.startswith("kuberl_operator_") for n in names):
-        return "operator"
-    unknown = names - set(PROM_FAMILIES)
-    assert not unknown, f"{target}: {sorted(unknown)} are neither the runtime's nor the operator's"
-    return "runtime"
-
-
-RUNTIME_TARGETS = [t for t in targets(DASH) if source(t) == "runtime"]
-
-
-def run_query(scrape: Scrape, target: Target) -> list[dict]:
-    variables = {"namespace": scrape.namespace, "job": scrape.job}
-    expr = fill(target.expr, variables, STEP_S, scrape.scrape_interval_s, scrape.end - scrape.start)
-    return scrape.prom.query_range(expr, scrape.start, scrape.end, STEP_S)
+from .panels import DASH, RUNTIME_TARGETS, STEP_S, by_label, no_data, panel_target, run_query
 
 
 @pytest.mark.parametrize("target", RUNTIME_TARGETS, ids=str)
 def test_panel_returns_data(quickstart_scrape: Scrape, target: Target) -> None:
     result = run_query(quickstart_scrape, target)
-    assert result, (f"{target} ({target.legend!r}) returned no data for namespace={quickstart_scrape.namespace} "
-                    f"job={quickstart_scrape.job}: {target.expr}")
+    assert result, no_data(quickstart_scrape, target)
     assert all(series["values"] for series in result), f"{target}: a series without points"
 
 
@@ -54,20 +30,9 @@ def test_dashboard_variables_list_the_job(quickstart_scrape: Scrape) -> None:
     for name, query in variable_queries(DASH).items():
         m = LABEL_VALUES.match(query)
         assert m, f"variable {name}: {query!r} is not label_values(selector, label)"
-        selector = fill(m.group(1), {**chosen, "namespace": s.namespace}, STEP_S, s.scrape_interval_s, s.end - s.start)
+        selector = fill(m.group(1), chosen, STEP_S, s.scrape_interval_s, s.end - s.start)
         values = s.prom.api(f"label/{m.group(2)}/values", **{"match[]": selector, "start": s.start, "end": s.end})
         assert chosen[name] in values, f"variable {name}: {query!r} offers {values}, not {chosen[name]!r}"
-
-
-def by_label(result: list[dict], label: str) -> dict[str, float]:
-    """label value -> the largest value of that series over the window."""
-    return {series["metric"][label]: max(float(v) for _, v in series["values"]) for series in result}
-
-
-def panel_target(title: str, ref: str = "A") -> Target:
-    found = [t for t in targets(DASH) if t.panel == title and t.ref == ref]
-    assert found, f"no panel {title!r} with target {ref}"
-    return found[0]
 
 
 def test_restart_and_recovery_panels_show_the_injected_fault(quickstart_scrape: Scrape) -> None:
