@@ -115,14 +115,11 @@ def render() -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kuberl_operator.metrics_reference",
                                      description="Write the metrics reference (docs/metrics.md).")
-    parser.add_argument("-o", "--output", help="write here instead of stdout (docs/metrics.md)")
+    parser.add_argument("-o", "--output", type=argparse.FileType("w"), default=sys.stdout,
+                        help="write here instead of stdout (docs/metrics.md)")
     args = parser.parse_args(argv)
-    text = render()
-    if args.output:
-        with open(args.output, "w") as fh:
-            fh.write(text)
-    else:
-        sys.stdout.write(text)
+    args.output.write(render())
+    args.output.flush()
     return 0
 
 

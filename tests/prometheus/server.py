@@ -47,6 +47,16 @@ def missing_binaries() -> str | None:
     return None
 
 
+def label_name(key: str) -> str:
+    """A Kubernetes label key as a Prometheus label name (what discovery does to it)."""
+    return re.sub(r"[^a-zA-Z0-9_]", "_", key)
+
+
+def discovery_labels(prefix: str, labels: dict[str, str]) -> dict[str, str]:
+    """Kubernetes labels as discovery's meta labels, e.g. __meta_kubernetes_pod_label_kuberl_io_job."""
+    return {prefix + label_name(key): value for key, value in labels.items()}
+
+
 def _snake(key: str) -> str:
     return re.sub(r"([A-Z])", lambda m: "_" + m.group(1).lower(), key)
 
@@ -62,6 +72,29 @@ def relabel_configs(relabelings: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    """Whether a label selector (matchLabels; matchExpressions with In, NotIn, Exists, DoesNotExist) matches."""
+    ops = {"In": lambda k, vs: labels.get(k) in vs, "NotIn": lambda k, vs: labels.get(k) not in vs,
+           "Exists": lambda k, vs: k in labels, "DoesNotExist": lambda k, vs: k not in labels}
+    return (all(labels.get(k) == v for k, v in selector.get("matchLabels", {}).items())
+            and all(ops[e["operator"]](e["key"], e.get("values", [])) for e in selector.get("matchExpressions", [])))
+
+
+def scrape_config(job: str, ep: dict[str, Any], address: str, meta: dict[str, str],
+                  generated: list[dict[str, Any]]) -> dict[str, Any]:
+    """A Prometheus scrape config for one monitor endpoint: prometheus-operator's ``generated``
+    relabelings, then the endpoint's own; one static target carrying discovery's ``meta`` labels."""
+    return {
+        "job_name": job,
+        "honor_labels": bool(ep.get("honorLabels", False)),
+        "metrics_path": ep.get("path", "/metrics"),
+        "scrape_interval": ep["interval"],
+        "scrape_timeout": ep["scrapeTimeout"],
+        "static_configs": [{"targets": [address], "labels": meta}],
+        "relabel_configs": generated + relabel_configs(ep.get("relabelings", [])),
+    }
+
+
 @dataclass(frozen=True)
 class Pod:
     """What Kubernetes discovery would say about one pod's container (a static target here)."""
@@ -73,12 +106,9 @@ class Pod:
     labels: dict[str, str]
 
     def meta(self) -> dict[str, str]:
-        meta = {"__meta_kubernetes_namespace": self.namespace, "__meta_kubernetes_pod_name": self.name,
-                "__meta_kubernetes_pod_container_name": self.container,
-                "__meta_kubernetes_pod_container_init": "false"}
-        for key, value in self.labels.items():
-            meta["__meta_kubernetes_pod_label_" + re.sub(r"[^a-zA-Z0-9_]", "_", key)] = value
-        return meta
+        return {"__meta_kubernetes_namespace": self.namespace, "__meta_kubernetes_pod_name": self.name,
+                "__meta_kubernetes_pod_container_name": self.container, "__meta_kubernetes_pod_container_init": "false",
+                **discovery_labels("__meta_kubernetes_pod_label_", self.labels)}
 
 
 def pod_monitor_scrape(monitor: dict[str, Any], endpoint: int, pod: Pod) -> dict[str, Any]:
@@ -86,28 +116,17 @@ def pod_monitor_scrape(monitor: dict[str, Any], endpoint: int, pod: Pod) -> dict
     ns, name = monitor["metadata"]["namespace"], monitor["metadata"]["name"]
     spec = monitor["spec"]
     ep = spec["podMetricsEndpoints"][endpoint]
-    for key, value in spec["selector"].get("matchLabels", {}).items():
-        assert pod.labels.get(key) == value, f"PodMonitor {name} does not select the pod: {key}"
-    for expr in spec["selector"].get("matchExpressions", []):
-        assert expr["operator"] == "Exists" and expr["key"] in pod.labels, f"PodMonitor {name} misses the pod: {expr}"
+    assert selects(spec["selector"], pod.labels), f"PodMonitor {name} does not select the pod {pod.labels}"
     generated = [
         {"source_labels": ["__meta_kubernetes_namespace"], "target_label": "namespace"},
         {"source_labels": ["__meta_kubernetes_pod_container_name"], "target_label": "container"},
         {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"},
         {"target_label": "job", "replacement": f"{ns}/{name}"},
-        *({"source_labels": ["__meta_kubernetes_pod_label_" + re.sub(r"[^a-zA-Z0-9_]", "_", label)],
-           "target_label": re.sub(r"[^a-zA-Z0-9_]", "_", label)} for label in spec.get("podTargetLabels", [])),
+        *({"source_labels": ["__meta_kubernetes_pod_label_" + label_name(label)], "target_label": label_name(label)}
+          for label in spec.get("podTargetLabels", [])),
         {"target_label": "endpoint", "replacement": ep.get("port", str(endpoint))},
     ]
-    return {
-        "job_name": f"podMonitor/{ns}/{name}/{endpoint}",
-        "honor_labels": bool(ep.get("honorLabels", False)),
-        "metrics_path": ep.get("path", "/metrics"),
-        "scrape_interval": ep["interval"],
-        "scrape_timeout": ep["scrapeTimeout"],
-        "static_configs": [{"targets": [pod.address], "labels": pod.meta()}],
-        "relabel_configs": generated + relabel_configs(ep.get("relabelings", [])),
-    }
+    return scrape_config(f"podMonitor/{ns}/{name}/{endpoint}", ep, pod.address, pod.meta(), generated)
 
 
 @dataclass(frozen=True)
@@ -119,11 +138,9 @@ class Endpoint:
     port_name: str
 
     def meta(self) -> dict[str, str]:
-        meta = {**self.pod.meta(), "__meta_kubernetes_service_name": self.service["metadata"]["name"],
-                "__meta_kubernetes_endpoint_port_name": self.port_name}
-        for key, value in self.service["metadata"].get("labels", {}).items():
-            meta["__meta_kubernetes_service_label_" + re.sub(r"[^a-zA-Z0-9_]", "_", key)] = value
-        return meta
+        return {**self.pod.meta(), "__meta_kubernetes_service_name": self.service["metadata"]["name"],
+                "__meta_kubernetes_endpoint_port_name": self.port_name,
+                **discovery_labels("__meta_kubernetes_service_label_", self.service["metadata"].get("labels", {}))}
 
 
 def service_monitor_scrape(monitor: dict[str, Any], endpoint: int, target: Endpoint) -> dict[str, Any]:
@@ -132,8 +149,7 @@ def service_monitor_scrape(monitor: dict[str, Any], endpoint: int, target: Endpo
     spec = monitor["spec"]
     ep = spec["endpoints"][endpoint]
     service_labels = target.service["metadata"].get("labels", {})
-    for key, value in spec["selector"].get("matchLabels", {}).items():
-        assert service_labels.get(key) == value, f"ServiceMonitor {name} does not select the Service: {key}"
+    assert selects(spec["selector"], service_labels), f"ServiceMonitor {name} does not select {service_labels}"
     assert target.service["metadata"]["namespace"] in spec.get("namespaceSelector", {}).get("matchNames", [ns])
     assert ep["port"] == target.port_name, f"ServiceMonitor {name} scrapes port {ep['port']}, not {target.port_name}"
     generated = [
@@ -144,15 +160,7 @@ def service_monitor_scrape(monitor: dict[str, Any], endpoint: int, target: Endpo
         {"source_labels": ["__meta_kubernetes_service_name"], "target_label": "job"},
         {"target_label": "endpoint", "replacement": ep["port"]},
     ]
-    return {
-        "job_name": f"serviceMonitor/{ns}/{name}/{endpoint}",
-        "honor_labels": bool(ep.get("honorLabels", False)),
-        "metrics_path": ep.get("path", "/metrics"),
-        "scrape_interval": ep["interval"],
-        "scrape_timeout": ep["scrapeTimeout"],
-        "static_configs": [{"targets": [target.pod.address], "labels": target.meta()}],
-        "relabel_configs": generated + relabel_configs(ep.get("relabelings", [])),
-    }
+    return scrape_config(f"serviceMonitor/{ns}/{name}/{endpoint}", ep, target.pod.address, target.meta(), generated)
 
 
 class Prometheus:

@@ -91,12 +91,6 @@ def registry_scrape(netns, promtool, helm: Helm, tmp_path_factory: pytest.TempPa
         server.shutdown()
 
 
-@pytest.mark.parametrize("target", OPERATOR_TARGETS, ids=str)
-def test_operator_panel_returns_data_from_the_operators_metrics(registry_scrape: Scrape, target) -> None:
-    result = run_query(registry_scrape, target)
-    assert result, no_data(registry_scrape, target)
-
-
 def test_operator_panels_show_the_job(registry_scrape: Scrape) -> None:
     from kuberl.spec import load_manifest
 
@@ -168,6 +162,7 @@ def real_operator_scrape(real_cluster, promtool, helm: Helm,
 
 
 @pytest.mark.parametrize("target", OPERATOR_TARGETS, ids=str)
-def test_operator_panel_returns_data_from_a_real_operator(real_operator_scrape: Scrape, target) -> None:
-    result = run_query(real_operator_scrape, target)
-    assert result, no_data(real_operator_scrape, target)
+@pytest.mark.parametrize("operator", ["real_operator_scrape", "registry_scrape"])
+def test_operator_panel_returns_data(request: pytest.FixtureRequest, operator: str, target) -> None:
+    scrape = request.getfixturevalue(operator)
+    assert run_query(scrape, target), no_data(scrape, target)
