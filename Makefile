@@ -99,8 +99,9 @@ e2e: venv ## end-to-end scenarios on a kind cluster with KubeRay (needs Docker +
 .PHONY: prometheus
 prometheus: ## Debian's prometheus + promtool for tests/prometheus (apt-get when missing; never starts its service)
 	@sh tests/prometheus/install.sh
-# The test targets need it: prerequisites added here, so the test recipes above stay as they are.
-test test-all: prometheus
+# The test and lint targets need it (tests/prometheus, the alert and dashboard-lint checks): prerequisites
+# added here, so the recipes above stay as they are.
+test test-all lint: prometheus
 
 bench: venv ## CPU benchmark of one PPO step through the real code path
 	$(BIN)/python bench/ppo_step.py --model tiny --device cpu
