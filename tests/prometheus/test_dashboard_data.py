@@ -8,6 +8,8 @@ real operator: tests/prometheus/test_operator_scrape.py.
 
 from __future__ import annotations
 
+import subprocess
+
 import pytest
 
 from tests.chart.dashboard import LABEL_VALUES, Target, fill, variable_queries
@@ -57,3 +59,11 @@ def test_prometheus_scraped_the_driver_through_the_pod_monitor(quickstart_scrape
     assert "exported_job" not in labels, labels
     steps = by_label(s.prom.query_range(f'kuberl_step{{job="{s.job}"}}', s.start, s.end, STEP_S), "job")
     assert steps[s.job] >= int(FAULT.split(":")[1]) + 1, steps  # it saw steps completed after the recovery
+
+
+def test_the_runs_metrics_pass_promtool_check_metrics(quickstart_scrape: Scrape, promtool: str) -> None:
+    """What the real run served, once its recovery series existed, through Prometheus' own linter."""
+    proc = subprocess.run([promtool, "check", "metrics"], input=quickstart_scrape.exposition, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0 and not (proc.stdout + proc.stderr).strip(), proc.stdout + proc.stderr
+    assert "# TYPE kuberl_role_group_restarts_total counter" in quickstart_scrape.exposition
