@@ -37,7 +37,8 @@ PROM_FAMILIES: dict[str, tuple[str, tuple[str, ...]]] = {
     "kuberl_steps_lost": ("Training steps of a role's state lost in its last recovery.", ("role",)),
     "kuberl_role_worst_link_score": ("Link score of the worst GPU link inside a role's groups "
                                      "(NV#=5+n, PIX 5, PXB 4, PHB 3, NODE 2, SYS 1); "
-                                     "source: where the links were read (nvml, nvidia-smi).", ("role", "level", "source")),
+                                     "source: where the links were read (nvml, nvidia-smi).",
+                                     ("role", "level", "source")),
     "kuberl_role_memory_bytes": ("Peak memory of a role's rank 0, by kind (gpu_peak, rss_peak).", ("role", "kind")),
 }
 PROM_COUNTERS = frozenset({"kuberl_role_group_restarts_total"})

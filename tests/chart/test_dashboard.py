@@ -51,7 +51,8 @@ def test_every_dashboard_metric_exists_in_code() -> None:
 
 @pytest.mark.parametrize("metric", [
     "kuberl_rollout_tokens_per_second", "kuberl_train_tokens_per_second", "kuberl_phase_seconds",
-    "kuberl_reward_mean", "kuberl_kl", "kuberl_mfu_ratio", "kuberl_role_group_restarts_total", "kuberl_recovery_seconds",
+    "kuberl_reward_mean", "kuberl_kl", "kuberl_mfu_ratio", "kuberl_role_group_restarts_total",
+    "kuberl_recovery_seconds",
     "kuberl_operator_role_ready_replicas", "kuberl_role_memory_bytes",
 ])
 def test_dashboard_shows(metric: str) -> None:
