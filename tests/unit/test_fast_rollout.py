@@ -1,8 +1,10 @@
-"""The fast `hf` rollout path (static KV cache decoder) and the fused LM-head log-probs, on CPU.
+"""The fast `hf` rollout path (static KV cache decoder, its sampler) and the fused LM-head log-probs, on CPU.
 
-On CPU the decoder runs its decode step eagerly (CUDA graphs need a GPU: tests/gpu/ covers them),
-so these tests check the logic that the captured graph replays: the functional forward, the cache
-and mask bookkeeping, left padding, EOS then pad, sampling, and in-place weight sync.
+On CPU the decoder runs its decode step eagerly (CUDA graphs and the flash kernel need a GPU: tests/gpu/
+covers them), so these tests check the logic that the captured graph replays: the functional forward
+over fused weights, the left-aligned cache and its lengths, left padding, EOS then pad, the sampler
+(Gumbel-max over hashed noise, the sort-free nucleus), and in-place weight sync. The flash decode call
+is checked against FlashAttention's documented varlen contract through a CPU stand-in for the kernel.
 """
 
 from __future__ import annotations
@@ -15,8 +17,10 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from kuberl.models import char_tokenizer
-from kuberl.rollout.fast import SamplingParams, StaticDecoder, sample, unsupported_reason
+from kuberl.rollout import fast
+from kuberl.rollout.fast import SamplingParams, StaticDecoder, unsupported_reason
 from kuberl.rollout.hf import HFRollout
+from kuberl.rollout.sampling import _nucleus, gumbel, nucleus_rounds, sample
 from kuberl.sequence import linear_logprobs, response_logprobs
 from kuberl.spec import JobSpec
 
@@ -49,6 +53,10 @@ def hf_greedy(model, ids, mask, new_tokens: int) -> torch.Tensor:
     return torch.nn.functional.pad(out, (0, new_tokens - out.shape[1]), value=PAD)
 
 
+def key(seed: int = 0, step: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.tensor([seed]), torch.tensor([step])
+
+
 @pytest.mark.parametrize("kind", ["qwen2", "llama"])
 def test_greedy_is_token_identical_to_transformers_generate(kind: str) -> None:
     model = small_lm(kind)
@@ -57,6 +65,25 @@ def test_greedy_is_token_identical_to_transformers_generate(kind: str) -> None:
     want = hf_greedy(model, ids, mask, 30)
     assert torch.equal(ours, want)
     assert bool((want == EOS).any()), "the check should cover a sequence that ends early"
+
+
+def test_fused_projections_are_views_the_model_and_weight_sync_write_through() -> None:
+    """QKV and gate/up are each one tensor; the HF parameters are row slices of them (same names in
+    state_dict), a copy_ into a parameter lands in the fused tensor, and a second decoder re-fuses nothing."""
+    model = small_lm()
+    keys = list(model.state_dict())
+    dec = StaticDecoder(model, PAD, EOS)
+    assert list(model.state_dict()) == keys
+    attn, mlp, w = model.model.layers[1].self_attn, model.model.layers[1].mlp, dec.layers[1]
+    assert w.wqkv.shape == (64 + 2 * 32, 64) and w.bqkv.shape == (64 + 2 * 32,) and w.wgu.shape == (256, 64)
+    assert attn.q_proj.weight.data_ptr() == w.wqkv.data_ptr()
+    assert attn.v_proj.weight.data_ptr() == w.wqkv[96:].data_ptr() and mlp.up_proj.weight.data_ptr() == w.wgu[128:].data_ptr()
+    with torch.no_grad():
+        attn.k_proj.weight.copy_(torch.full_like(attn.k_proj.weight, 0.25))
+    assert bool((w.wqkv[64:96] == 0.25).all())
+    ptrs = [p.data_ptr() for p in model.parameters()]
+    again = StaticDecoder(model, PAD, EOS)
+    assert [p.data_ptr() for p in model.parameters()] == ptrs and again.layers[1].wqkv.data_ptr() == w.wqkv.data_ptr()
 
 
 def test_eos_is_followed_by_pad_only() -> None:
@@ -73,8 +100,9 @@ def test_eos_is_followed_by_pad_only() -> None:
 
 
 def test_fixed_length_never_draws_eos() -> None:
-    out = StaticDecoder(small_lm(), PAD, EOS).generate(*prompts(batch=16), 40, SamplingParams(suppress_eos=True))
-    assert not bool((out == EOS).any()) and not bool((out == PAD).any())
+    dec = StaticDecoder(small_lm(), PAD, EOS)
+    out = dec.generate(*prompts(batch=16), 40, SamplingParams(suppress_eos=True))
+    assert not bool((out == EOS).any()) and not bool(dec._state.finished.any())
 
 
 def test_tiny_top_p_is_greedy_and_seed_reproduces() -> None:
@@ -87,22 +115,159 @@ def test_tiny_top_p_is_greedy_and_seed_reproduces() -> None:
     a = dec.generate(ids, mask, 20, SamplingParams(temperature=0.8, top_p=0.9))
     torch.manual_seed(7)
     b = dec.generate(ids, mask, 20, SamplingParams(temperature=0.8, top_p=0.9))
-    assert torch.equal(a, b)
+    torch.manual_seed(8)
+    c = dec.generate(ids, mask, 20, SamplingParams(temperature=0.8, top_p=0.9))
+    assert torch.equal(a, b) and not torch.equal(a, c)
+
+
+def test_repeated_prompts_get_different_samples() -> None:
+    """GRPO repeats each prompt: the noise differs per row, so the copies are not one response n times."""
+    ids, mask = prompts(batch=1)
+    out = StaticDecoder(small_lm(), PAD, EOS).generate(ids.repeat(8, 1), mask.repeat(8, 1), 12, SamplingParams())
+    assert len({tuple(r) for r in out.tolist()}) > 4
+
+
+# --------------------------------------------------------------------------- the sampler
 
 
 def test_sampling_draws_from_softmax_with_temperature_and_top_p() -> None:
     logits = torch.tensor([[2.0, 1.0, 0.5, 0.0, -1.0]]).repeat(40000, 1)
-    torch.manual_seed(0)
     t = 0.7
-    freq = torch.bincount(sample(logits, SamplingParams(temperature=t), None), minlength=5).float() / len(logits)
-    want = torch.softmax(logits[0] / t, -1)
-    assert torch.allclose(freq, want, atol=0.01)
+    tokens, unresolved = sample(logits, SamplingParams(temperature=t), None, *key(0))
+    freq = torch.bincount(tokens, minlength=5).float() / len(logits)
+    assert unresolved is None and torch.allclose(freq, torch.softmax(logits[0] / t, -1), atol=0.01)
     # top_p=0.8: the smallest prefix (by probability) whose mass reaches 0.8, renormalised
     p = torch.softmax(logits[0], -1)
     keep = (p.cumsum(-1) - p) < 0.8
     want = torch.where(keep, p, 0.0) / p[keep].sum()
-    freq = torch.bincount(sample(logits, SamplingParams(top_p=0.8), None), minlength=5).float() / len(logits)
+    tokens, unresolved = sample(logits, SamplingParams(top_p=0.8), None, *key(1))
+    freq = torch.bincount(tokens, minlength=5).float() / len(logits)
     assert torch.allclose(freq, want, atol=0.01) and float(freq[~keep].sum()) == 0.0
+    assert int(unresolved.sum()) == 0
+
+
+@pytest.mark.parametrize("scale", [0.6, 3.0])
+def test_nucleus_matches_the_sorted_definition_on_a_large_vocabulary(scale: float) -> None:
+    """Near-uniform (a random-init model's logits) and peaked rows: every draw lies in the nucleus
+    computed by sorting, and the draws follow the renormalised nucleus distribution (checked on eight
+    groups of consecutive ranks, each within 4 standard deviations)."""
+    g = torch.Generator().manual_seed(2)
+    vocab, top_p, n = 2048, 0.9, 4000
+    row = torch.randn(vocab, generator=g) * scale
+    probs = torch.softmax(row, -1)
+    order = probs.argsort(descending=True)
+    above = probs[order].cumsum(-1) - probs[order]
+    inside = int((above < top_p).sum())
+    nucleus = torch.zeros(vocab, dtype=torch.bool)
+    nucleus[order[:inside]] = True
+    tokens, unresolved = sample(row.repeat(n, 1), SamplingParams(top_p=top_p), None, *key(3))
+    assert bool(nucleus[tokens].all()) and int(unresolved.sum()) == 0
+    rank = torch.empty(vocab, dtype=torch.long)
+    rank[order] = torch.arange(vocab)
+    groups = torch.linspace(0, inside, 9).long()
+    want = probs[order[:inside]] / probs[order[:inside]].sum()
+    for lo, hi in zip(groups[:-1], groups[1:]):
+        expected = float(want[lo:hi].sum())
+        seen = float(((rank[tokens] >= lo) & (rank[tokens] < hi)).float().mean())
+        assert abs(seen - expected) < 4 * math.sqrt(expected * (1 - expected) / n) + 1e-4, (int(lo), seen, expected)
+
+
+def test_nucleus_ties_at_the_edge_are_all_in_or_all_out_and_eos_can_be_suppressed() -> None:
+    logits = torch.tensor([[3.0, 1.0, 1.0, 1.0, -2.0]]).repeat(4000, 1)
+    p = torch.softmax(logits[0], -1)  # p0 ~ 0.78: with top_p 0.9 the three tied tokens are all needed
+    tokens, _ = sample(logits, SamplingParams(top_p=0.9), None, *key(4))
+    assert set(tokens.tolist()) == {0, 1, 2, 3} and float(p[0]) < 0.9
+    tokens, _ = sample(logits, SamplingParams(top_p=float(p[0]) - 1e-4), None, *key(5))
+    assert set(tokens.tolist()) == {0}
+    tokens, _ = sample(logits, SamplingParams(top_p=0.95, suppress_eos=True), 0, *key(6))
+    assert 0 not in set(tokens.tolist()) and set(tokens.tolist()) <= {1, 2, 3, 4}
+
+
+def test_unresolved_draws_take_the_most_likely_token_and_are_reported() -> None:
+    """With a single check, rows whose first candidate lies outside the nucleus are unresolved: they take
+    the most likely token and are flagged (about 1 - top_p of them)."""
+    g = torch.Generator().manual_seed(9)
+    lv = torch.randn(20000, 64, generator=g)
+    noise = gumbel(*key(11), 20000, 64)
+    tokens, unresolved = _nucleus(lv, lv, lv + noise, 0.9, rounds=1)
+    assert abs(float(unresolved.float().mean()) - 0.1) < 0.01
+    assert torch.equal(tokens[unresolved], lv[unresolved].argmax(-1))
+    tokens, unresolved = _nucleus(lv, lv, lv + noise, 0.9, rounds=nucleus_rounds(0.9))
+    assert int(unresolved.sum()) == 0
+
+
+def test_nucleus_rounds_follow_the_unresolved_probability_of_the_search() -> None:
+    """The closed form P * sum_{j>=k} (-ln P)^j / j! against the exact probability of the search on a
+    long-tailed distribution (dynamic programming over the tail ranks)."""
+    g = torch.Generator().manual_seed(0)
+    probs = torch.softmax(torch.randn(20000, generator=g, dtype=torch.float64) * 0.6, -1).sort(descending=True).values
+    for top_p in (0.5, 0.9, 0.99):
+        cum = probs.cumsum(0)
+        n = int(((cum - probs) < top_p).sum())
+        fail = torch.ones(len(probs) + 1, dtype=torch.float64)  # P(unresolved in k more checks | window of m tokens)
+        closed = 1.0
+        lam, term = -math.log(top_p), top_p
+        for k in range(1, 6):
+            pref = torch.cat([torch.zeros(1, dtype=torch.float64), (probs[n:] * fail[n:-1]).cumsum(0)])
+            nxt = torch.zeros_like(fail)
+            m = torch.arange(n + 1, len(probs) + 1)
+            nxt[n + 1:] = pref[m - n] / cum[m - 1]
+            fail = nxt
+            closed -= term
+            term *= lam / k
+            assert abs(float(fail[-1]) - closed) < 0.02 * closed + 1e-9, (top_p, k)
+    assert [nucleus_rounds(p) for p in (0.5, 0.9, 0.95, 0.99)] == [8, 5, 4, 3]
+
+
+def test_hashed_noise_is_uniform_independent_and_keyed() -> None:
+    u = torch.exp(-torch.exp(-gumbel(*key(123, 7), 512, 512)))  # back to the uniform
+    assert abs(float(u.mean()) - 0.5) < 0.005 and abs(float(u.var()) - 1 / 12) < 0.003
+    flat = u.flatten() - 0.5
+    for lag in (1, 512):  # neighbouring columns and rows
+        assert abs(float((flat[:-lag] * flat[lag:]).mean()) * 12) < 0.01
+    other = torch.exp(-torch.exp(-gumbel(*key(123, 8), 512, 512)))  # next step
+    assert abs(float(((u - 0.5) * (other - 0.5)).mean()) * 12) < 0.01
+    assert torch.equal(gumbel(*key(123, 7), 512, 512), gumbel(*key(123, 7), 512, 512))
+    assert not torch.equal(gumbel(*key(124, 7), 4, 4), gumbel(*key(123, 7), 4, 4))
+
+
+# --------------------------------------------------------------------------- the decode attention call
+
+
+def _flash_varlen_reference(q, k, v, cu_q, cu_k, max_q, max_k, dropout, causal, debug, *, scale=None, seqused_k=None,
+                            **_):
+    """FlashAttention-2 varlen forward as documented: sequence b's queries are rows cu_q[b]:cu_q[b+1], its
+    keys rows cu_k[b] .. cu_k[b] + seqused_k[b]; query head i reads KV head i // (heads / kv_heads)."""
+    out = torch.empty_like(q)
+    group = q.shape[1] // k.shape[1]
+    for b in range(len(cu_q) - 1):
+        qs, ks = slice(int(cu_q[b]), int(cu_q[b + 1])), slice(int(cu_k[b]), int(cu_k[b]) + int(seqused_k[b]))
+        keys, values = k[ks].repeat_interleave(group, 1), v[ks].repeat_interleave(group, 1)
+        att = torch.einsum("qhd,khd->hqk", q[qs].float(), keys.float()) * scale
+        out[qs] = torch.einsum("hqk,khd->qhd", att.softmax(-1), values.float()).to(q.dtype)
+    return out, None, None, None, None
+
+
+def test_flash_decode_call_matches_sdpa_under_the_varlen_contract(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.ops.aten, "_flash_attention_forward", _flash_varlen_reference)
+    b, s, h, kv, d = 3, 32, 8, 2, 16
+    q, k, v = torch.randn(b, h, d), torch.randn(b * s, kv, d), torch.randn(b * s, kv, d)
+    used = torch.tensor([1, 32, 9], dtype=torch.int32)
+    cu_q = torch.arange(b + 1, dtype=torch.int32)
+    bias = torch.where(torch.arange(s)[None] < used[:, None], 0.0, float("-inf"))[:, None, None]
+    got = fast.flash_decode(q, k, v, cu_q, cu_q * s, used, s, 0.25)
+    torch.testing.assert_close(got, fast.sdpa_decode(q, k, v, bias, s, 0.25))
+
+
+def test_decoder_with_the_flash_call_gives_the_same_greedy_tokens(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The decoder's per-step buffers (cu_q, cu_k, used) drive the flash call correctly (CPU stand-in)."""
+    monkeypatch.setattr(torch.ops.aten, "_flash_attention_forward", _flash_varlen_reference)
+    model = small_lm()
+    ids, mask = prompts()
+    dec = StaticDecoder(model, PAD, EOS)
+    assert dec.attention == "sdpa" and "not on CUDA" in dec.attention_note
+    dec.attention = "flash"
+    assert torch.equal(dec.generate(ids, mask, 30, SamplingParams(greedy=True)), hf_greedy(model, ids, mask, 30))
 
 
 def test_one_state_serves_prompts_of_nearby_lengths() -> None:

@@ -1,44 +1,56 @@
 """Fast batched decoding for the `hf` engine: a static KV cache and a CUDA-graph-captured decode step.
 
-`StaticDecoder` runs its own forward pass over the *parameters of a Hugging Face causal LM*
-(Qwen2- and Llama-shaped models: RMSNorm, rotary attention with grouped KV heads, SwiGLU MLP). It
-holds references to the HF model's parameter tensors, so the engine's `load_weights` (an in-place
-`copy_` into those parameters) updates what the captured graphs read: graphs stay valid across
-weight syncs.
+`StaticDecoder` runs its own forward pass over the *parameters of a Hugging Face causal LM* (Qwen2- and
+Llama-shaped models: RMSNorm, rotary attention with grouped KV heads, SwiGLU MLP). At construction it
+re-homes each layer's q/k/v projections into one [q + 2 kv, H] tensor and gate/up into one [2 I, H]
+tensor, and points the model's own parameters at row slices of them: the decode step runs one GEMM for
+QKV and one for gate/up, while the model, its `state_dict` and the engine's in-place `load_weights`
+(a `copy_` into those parameters) still work and write into the fused tensors. The captured graphs read
+those very tensors, so they stay valid across weight syncs.
 
 One `generate` call:
-    prefill   eager: the left-padded prompts [B, P] through every layer; K/V go to cache slots 0..P-1;
-              the first token is sampled from the last position's logits
+    prefill   eager: the left-padded prompts [B, P] through every layer; each prompt's K/V go to cache
+              slots 0..len-1 of its own row (left-aligned: the padding is dropped); the first token is
+              sampled from the last position's logits
     decode    R-1 replays of one captured step: embed the current token, write its K/V at slot
-              P+t, attend over the valid slots (prompt tokens and generated ones), sample the next
-              token; every bit of state (slot, positions, finished flags, outputs) lives in device
-              tensors that the step updates itself, so a replay needs no host work
+              len + t, attend over slots 0..len + t, sample the next token; every bit of state (slots,
+              finished flags, outputs, the noise key) lives in device tensors that the step updates
+              itself, so a replay needs no host work
 
-The cache is [layers, B, kv_heads, P+R, head_dim]; the attention mask is an additive bias [B,1,1,S]
-(0 on valid slots, -inf elsewhere) that the step extends by one slot per token. Sampling is
-Gumbel-max (`argmax(logits/T - log(E))`, E ~ Exp(1)), an exact draw from softmax(logits/T), with
-nucleus (top-p) filtering on sorted logits when top_p < 1. After EOS a sequence emits `pad`.
-On CPU the same step runs eagerly (no graphs): that is what the CPU tests exercise.
+The cache is one tensor [layers, 2 (K, V), B * S, kv_heads, head_dim] (S = P + R rounded up to 16): row
+b's slots are b*S .. b*S + S-1, and its valid keys are always a prefix. Decode attention therefore
+needs no mask:
+- `flash` (CUDA, bf16/fp16): torch's FlashAttention-2 varlen kernel with `seqused_k`, which reads only
+  each row's used slots (grouped-query heads natively); checked against `sdpa` once at start-up and
+  not used if it disagrees or is missing;
+- `sdpa` (any device and dtype; fp32 and CPU): SDPA over all S slots with an additive bias built from
+  the used lengths, the query heads of one KV head as extra query rows.
 
-With `compile=True` the per-layer pure parts of the decode step (norm, QKV projections, rotary;
-output projection, norm, MLP) go through `torch.compile` (inductor fuses the elementwise work);
-the compiled kernels are then captured in the same CUDA graph.
+With `compile=True` the pure parts of the decode step go through `torch.compile` (inductor), in three
+shapes reused by every layer: (norm + QKV + rotary) for layer 0, (output projection + norm + MLP +
+next layer's norm + QKV + rotary) between layers, (output projection + norm + MLP) for the last layer;
+and the final norm + LM head + sampling (`sampling.py`: a few reductions over the logits, no sort). The
+compiled kernels are then captured in the same CUDA graph. On CPU the same step runs eagerly.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from typing import Callable, NamedTuple, Optional
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .sampling import SamplingParams, sample, sample_scalars
+
 log = logging.getLogger(__name__)
+
+__all__ = ["SamplingParams", "StaticDecoder", "unsupported_reason"]
 
 SUPPORTED_MODEL_TYPES = ("qwen2", "llama")
 SUPPORTED_ROPE = ("default", "linear", "llama3")
+ATTENTION_BACKENDS = ("auto", "flash", "sdpa")
 
 
 def unsupported_reason(model: nn.Module) -> Optional[str]:
@@ -61,7 +73,65 @@ def unsupported_reason(model: nn.Module) -> Optional[str]:
     return None
 
 
+# --------------------------------------------------------------------------- fused weights
+
+
+class LayerWeights(NamedTuple):
+    ln1: torch.Tensor
+    wqkv: torch.Tensor             # [q + 2 kv, H]: q_proj, k_proj, v_proj stacked (the HF params are views)
+    bqkv: Optional[torch.Tensor]   # [q + 2 kv] or None
+    wo: torch.Tensor
+    bo: Optional[torch.Tensor]
+    ln2: torch.Tensor
+    wgu: torch.Tensor              # [2 I, H]: gate_proj, up_proj stacked (the HF params are views)
+    wd: torch.Tensor
+
+
+@torch.no_grad()
+def _fuse(params: list[nn.Parameter]) -> torch.Tensor:
+    """One tensor whose leading-dim slices are `params` (same order); the params become views of it.
+
+    Idempotent: params that already are consecutive slices of one buffer return that buffer's span."""
+    base = params[0].data
+    rows = sum(p.shape[0] for p in params)
+    if all(p.is_contiguous() for p in params) and base.is_contiguous():
+        expected = base.data_ptr()
+        for p in params:
+            if p.data_ptr() != expected or p.untyped_storage().data_ptr() != base.untyped_storage().data_ptr():
+                break
+            expected += p.numel() * p.element_size()
+        else:
+            return base.as_strided((rows, *base.shape[1:]), base.stride())
+    fused = torch.cat([p.data for p in params])
+    start = 0
+    for p in params:
+        p.data = fused[start:start + p.shape[0]]
+        start += p.shape[0]
+    return fused
+
+
+def fused_layers(model: nn.Module) -> list[LayerWeights]:
+    """Per-layer weights with QKV and gate/up fused (re-homes the model's parameters; see module docstring)."""
+    out = []
+    for layer in model.model.layers:
+        a, m = layer.self_attn, layer.mlp
+        projections = (a.q_proj, a.k_proj, a.v_proj)
+        wqkv = _fuse([p.weight for p in projections])
+        bqkv = _fuse([p.bias for p in projections]) if a.q_proj.bias is not None else None
+        wgu = _fuse([m.gate_proj.weight, m.up_proj.weight])
+        out.append(LayerWeights(layer.input_layernorm.weight, wqkv, bqkv, a.o_proj.weight, a.o_proj.bias,
+                                layer.post_attention_layernorm.weight, wgu, m.down_proj.weight))
+    return out
+
+
 # --------------------------------------------------------------------------- the functional forward
+
+
+class Dims(NamedTuple):
+    heads: int
+    kv_heads: int
+    head_dim: int
+    eps: float
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -73,88 +143,88 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotary embedding on [B, heads, T, D] with cos/sin [B, 1, T, D] (rotate_half convention)."""
+    """Rotary embedding on [B, T, heads, D] with cos/sin [B, T, 1, D] (rotate_half convention)."""
     half = x.shape[-1] // 2
     return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
 
 
-class LayerWeights(NamedTuple):
-    ln1: torch.Tensor
-    wq: torch.Tensor
-    bq: Optional[torch.Tensor]
-    wk: torch.Tensor
-    bk: Optional[torch.Tensor]
-    wv: torch.Tensor
-    bv: Optional[torch.Tensor]
-    wo: torch.Tensor
-    bo: Optional[torch.Tensor]
-    ln2: torch.Tensor
-    wg: torch.Tensor
-    wu: torch.Tensor
-    wd: torch.Tensor
-
-
-def qkv_part(h: torch.Tensor, w: LayerWeights, cos: torch.Tensor, sin: torch.Tensor, eps: float,
-             heads: int, kv_heads: int, head_dim: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """[B, T, H] -> q [B, heads, T, D], k and v [B, kv_heads, T, D] (rotary applied to q and k)."""
+def qkv_part(h: torch.Tensor, w: LayerWeights, cos: torch.Tensor, sin: torch.Tensor,
+             d: Dims) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """[B, T, H] -> q [B, T, heads, D], k and v [B, T, kv_heads, D] (rotary applied to q and k)."""
     b, t, _ = h.shape
-    x = rms_norm(h, w.ln1, eps)
-    q = F.linear(x, w.wq, w.bq).view(b, t, heads, head_dim).transpose(1, 2)
-    k = F.linear(x, w.wk, w.bk).view(b, t, kv_heads, head_dim).transpose(1, 2)
-    v = F.linear(x, w.wv, w.bv).view(b, t, kv_heads, head_dim).transpose(1, 2)
-    return rotate(q, cos, sin), rotate(k, cos, sin), v
+    qs, kvs = d.heads * d.head_dim, d.kv_heads * d.head_dim
+    y = F.linear(rms_norm(h, w.ln1, d.eps), w.wqkv, w.bqkv)
+    q, k, v = y.split((qs, kvs, kvs), dim=-1)
+    q = q.view(b, t, d.heads, d.head_dim)
+    k = k.view(b, t, d.kv_heads, d.head_dim)
+    return rotate(q, cos, sin), rotate(k, cos, sin), v.view(b, t, d.kv_heads, d.head_dim)
 
 
 def mlp_part(h: torch.Tensor, attn: torch.Tensor, w: LayerWeights, eps: float) -> torch.Tensor:
     """Residual stream after the attention output projection and the SwiGLU MLP."""
     h = h + F.linear(attn, w.wo, w.bo)
-    x = rms_norm(h, w.ln2, eps)
-    return h + F.linear(F.silu(F.linear(x, w.wg)) * F.linear(x, w.wu), w.wd)
+    gate, up = F.linear(rms_norm(h, w.ln2, eps), w.wgu).chunk(2, dim=-1)
+    return h + F.linear(F.silu(gate) * up, w.wd)
 
 
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, scale: float) -> torch.Tensor:
-    """Grouped-query attention without repeating K/V: q [B, h, T, D], k/v [B, kv, S, D], bias [B, 1, T, S]
+def decode_qkv(h: torch.Tensor, w: LayerWeights, cos: torch.Tensor, sin: torch.Tensor,
+               d: Dims) -> tuple[torch.Tensor, torch.Tensor]:
+    """One token per row: h [B, H] -> q [B, heads, D] and kv [2, B, kv_heads, D] (rotated K, then V)."""
+    q, k, v = qkv_part(h[:, None], w, cos, sin, d)
+    return q[:, 0].contiguous(), torch.stack((k[:, 0], v[:, 0]))
+
+
+def decode_between(h: torch.Tensor, attn: torch.Tensor, w: LayerWeights, w_next: LayerWeights, cos: torch.Tensor,
+                   sin: torch.Tensor, d: Dims) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Layer i's output projection and MLP, then layer i+1's norm, QKV and rotary: (h, q, kv)."""
+    h = mlp_part(h, attn, w, d.eps)
+    return (h, *decode_qkv(h, w_next, cos, sin, d))
+
+
+def decode_last(h: torch.Tensor, attn: torch.Tensor, w: LayerWeights, d: Dims) -> torch.Tensor:
+    return mlp_part(h, attn, w, d.eps)
+
+
+def head_sample(h: torch.Tensor, norm: torch.Tensor, lm_head: torch.Tensor, seed: torch.Tensor, step: torch.Tensor,
+                eps: float, greedy: bool, temperature: float, top_p: float, suppress_eos: bool,
+                eos_id: Optional[int]) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """Final norm, LM head and sampling: h [B, H] -> tokens [B] (and unresolved nucleus rows [B] or None).
+    The sampling parameters are Python scalars, which torch.compile specialises on."""
+    logits = F.linear(rms_norm(h, norm, eps), lm_head)
+    return sample_scalars(logits, greedy, temperature, top_p, suppress_eos, eos_id, seed, step)
+
+
+def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor,
+                      scale: float) -> torch.Tensor:
+    """Grouped-query attention without repeating K/V: q [B, T, h, D], k/v [B, T, kv, D], bias [B, 1, T, T]
     (additive) -> [B, T, h*D]. The h/kv query heads that share a KV head become extra query rows."""
-    b, h, t, d = q.shape
-    kv, s = k.shape[1], k.shape[2]
+    b, t, h, dim = q.shape
+    kv = k.shape[2]
     g = h // kv
-    qg = q.reshape(b, kv, g * t, d)
-    if t > 1:
-        bias = bias.unsqueeze(2).expand(b, 1, g, t, s).reshape(b, 1, g * t, s)
-    out = F.scaled_dot_product_attention(qg, k, v, attn_mask=bias, scale=scale)
-    return out.reshape(b, h, t, d).transpose(1, 2).reshape(b, t, h * d)
+    qg = q.transpose(1, 2).reshape(b, kv, g * t, dim)
+    bias = bias.unsqueeze(2).expand(b, 1, g, t, t).reshape(b, 1, g * t, t)
+    out = F.scaled_dot_product_attention(qg, k.transpose(1, 2), v.transpose(1, 2), attn_mask=bias, scale=scale)
+    return out.reshape(b, h, t, dim).transpose(1, 2).reshape(b, t, h * dim)
 
 
-# --------------------------------------------------------------------------- sampling
+def sdpa_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, slots: int,
+                scale: float) -> torch.Tensor:
+    """q [B, h, D]; k/v caches [B*S, kv, D]; bias [B, 1, 1, S] (0 on used slots, -inf after) -> [B, h*D]."""
+    b, h, dim = q.shape
+    kv = k.shape[1]
+    keys = k.view(b, slots, kv, dim).transpose(1, 2)
+    values = v.view(b, slots, kv, dim).transpose(1, 2)
+    out = F.scaled_dot_product_attention(q.view(b, kv, h // kv, dim), keys, values, attn_mask=bias, scale=scale)
+    return out.reshape(b, h * dim)
 
 
-@dataclass(frozen=True)
-class SamplingParams:
-    greedy: bool = False
-    temperature: float = 1.0
-    top_p: float = 1.0
-    suppress_eos: bool = False  # fixed-length responses: EOS can never be drawn
-
-
-def sample(logits: torch.Tensor, sp: SamplingParams, eos_id: Optional[int]) -> torch.Tensor:
-    """Next tokens [B] from logits [B, V]; fixed shapes and no host sync (safe inside a CUDA graph)."""
-    x = logits.float()
-    if sp.suppress_eos and eos_id is not None:
-        x[:, eos_id] = float("-inf")
-    if sp.greedy:
-        return x.argmax(-1)
-    if sp.temperature != 1.0:
-        x = x / sp.temperature
-    if sp.top_p < 1.0:
-        sorted_x, order = x.sort(dim=-1, descending=True)
-        probs = sorted_x.softmax(-1)
-        mass_before = probs.cumsum(-1) - probs
-        sorted_x = sorted_x.masked_fill(mass_before > sp.top_p, float("-inf"))
-        noise = torch.empty_like(sorted_x).exponential_().log_()
-        pick = (sorted_x - noise).argmax(-1, keepdim=True)
-        return order.gather(-1, pick).squeeze(-1)
-    noise = torch.empty_like(x).exponential_().log_()
-    return (x - noise).argmax(-1)
+def flash_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor, cu_k: torch.Tensor,
+                 used: torch.Tensor, slots: int, scale: float) -> torch.Tensor:
+    """q [B, h, D]; k/v caches [B*S, kv, D]; cu_q = [0..B], cu_k = [0, S, 2S, ..] and used [B] (int32)
+    -> [B, h*D]. FlashAttention-2 varlen: row b attends to its first used[b] slots only."""
+    out = torch.ops.aten._flash_attention_forward(q, k, v, cu_q, cu_k, 1, slots, 0.0, False, False, scale=scale,
+                                                  seqused_k=used)[0]
+    return out.reshape(q.shape[0], -1)
 
 
 # --------------------------------------------------------------------------- the decoder
@@ -164,19 +234,25 @@ class _State:
     """Static device buffers for one (batch, prompt length, new tokens, sampling) shape."""
 
     def __init__(self, dec: "StaticDecoder", batch: int, prompt_len: int, new_tokens: int, sp: SamplingParams):
-        dev, dt = dec.device, dec.dtype
+        dev = dec.device
         self.key = (batch, prompt_len, new_tokens, sp)
         self.batch, self.prompt_len, self.new_tokens, self.sp = batch, prompt_len, new_tokens, sp
-        self.slots = -(-(prompt_len + new_tokens) // 16) * 16  # a multiple of 16: aligned attention bias rows
-        shape = (dec.n_layers, batch, dec.kv_heads, self.slots, dec.head_dim)
-        self.k_cache = torch.zeros(shape, device=dev, dtype=dt)
-        self.v_cache = torch.zeros(shape, device=dev, dtype=dt)
-        self.bias = torch.full((batch, 1, 1, self.slots), float("-inf"), device=dev, dtype=dt)
-        self.cur = torch.zeros(batch, device=dev, dtype=torch.long)        # token fed to the next step
-        self.pos = torch.zeros(batch, device=dev, dtype=torch.long)        # its rotary position
-        self.slot = torch.zeros(1, device=dev, dtype=torch.long)           # its cache slot
-        self.step = torch.zeros(1, device=dev, dtype=torch.long)           # its column in `out`
+        self.slots = -(-(prompt_len + new_tokens) // 16) * 16
+        d = dec.dims
+        self.cache = torch.zeros(dec.n_layers, 2, batch * self.slots, d.kv_heads, d.head_dim, device=dev,
+                                 dtype=dec.dtype)
+        rows = torch.arange(batch, device=dev)
+        self.row_base = rows * self.slots                                   # first cache row of each sequence
+        self.cu_q = torch.arange(batch + 1, device=dev, dtype=torch.int32)
+        self.cu_k = self.cu_q * self.slots
+        self.slot_ids = torch.arange(self.slots, device=dev)
+        self.slot = torch.zeros(batch, device=dev, dtype=torch.long)        # cache slot (= rotary position) of `cur`
+        self.used = torch.zeros(batch, device=dev, dtype=torch.int32)       # slots attended to: slot + 1
+        self.cur = torch.zeros(batch, device=dev, dtype=torch.long)         # token fed to the next step
+        self.step = torch.zeros(1, device=dev, dtype=torch.long)            # its column in `out`; the noise step
+        self.seed = torch.zeros(1, device=dev, dtype=torch.long)            # noise key of this generate call
         self.finished = torch.zeros(batch, device=dev, dtype=torch.bool)
+        self.unresolved = torch.zeros(1, device=dev, dtype=torch.long)      # nucleus draws that fell back
         self.out = torch.zeros(batch, new_tokens, device=dev, dtype=torch.long)
         self.graph: Optional[torch.cuda.CUDAGraph] = None
 
@@ -185,52 +261,94 @@ class StaticDecoder:
     """Batched sampling with a static KV cache; on CUDA the decode step is one CUDA graph replay."""
 
     def __init__(self, model: nn.Module, pad_id: int, eos_id: Optional[int], use_graphs: Optional[bool] = None,
-                 compile: bool = False):
+                 compile: bool = False, attention: str = "auto"):
         reason = unsupported_reason(model)
         if reason:
             raise ValueError(f"StaticDecoder does not support this model: {reason}")
+        if attention not in ATTENTION_BACKENDS:
+            raise ValueError(f"attention must be one of {ATTENTION_BACKENDS}, not {attention!r}")
         cfg = model.config
         self.model = model
         first = next(model.parameters())
         self.device, self.dtype = first.device, first.dtype
         self.pad_id, self.eos_id = pad_id, eos_id
-        self.heads = cfg.num_attention_heads
-        self.kv_heads = getattr(cfg, "num_key_value_heads", None) or self.heads
-        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.heads
-        self.scale = self.head_dim ** -0.5
-        self.eps = cfg.rms_norm_eps
+        heads = cfg.num_attention_heads
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+        self.dims = Dims(heads, getattr(cfg, "num_key_value_heads", None) or heads, head_dim, cfg.rms_norm_eps)
+        self.scale = head_dim ** -0.5
         base = model.model
         self.n_layers = len(base.layers)
-        self.layers = [self._layer_weights(layer) for layer in base.layers]
+        self.layers = fused_layers(model)
         self.embed = base.embed_tokens.weight
         self.norm = base.norm.weight
         self.lm_head = model.lm_head.weight
         self.rotary = base.rotary_emb
         self.use_graphs = self.device.type == "cuda" if use_graphs is None else use_graphs
-        self._qkv: Callable = qkv_part
-        self._mlp: Callable = mlp_part
+        self.attention, self.attention_note = self._pick_attention(attention)
         self.compiled = False
+        self._first: Callable = decode_qkv
+        self._between: Callable = decode_between
+        self._last: Callable = decode_last
+        self._head: Callable = head_sample
         if compile:
             self.enable_compile()
         self._cos = self._sin = None
         self._state: Optional[_State] = None
 
-    @staticmethod
-    def _layer_weights(layer: nn.Module) -> LayerWeights:
-        a, m = layer.self_attn, layer.mlp
-        return LayerWeights(layer.input_layernorm.weight, a.q_proj.weight, a.q_proj.bias, a.k_proj.weight, a.k_proj.bias,
-                            a.v_proj.weight, a.v_proj.bias, a.o_proj.weight, a.o_proj.bias,
-                            layer.post_attention_layernorm.weight, m.gate_proj.weight, m.up_proj.weight, m.down_proj.weight)
+    # -- attention backend -------------------------------------------------------------------------
+    def _pick_attention(self, want: str) -> tuple[str, str]:
+        """('flash' or 'sdpa', why). flash is probed once against sdpa on random data of this model's shape."""
+        if want == "sdpa":
+            return "sdpa", "requested"
+        why = None
+        if self.device.type != "cuda":
+            why = "not on CUDA"
+        elif self.dtype not in (torch.bfloat16, torch.float16):
+            why = f"{self.dtype} (flash needs bf16/fp16)"
+        elif self.dims.head_dim % 8 or self.dims.head_dim > 256:
+            why = f"head_dim {self.dims.head_dim}"
+        else:
+            why = self._probe_flash()
+        if why is None:
+            return "flash", "FlashAttention-2 varlen with seqused_k"
+        if want == "flash":
+            raise RuntimeError(f"flash attention unavailable: {why}")
+        return "sdpa", f"flash unavailable: {why}"
 
+    @torch.no_grad()
+    def _probe_flash(self) -> Optional[str]:
+        """None when flash_decode agrees with sdpa_decode on random data (ragged lengths), else the reason."""
+        d, dev = self.dims, self.device
+        b, s = 3, 48
+        g = torch.Generator(device=dev).manual_seed(0)
+        q = torch.randn(b, d.heads, d.head_dim, device=dev, generator=g).to(self.dtype)
+        k = torch.randn(b * s, d.kv_heads, d.head_dim, device=dev, generator=g).to(self.dtype)
+        v = torch.randn(b * s, d.kv_heads, d.head_dim, device=dev, generator=g).to(self.dtype)
+        used = torch.tensor([5, 48, 17], device=dev, dtype=torch.int32)
+        cu_q = torch.arange(b + 1, device=dev, dtype=torch.int32)
+        bias = torch.where(torch.arange(s, device=dev)[None] < used[:, None], 0.0, float("-inf")).to(self.dtype)
+        try:
+            got = flash_decode(q, k, v, cu_q, cu_q * s, used, s, self.scale)
+        except Exception as exc:  # no flash kernel in this build, or another signature
+            return f"{type(exc).__name__}: {exc}"
+        want = sdpa_decode(q, k, v, bias[:, None, None], s, self.scale)
+        err = float((got.float() - want.float()).norm() / want.float().norm())
+        return None if err < 2e-2 else f"disagrees with sdpa (relative error {err:.3g})"
+
+    # -- compilation -------------------------------------------------------------------------------
     def enable_compile(self) -> None:
-        """torch.compile the per-layer pure functions used by the decode step (prefill stays eager)."""
-        self._qkv = torch.compile(qkv_part, dynamic=False, fullgraph=True)
-        self._mlp = torch.compile(mlp_part, dynamic=False, fullgraph=True)
+        """torch.compile the pure parts of the decode step (prefill stays eager)."""
+        opts = dict(dynamic=False, fullgraph=True)
+        self._first = torch.compile(decode_qkv, **opts)
+        self._between = torch.compile(decode_between, **opts)
+        self._last = torch.compile(decode_last, **opts)
+        self._head = torch.compile(head_sample, **opts)
         self.compiled = True
         self._state = None  # recapture
 
     def disable_compile(self) -> None:
-        self._qkv, self._mlp, self.compiled = qkv_part, mlp_part, False
+        self._first, self._between, self._last, self._head = decode_qkv, decode_between, decode_last, head_sample
+        self.compiled = False
         self._state = None
 
     # -- rotary table ------------------------------------------------------------------------------
@@ -245,52 +363,67 @@ class StaticDecoder:
         return self._cos, self._sin
 
     # -- forward pieces ----------------------------------------------------------------------------
-    def _logits_last(self, h: torch.Tensor) -> torch.Tensor:
-        return F.linear(rms_norm(h, self.norm, self.eps), self.lm_head)
-
     @torch.no_grad()
     def _prefill(self, st: _State, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        """Fill cache slots 0..P-1 from the prompts; returns the logits of the last prompt position [B, V]."""
+        """Fill each row's cache slots 0..len-1 from its prompt; returns the last position's logits [B, V]."""
         b, p = input_ids.shape
+        d = self.dims
         valid = attention_mask.bool()
+        lens = valid.long().sum(-1)
         positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
         cos_t, sin_t = self._rope_table(st.slots + 1)
-        cos, sin = cos_t[positions][:, None], sin_t[positions][:, None]  # [B, 1, P, D]
+        cos, sin = cos_t[positions][:, :, None], sin_t[positions][:, :, None]  # [B, P, 1, D]
         causal = torch.ones(p, p, device=self.device, dtype=torch.bool).tril()
         allowed = (causal[None] & valid[:, None, :]) | torch.eye(p, device=self.device, dtype=torch.bool)[None]
         bias = torch.zeros(b, 1, p, p, device=self.device, dtype=self.dtype).masked_fill(~allowed[:, None], float("-inf"))
+        # slot s of row b takes prompt position s + (P - len_b): the padding is dropped, the prompt left-aligned
+        src = (torch.arange(p, device=self.device)[None] + (p - lens)[:, None]).clamp(max=p - 1)
+        src = src[:, :, None, None].expand(b, p, d.kv_heads, d.head_dim)
         h = F.embedding(input_ids, self.embed)
         for i, w in enumerate(self.layers):
-            q, k, v = qkv_part(h, w, cos, sin, self.eps, self.heads, self.kv_heads, self.head_dim)
-            st.k_cache[i, :, :, :p].copy_(k)
-            st.v_cache[i, :, :, :p].copy_(v)
-            h = mlp_part(h, attend(q, k, v, bias, self.scale), w, self.eps)
-        st.bias.fill_(float("-inf"))
-        st.bias[:, 0, 0, :p].masked_fill_(valid, 0.0)
-        st.pos.copy_(valid.long().sum(-1))
-        return self._logits_last(h[:, -1])
+            q, k, v = qkv_part(h, w, cos, sin, d)
+            rows = st.cache[i].view(2, b, st.slots, d.kv_heads, d.head_dim)[:, :, :p]
+            rows.copy_(torch.stack((k.gather(1, src), v.gather(1, src))))
+            h = mlp_part(h, prefill_attention(q, k, v, bias, self.scale), w, d.eps)
+        st.slot.copy_(lens)
+        return F.linear(rms_norm(h[:, -1], self.norm, d.eps), self.lm_head)
+
+    def _attend(self, st: _State, q: torch.Tensor, layer_cache: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+        if self.attention == "flash":
+            return flash_decode(q, layer_cache[0], layer_cache[1], st.cu_q, st.cu_k, st.used, st.slots, self.scale)
+        return sdpa_decode(q, layer_cache[0], layer_cache[1], bias, st.slots, self.scale)
 
     def _decode_step(self, st: _State) -> None:
         """One token for every sequence; reads and updates only `st`'s device buffers (graph-safe)."""
-        cos_t, sin_t = self._cos, self._sin
-        st.bias.index_fill_(3, st.slot, 0.0)
-        h = F.embedding(st.cur, self.embed)[:, None]                        # [B, 1, H]
-        cos = cos_t.index_select(0, st.pos)[:, None, None]                  # [B, 1, 1, D]
-        sin = sin_t.index_select(0, st.pos)[:, None, None]
+        d = self.dims
+        slot = st.slot
+        st.used.copy_(slot + 1)
+        flat = st.row_base + slot                                            # [B] cache row of the new token
+        bias = None
+        if self.attention == "sdpa":
+            bias = torch.where(st.slot_ids[None] <= slot[:, None], 0.0, float("-inf")).to(self.dtype)[:, None, None]
+        h = F.embedding(st.cur, self.embed)                                  # [B, H]
+        cos = self._cos.index_select(0, slot)[:, None, None]                 # [B, 1, 1, D]
+        sin = self._sin.index_select(0, slot)[:, None, None]
+        q, kv = self._first(h, self.layers[0], cos, sin, d)
         for i, w in enumerate(self.layers):
-            q, k, v = self._qkv(h, w, cos, sin, self.eps, self.heads, self.kv_heads, self.head_dim)
-            kc, vc = st.k_cache[i], st.v_cache[i]
-            kc.index_copy_(2, st.slot, k)
-            vc.index_copy_(2, st.slot, v)
-            h = self._mlp(h, attend(q, kc, vc, st.bias, self.scale), w, self.eps)
-        nxt = sample(self._logits_last(h[:, 0]), st.sp, self.eos_id)
-        self._emit(st, nxt)
-        st.pos.add_(1)
-        st.slot.add_(1)
+            st.cache[i].index_copy_(1, flat, kv)
+            attn = self._attend(st, q, st.cache[i], bias)
+            if i + 1 < self.n_layers:
+                h, q, kv = self._between(h, attn, w, self.layers[i + 1], cos, sin, d)
+            else:
+                h = self._last(h, attn, w, d)
+        sp = st.sp
+        nxt, unresolved = self._head(h, self.norm, self.lm_head, st.seed, st.step, d.eps, sp.greedy, sp.temperature,
+                                     sp.top_p, sp.suppress_eos, self.eos_id)
+        self._emit(st, nxt, unresolved)
+        slot.add_(1)
 
-    def _emit(self, st: _State, nxt: torch.Tensor) -> None:
+    def _emit(self, st: _State, nxt: torch.Tensor, unresolved: Optional[torch.Tensor]) -> None:
         nxt = torch.where(st.finished, torch.full_like(nxt, self.pad_id), nxt)
         st.out.index_copy_(1, st.step, nxt[:, None])
+        if unresolved is not None:
+            st.unresolved.add_((unresolved & ~st.finished).sum())
         if self.eos_id is not None:
             st.finished |= nxt == self.eos_id
         st.cur.copy_(nxt)
@@ -299,17 +432,20 @@ class StaticDecoder:
     def _capture(self, st: _State) -> None:
         """Warm up (kernels, cuBLAS handles, compilation) on a side stream, then capture one decode step."""
         self._rope_table(st.slots + 1)
+
+        def reset() -> None:
+            st.slot.fill_(st.prompt_len)
+            st.step.fill_(1)
+
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             for _ in range(2):
-                st.slot.fill_(st.prompt_len)
-                st.step.fill_(1)
+                reset()
                 self._decode_step(st)
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
-        st.slot.fill_(st.prompt_len)
-        st.step.fill_(1)
+        reset()
         with torch.cuda.graph(graph):
             self._decode_step(st)
         st.graph = graph
@@ -323,11 +459,15 @@ class StaticDecoder:
                 torch.cuda.empty_cache()
             st = _State(self, batch, prompt_len, new_tokens, sp)
             if self.use_graphs and new_tokens > 1:
-                # the warm-up steps draw random numbers: leave the caller's (seeded) RNG state as it was
-                with torch.no_grad(), torch.random.fork_rng(devices=[self.device]):
+                with torch.no_grad():
                     self._capture(st)
             self._state = st
         return self._state
+
+    @property
+    def unresolved_draws(self) -> int:
+        """Nucleus draws of the last generate call that no check resolved (they took the most likely token)."""
+        return int(self._state.unresolved) if self._state is not None else 0
 
     @torch.no_grad()
     def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new_tokens: int,
@@ -335,8 +475,11 @@ class StaticDecoder:
         """Left-padded prompts [B, P] -> responses [B, max_new_tokens], right-padded with `pad` after EOS.
 
         Prompts are left-padded further to a multiple of `prompt_multiple`, so that one captured graph
-        serves prompts of similar lengths (extra padding is masked; it does not change the result).
+        serves prompts of similar lengths (extra padding is dropped; it does not change the result).
+        The noise key comes from torch's default generator (CPU): torch.manual_seed(s) then generate
+        gives the same tokens every time.
         """
+        seed = int(torch.randint(0, 2**62, (1,)))
         input_ids = input_ids.to(self.device)
         attention_mask = attention_mask.to(self.device)
         b, p = input_ids.shape
@@ -348,10 +491,12 @@ class StaticDecoder:
         st = self.state_for(b, p, max_new_tokens, sp)
         st.finished.zero_()
         st.out.fill_(self.pad_id)
-        st.slot.fill_(p)
         st.step.zero_()
+        st.seed.fill_(seed)
+        st.unresolved.zero_()
         logits = self._prefill(st, input_ids, attention_mask)
-        self._emit(st, sample(logits, sp, self.eos_id))
+        nxt, unresolved = sample(logits, sp, self.eos_id, st.seed, st.step)
+        self._emit(st, nxt, unresolved)
         check_every = 32
         for t in range(1, max_new_tokens):
             if st.graph is not None:
