@@ -77,7 +77,8 @@ def test_fused_projections_are_views_the_model_and_weight_sync_write_through() -
     attn, mlp, w = model.model.layers[1].self_attn, model.model.layers[1].mlp, dec.layers[1]
     assert w.wqkv.shape == (64 + 2 * 32, 64) and w.bqkv.shape == (64 + 2 * 32,) and w.wgu.shape == (256, 64)
     assert attn.q_proj.weight.data_ptr() == w.wqkv.data_ptr()
-    assert attn.v_proj.weight.data_ptr() == w.wqkv[96:].data_ptr() and mlp.up_proj.weight.data_ptr() == w.wgu[128:].data_ptr()
+    assert attn.v_proj.weight.data_ptr() == w.wqkv[96:].data_ptr()
+    assert mlp.up_proj.weight.data_ptr() == w.wgu[128:].data_ptr()
     with torch.no_grad():
         attn.k_proj.weight.copy_(torch.full_like(attn.k_proj.weight, 0.25))
     assert bool((w.wqkv[64:96] == 0.25).all())

@@ -1,28 +1,37 @@
-"""The `vllm` rollout engine.
+"""The `vllm` rollout engine and its weight sync.
 
-vLLM is not installed here (its wheels pin another torch), so every test that drives the engine
-skips; only the missing-vLLM error is checked everywhere. Where vLLM and a GPU exist, the engine is
-exercised on the built-in tiny model: shapes and padding, EOS handling, fixed length, per-sample
-seeds, and weight sync through `collective_rpc`.
+vLLM is not installed here (its wheels pin another torch), so every test that drives the engine skips
+(reason given); they run on the lent GPU machine, where vLLM 0.26.0 is carried (docs/performance.md). What
+runs everywhere: the missing-vLLM error, and the actor's side of the weight sync (bucket plan, staging
+buffer, dedup of tied weights, the completeness check) against the real worker extension, called
+in-process the way vLLM's in-process executor calls it, with a stand-in model whose `load_weights` copies
+by name (vLLM's own name mapping is exercised on the device).
 """
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
+import textwrap
+from pathlib import Path
 
 import pytest
 import torch
 
 from kuberl.models import char_tokenizer, load_causal_lm
+from kuberl.rollout.vllm_worker import KuberlWorkerExtension
+from kuberl.rollout.weight_sync import ALIGN, StagedSender, plan_buckets, staging_elems
 from kuberl.spec import JobSpec
 
-REASON = "vLLM is not installed here (its wheels pin another torch); the engine is written against its public API"
+REASON = "vLLM is not installed here (its wheels pin another torch); these tests run on the GPU machine"
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def spec(**rollout) -> JobSpec:
     return JobSpec.model_validate({
         "model": {"builtin": "tiny", "dtype": "bfloat16"},
-        "data": {"task": "repeat-letter", "maxPromptLength": 16},
+        "data": {"task": "repeat-letter", "maxPromptLength": 64},
         "reward": {"function": "kuberl.rewards.builtin:repeat_letter"},
         "rollout": {"engine": "vllm", "maxNewTokens": 12, "gpuMemoryUtilization": 0.2, **rollout},
         "roles": {"actor": {"gpus": 1}},
@@ -43,17 +52,105 @@ def test_missing_vllm_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
         assert "(fix: use engine hf or the CUDA runtime image" in msg
 
 
-# -- with vLLM (skipped here) -----------------------------------------------------------------------
+# -- the actor's side of the weight sync, on CPU --------------------------------------------------------
+
+
+def test_bucket_plan_keeps_order_aligns_offsets_and_isolates_large_weights() -> None:
+    shapes = [("a", (10, 10)), ("b", (3,)), ("big", (50, 10)), ("c", (7, 2))]
+    buckets = plan_buckets(shapes, bucket_elems=256)
+    assert [[e[0] for e in b] for b in buckets] == [["a", "b"], ["big"], ["c"]]
+    assert [e[1] for e in buckets[0]] == [0, 128] and all(e[1] % ALIGN == 0 for b in buckets for e in b)
+    assert staging_elems(buckets) == 512  # the 500-element weight, rounded up to the alignment
+
+
+class _Model:
+    """Stands in for vLLM's model: `named_parameters()` and `load_weights(iterable of (HF name, tensor)) ->
+    names written`, here by plain name (vLLM's loader also fuses q/k/v and gate/up)."""
+
+    def __init__(self):
+        self.inner = load_causal_lm(spec().model, dtype=torch.bfloat16, seed=99)
+        self.named_parameters = self.inner.named_parameters
+
+    def load_weights(self, weights):
+        params = dict(self.inner.named_parameters())
+        done = set()
+        for name, tensor in weights:
+            if name.startswith("lm_head.") and self.inner.config.tie_word_embeddings:
+                continue  # vLLM skips the tied head too
+            params[name].data.copy_(tensor)
+            done.add(name)
+        return done
+
+
+class _Worker(KuberlWorkerExtension):
+    def __init__(self, model: _Model):
+        self.model, self.device = model, torch.device("cpu")
+
+    def get_model(self):
+        return self.model
+
+
+def _rpc(worker: _Worker, calls: list[str]):
+    def rpc(method: str, args: tuple = ()) -> list:
+        calls.append(method)
+        return [getattr(worker, method)(*args)]
+    return rpc
+
+
+def test_staged_sender_writes_every_weight_through_small_buckets_and_reuses_its_buffer() -> None:
+    actor = load_causal_lm(spec().model, dtype=torch.float32, seed=0)
+    worker = _Worker(_Model())
+    expected = set(worker.kuberl_param_names())
+    calls: list[str] = []
+    sender = StagedSender(_rpc(worker, calls), torch.device("cpu"), torch.bfloat16, True, expected, bucket_bytes=4096)
+    state = actor.state_dict()
+    stats = sender.send(state)
+    got = dict(worker.model.inner.named_parameters())
+    for name, value in state.items():
+        if name in got:
+            assert torch.equal(got[name].detach(), value.to(torch.bfloat16)), name
+    assert stats["buckets"] > 3 and calls.count("kuberl_open_staging") == 1
+    assert stats["bytes"] == sum(p.numel() for p in actor.parameters()) * 2  # tied head sent once
+    for p in actor.parameters():
+        p.data.add_(1.0)
+    sender.send(actor.state_dict())
+    assert calls.count("kuberl_open_staging") == 1
+    assert torch.equal(got["model.norm.weight"].detach(), actor.model.norm.weight.to(torch.bfloat16))
+
+
+def test_staged_sender_refuses_a_partial_state_dict() -> None:
+    actor = load_causal_lm(spec().model, dtype=torch.float32, seed=0)
+    worker = _Worker(_Model())
+    sender = StagedSender(_rpc(worker, []), torch.device("cpu"), torch.bfloat16, True,
+                          set(worker.kuberl_param_names()), bucket_bytes=1 << 20)
+    partial = {k: v for k, v in actor.state_dict().items() if "layers.0.mlp" not in k}
+    with pytest.raises(RuntimeError, match=r"engine parameters were not written, e.g. \['model.layers.0.mlp"):
+        sender.send(partial)
+
+
+# -- with vLLM and a GPU (skipped here) -----------------------------------------------------------------
+
+
+def _need_vllm() -> None:
+    pytest.importorskip("vllm", reason=REASON)
+    if not torch.cuda.is_available():
+        pytest.skip("vLLM needs a CUDA device")
 
 
 @pytest.fixture(scope="module")
 def engine():
-    pytest.importorskip("vllm", reason=REASON)
-    if not torch.cuda.is_available():
-        pytest.skip("vLLM needs a CUDA device")
+    _need_vllm()
     from kuberl.rollout.vllm import VLLMRollout
 
-    return VLLMRollout(spec(), char_tokenizer())
+    eng = VLLMRollout(spec(), char_tokenizer(), enforce_eager=True)  # vLLM's default mode: engine in its own process
+    eng.sleep_after_generate = False  # tests that sleep say so
+    yield eng
+    eng.close()
+
+
+@pytest.fixture(scope="module")
+def weights() -> dict[str, torch.Tensor]:
+    return load_causal_lm(spec().model, dtype=torch.bfloat16, seed=0).state_dict()
 
 
 def prompts(texts: list[str]):
@@ -61,7 +158,15 @@ def prompts(texts: list[str]):
     return enc["input_ids"], enc["attention_mask"]
 
 
-def test_generate_shape_dtype_and_right_padding(engine) -> None:
+LONG = ["say a: " + "abcdefgh" * 6, "say b: " + "12345678" * 6]  # several 16-token KV blocks: prefix-cacheable
+
+
+def test_engine_runs_in_its_own_process(engine) -> None:
+    assert not engine.in_process, "vLLM's default multiprocessing mode: the weight sync must cross processes"
+
+
+def test_generate_shape_dtype_and_right_padding(engine, weights) -> None:
+    engine.load_weights(weights)
     tok = char_tokenizer()
     ids, mask = prompts(["say a:", "b", "say ccc:"])
     out = engine.generate(ids, mask, seed=0)
@@ -95,13 +200,73 @@ def test_fixed_length_ignores_eos(engine) -> None:
         engine.spec = default_spec
 
 
-def test_load_weights_changes_and_restores_generation(engine) -> None:
-    s = engine.spec
-    original = load_causal_lm(s.model, dtype=torch.bfloat16, seed=s.trainer.seed).state_dict()
-    ids, mask = prompts(["say a:", "say b:", "c"])
+def test_weight_sync_changes_and_restores_generation(engine, weights) -> None:
+    ids, mask = prompts(LONG + ["c"])
+    engine.load_weights(weights)
     before = engine.generate(ids, mask, seed=3)
     gen = torch.Generator().manual_seed(0)
-    engine.load_weights({k: v + torch.randn(v.shape, generator=gen).to(v.dtype) for k, v in original.items()})
+    engine.load_weights({k: v + torch.randn(v.shape, generator=gen).to(v.dtype) for k, v in weights.items()})
+    assert engine.last_sync["seconds"] > 0 and engine.last_sync["bytes"] > 0
     assert not torch.equal(before, engine.generate(ids, mask, seed=3))
-    engine.load_weights(original)  # back to the start: the prefix cache must not serve stale KV
+    engine.load_weights(weights)  # back to the start: the prefix cache must not serve KV of the perturbed weights
     assert torch.equal(before, engine.generate(ids, mask, seed=3))
+
+
+def test_prefix_cache_is_used_between_syncs_and_emptied_by_a_sync(engine, weights) -> None:
+    ids, mask = prompts(LONG)
+    engine.load_weights(weights)
+    first = engine.generate(ids, mask, seed=5)
+    assert engine.last_cached_tokens == 0
+    engine.generate(ids, mask, seed=5)
+    assert engine.last_cached_tokens > 0
+    engine.load_weights(weights)
+    assert torch.equal(first, engine.generate(ids, mask, seed=5))
+    assert engine.last_cached_tokens == 0, "KV blocks from before the sync were reused"
+
+
+def test_sleep_returns_memory_and_the_next_sync_brings_the_engine_back(engine, weights) -> None:
+    ids, mask = prompts(LONG)
+    engine.load_weights(weights)
+    want = engine.generate(ids, mask, seed=9)
+    awake_free = torch.cuda.mem_get_info()[0]
+    engine.sleep_after_generate = True
+    try:
+        engine.generate(ids, mask, seed=9)
+        asleep_free = torch.cuda.mem_get_info()[0]
+        total = torch.cuda.mem_get_info()[1]
+        assert asleep_free - awake_free > 0.1 * total, (awake_free, asleep_free)  # the KV cache (0.2 of the GPU)
+        with pytest.raises(RuntimeError, match="load_weights must run before the next generate"):
+            engine.generate(ids, mask, seed=9)
+        engine.load_weights(weights)  # level 2 discarded the weights: the sync writes all of them
+        assert engine.last_sync["woke"] == 1.0
+        assert torch.equal(want, engine.generate(ids, mask, seed=9))
+    finally:
+        engine.sleep_after_generate = False
+        if engine._asleep:
+            engine.load_weights(weights)
+
+
+def test_weight_sync_in_process_mode() -> None:
+    """VLLM_ENABLE_V1_MULTIPROCESSING=0 (engine in this process): the buffer is passed, not IPC-mapped."""
+    _need_vllm()
+    code = textwrap.dedent("""
+        import torch
+        from kuberl.models import char_tokenizer, load_causal_lm
+        from kuberl.rollout.vllm import VLLMRollout
+        from tests.unit.test_vllm_engine import LONG, prompts, spec
+        eng = VLLMRollout(spec(), char_tokenizer(), enforce_eager=True, sleep=False)
+        assert eng.in_process
+        w = load_causal_lm(spec().model, dtype=torch.bfloat16, seed=0).state_dict()
+        ids, mask = prompts(LONG)
+        eng.load_weights(w)
+        before = eng.generate(ids, mask, seed=1)
+        eng.load_weights({k: v * 1.5 for k, v in w.items()})
+        assert not torch.equal(before, eng.generate(ids, mask, seed=1))
+        eng.load_weights(w)
+        assert torch.equal(before, eng.generate(ids, mask, seed=1))
+        print("IN-PROCESS OK", eng.last_sync)
+    """)
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+           "PYTHONPATH": os.pathsep.join([str(ROOT / "runtime"), str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    run = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True, timeout=400)
+    assert run.returncode == 0 and "IN-PROCESS OK" in run.stdout, run.stdout[-3000:] + run.stderr[-3000:]

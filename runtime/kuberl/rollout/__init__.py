@@ -1,4 +1,4 @@
-"""Rollout engines behind one interface: `hf` (transformers generate) and `vllm`."""
+"""Rollout engines behind one interface: `hf` (transformers generate, or the static-cache fast path) and `vllm`."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ def make_engine(spec: JobSpec, device: torch.device, dtype: torch.dtype, tokeniz
     if spec.rollout.engine == "vllm":
         from .vllm import VLLMRollout
 
-        return VLLMRollout(spec, tokenizer)
+        return VLLMRollout(spec, tokenizer, device)
     from .hf import HFRollout
 
     return HFRollout(spec, device, dtype, tokenizer)

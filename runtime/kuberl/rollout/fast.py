@@ -375,7 +375,8 @@ class StaticDecoder:
         cos, sin = cos_t[positions][:, :, None], sin_t[positions][:, :, None]  # [B, P, 1, D]
         causal = torch.ones(p, p, device=self.device, dtype=torch.bool).tril()
         allowed = (causal[None] & valid[:, None, :]) | torch.eye(p, device=self.device, dtype=torch.bool)[None]
-        bias = torch.zeros(b, 1, p, p, device=self.device, dtype=self.dtype).masked_fill(~allowed[:, None], float("-inf"))
+        bias = torch.zeros(b, 1, p, p, device=self.device, dtype=self.dtype)
+        bias = bias.masked_fill(~allowed[:, None], float("-inf"))
         # slot s of row b takes prompt position s + (P - len_b): the padding is dropped, the prompt left-aligned
         src = (torch.arange(p, device=self.device)[None] + (p - lens)[:, None]).clamp(max=p - 1)
         src = src[:, :, None, None].expand(b, p, d.kv_heads, d.head_dim)
@@ -388,7 +389,8 @@ class StaticDecoder:
         st.slot.copy_(lens)
         return F.linear(rms_norm(h[:, -1], self.norm, d.eps), self.lm_head)
 
-    def _attend(self, st: _State, q: torch.Tensor, layer_cache: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+    def _attend(self, st: _State, q: torch.Tensor, layer_cache: torch.Tensor,
+                bias: Optional[torch.Tensor]) -> torch.Tensor:
         if self.attention == "flash":
             return flash_decode(q, layer_cache[0], layer_cache[1], st.cu_q, st.cu_k, st.used, st.slots, self.scale)
         return sdpa_decode(q, layer_cache[0], layer_cache[1], bias, st.slots, self.scale)

@@ -123,7 +123,8 @@ def sample(logits: torch.Tensor, sp: SamplingParams, eos_id: Optional[int], seed
 
 
 def sample_scalars(logits: torch.Tensor, greedy: bool, temperature: float, top_p: float, suppress_eos: bool,
-                   eos_id: Optional[int], seed: torch.Tensor, step: torch.Tensor) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+                   eos_id: Optional[int], seed: torch.Tensor,
+                   step: torch.Tensor) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """`sample` with the parameters as plain Python scalars (what torch.compile specialises on)."""
     b, v = logits.shape
     lv = logits.float()

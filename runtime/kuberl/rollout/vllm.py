@@ -1,60 +1,66 @@
-"""`vllm` rollout: vLLM's offline `LLM` engine, fed with the actor's weights after each update.
+"""`vllm` rollout: vLLM's offline `LLM` engine on the actor's GPU, fed with the actor's weights after each update.
 
-UNVERIFIED HERE. vLLM cannot be installed in this project's environment (its wheels pin a
-different torch than the runtime's), so this engine is written against vLLM's public API (the V1
-engine's `LLM`, `SamplingParams`, `collective_rpc`) and its unit tests skip unless `vllm` imports;
-it has not run. What it relies on:
+Written against vLLM 0.26.0 (the version that pins the device image's torch 2.11.0; see docs/performance.md
+for where it ran). What it relies on, all public API of that version:
 
-* `vllm.LLM(model=..., tensor_parallel_size=..., gpu_memory_utilization=..., dtype=..., seed=...,
-  max_model_len=..., worker_extension_cls=...)` and `LLM.generate(prompts, sampling_params)` with
-  token-id prompts (`{"prompt_token_ids": [...]}`) and one `SamplingParams` per prompt; outputs come
-  back in input order.
-* Weight sync by vLLM's documented RLHF path: a *worker extension* class (named by its qualified
-  name, mixed into every vLLM worker) whose method calls the vLLM model's
-  `load_weights(iterable of (hf_name, tensor))`, invoked on all workers with
-  `LLM.collective_rpc(method_name, args=...)`. vLLM's loader maps HF names (q/k/v, gate/up ->
-  fused, tied lm_head) and shards each full tensor for its tensor-parallel rank. Tensors travel to
-  the workers by value, on CPU, in buckets of `SYNC_BUCKET_BYTES`; a CUDA-IPC / NCCL path would be
-  faster and is future work. After a sync the prefix cache is reset: KV blocks computed with the
-  old weights must not be reused.
+* The engine in its own process (vLLM's default, `VLLM_ENABLE_V1_MULTIPROCESSING=1`); in-process works
+  too. Processes are started with `spawn`: this module sets `VLLM_WORKER_MULTIPROC_METHOD=spawn` unless
+  the environment already names a method. vLLM's default is `fork` unless CUDA is already initialised,
+  and a fork of a process that has run multi-threaded torch (the built-in model is built on the CPU
+  before the engine starts) can deadlock in the child: seen once on the lent H200, a hang at start-up.
+  `spawn` costs a fresh interpreter (about a second) and never inherits locks.
+* Weight sync by CUDA IPC, through a worker extension (`vllm_worker.KuberlWorkerExtension`, mixed into
+  vLLM's GPU worker via `worker_extension_cls`) called with `LLM.collective_rpc`: the actor casts its
+  weights into one staging buffer on its GPU, bucket by bucket; the engine maps that buffer once and
+  loads views of it with the model's own `load_weights` (HF names; q/k/v and gate/up are fused by vLLM's
+  loader, tied embeddings handled there). Only handles and names cross the process boundary (`ipc.py`).
+  Why not the alternatives vLLM 0.26.0 offers: tensors passed to `collective_rpc` arrive as lists in the
+  multiprocessing mode (msgpack); its weight-transfer API's `ipc` backend needs pickled handles there
+  (`VLLM_ALLOW_INSECURE_SERIALIZATION=1`), imports Ray at module level and re-runs layerwise weight
+  processing on each update; its `nccl` backend needs a NCCL group between trainer and engine, and NCCL
+  refuses two ranks on one GPU, which is exactly this layout (engine beside the actor).
+  After a sync the prefix cache is reset (`reset_prefix_cache`): no KV block computed with old weights is
+  reused. Every vLLM parameter must have been written by a full sync; a missing one is an error.
+* Sleep mode (`enable_sleep_mode`, `spec.rollout.sleepMode`, default on): at the end of each `generate` the
+  engine sleeps at level 2, returning its KV cache and weights to the GPU (the actor trains in that
+  memory); the next `load_weights` wakes the weights, writes them, then wakes the KV cache. Level 2 (weights
+  discarded, not offloaded) because every step overwrites them anyway; a `generate` that finds them
+  discarded without a sync in between is an error.
 
-Built-in models (`spec.model.builtin`) exist only in code: vLLM needs a directory, so the built-in
-model (seeded, identical to the actor's initial weights) and its character tokenizer are written
-with `save_pretrained` to a temporary directory that lives as long as the engine. vLLM is started
-with `skip_tokenizer_init=True` all the same: prompts go in as token ids, responses come out as
-token ids (`detokenize=False`), EOS stops via `stop_token_ids` from the runtime's tokenizer, and
-reloading the saved character tokenizer with `AutoTokenizer` next to a qwen2 `config.json` yields a
-`Qwen2Tokenizer` that tokenizes differently (it drops spaces).
+Built-in models (`spec.model.builtin`) exist only in code: vLLM needs a directory, so the built-in model and
+its character tokenizer are saved once per (shape, dtype) under the temporary directory
+(kuberl-vllm-<uid>/), reused by later engines (and by vLLM's compile cache, which is keyed by the path);
+their weights there are placeholders, which the actor's first sync replaces. vLLM is started with
+`skip_tokenizer_init=True`: prompts go in as token ids, responses come out as token ids
+(`detokenize=False`), EOS stops via `stop_token_ids` from the runtime's tokenizer.
 
-Not done: sleep mode (`enable_sleep_mode` + `LLM.sleep()/wake_up()`) to free the KV cache during
-training; the KV cache share is `spec.rollout.gpuMemoryUtilization`, sized to sit beside the FSDP
-actor on the same GPU. tensorParallelSize > 1 needs the vLLM workers to see that many GPUs, which a
-one-GPU actor rank does not.
+tensorParallelSize > 1 needs the vLLM workers to see that many GPUs, which a one-GPU actor rank does not;
+it was not run.
 """
 
 from __future__ import annotations
 
+import logging
+import os
+import shutil
 import tempfile
-from typing import Any
+import time
+from pathlib import Path
+from typing import Optional
 
 import torch
 
 from ..spec import JobSpec
+from .weight_sync import StagedSender
+
+log = logging.getLogger(__name__)
 
 SYNC_BUCKET_BYTES = 512 << 20
-EXTENSION = f"{__name__}.KuberlWorkerExtension"
-
-
-class KuberlWorkerExtension:
-    """Mixed into each vLLM worker (`worker_extension_cls`); runs in the worker process."""
-
-    def kuberl_load_weights(self, weights: list[tuple[str, torch.Tensor]]) -> int:
-        device = self.device  # type: ignore[attr-defined]
-        loaded = self.model_runner.model.load_weights(weights=[(n, t.to(device)) for n, t in weights])  # type: ignore[attr-defined]
-        return len(loaded) if loaded is not None else len(weights)
+EXTENSION = "kuberl.rollout.vllm_worker.KuberlWorkerExtension"
 
 
 def _import_vllm():
+    os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")  # see the module docstring
     try:
         import vllm
     except ImportError as exc:
@@ -65,16 +71,47 @@ def _import_vllm():
     return vllm
 
 
+def builtin_model_dir(spec: JobSpec, tokenizer, device: Optional[torch.device]) -> str:
+    """A directory holding the built-in model (placeholder weights) and tokenizer; made once, then reused."""
+    from ..models import load_causal_lm
+
+    src, dtype = spec.model, spec.model.dtype
+    root = Path(tempfile.gettempdir()) / f"kuberl-vllm-{os.getuid()}"
+    root.mkdir(mode=0o700, exist_ok=True)
+    if root.stat().st_uid != os.getuid():
+        raise RuntimeError(f"{root} belongs to another user; remove it or set TMPDIR")
+    target = root / f"{src.builtin}-{dtype}"
+    if (target / ".complete").exists():
+        return str(target)
+    tmp = Path(tempfile.mkdtemp(dir=root, prefix=".partial-"))
+    init_on = device if device is not None and device.type == "cuda" else None  # fast; the first sync replaces them
+    load_causal_lm(src, dtype=getattr(torch, dtype), seed=spec.trainer.seed, device=init_on).save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    (tmp / ".complete").touch()
+    try:
+        tmp.rename(target)
+    except OSError:  # another process made it first
+        shutil.rmtree(tmp, ignore_errors=True)
+    return str(target)
+
+
 class VLLMRollout:
     """RolloutEngine on vLLM. Prompts [B,P] left-padded -> responses [B,R] right-padded with pad."""
 
-    def __init__(self, spec: JobSpec, tokenizer):
+    def __init__(self, spec: JobSpec, tokenizer, device: Optional[torch.device] = None,
+                 sleep: Optional[bool] = None, enforce_eager: bool = False):
+        """`sleep` overrides spec.rollout.sleepMode and `enforce_eager` skips torch.compile and CUDA graphs
+        (tests: a fast start)."""
         vllm = _import_vllm()
         self.spec, self.tok = spec, tokenizer
+        self.device = device if device is not None else torch.device("cuda", torch.cuda.current_device())
         self._SamplingParams = vllm.SamplingParams
-        self._tmp: Any = None
-        model = self._model_dir()
         r = spec.rollout
+        self.sleep_mode = r.sleep_mode if sleep is None else sleep
+        self.sleep_after_generate = self.sleep_mode  # benchmarks turn it off to time generation alone
+        src = spec.model
+        model = builtin_model_dir(spec, tokenizer, self.device) if src.builtin else (src.path or src.hub)
+        t0 = time.perf_counter()
         self.llm = vllm.LLM(
             model=model,
             tensor_parallel_size=r.tensor_parallel_size,
@@ -84,21 +121,41 @@ class VLLMRollout:
             max_model_len=spec.data.max_prompt_length + r.max_new_tokens,
             worker_extension_cls=EXTENSION,
             skip_tokenizer_init=True,  # prompts are token ids and outputs stay ids: no tokenizer needed
+            enable_prefix_caching=True,
+            enable_sleep_mode=self.sleep_mode,
+            enforce_eager=enforce_eager,
         )
+        self.start_s = time.perf_counter() - t0
+        workers = self.llm.collective_rpc("kuberl_worker_info")
+        self.in_process = all(w["pid"] == os.getpid() for w in workers)
+        expected = set(self.llm.collective_rpc("kuberl_param_names")[0])
+        self.sender = StagedSender(self.llm.collective_rpc, self.device, getattr(torch, spec.model.dtype),
+                                   self.in_process, expected, SYNC_BUCKET_BYTES)
+        self._asleep = False
+        self.last_sync: dict[str, float] = {}
+        self.last_cached_tokens = 0
 
-    def _model_dir(self) -> str:
-        """A path or hub id vLLM can load; built-ins are saved to a temporary directory first."""
-        src = self.spec.model
-        if not src.builtin:
-            return src.path or src.hub
-        from ..models import load_causal_lm
+    # -- weight sync -------------------------------------------------------------------------------
+    def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
+        """Write the actor's full weights (HF names, any dtype, any device) into the engine; wakes it if asleep."""
+        t0 = time.perf_counter()
+        was_asleep = self._asleep
+        if was_asleep:
+            self.llm.wake_up(tags=["weights"])
+        t_wake = time.perf_counter()
+        stats = self.sender.send(state_dict)
+        t_load = time.perf_counter()
+        if was_asleep:
+            torch.cuda.empty_cache()  # the KV cache comes back into memory this process's allocator may hold
+            self.llm.wake_up(tags=["kv_cache"])
+            self._asleep = False
+        if not self.llm.reset_prefix_cache():
+            raise RuntimeError("vllm weight sync: the prefix cache could not be reset (requests still running)")
+        t1 = time.perf_counter()
+        self.last_sync = {**stats, "seconds": t1 - t0, "wake_weights_s": t_wake - t0,
+                          "wake_kv_and_reset_s": t1 - t_load, "woke": float(was_asleep)}
 
-        dtype = getattr(torch, self.spec.model.dtype)
-        self._tmp = tempfile.TemporaryDirectory(prefix=f"kuberl-vllm-{src.builtin}-")
-        load_causal_lm(src, dtype=dtype, seed=self.spec.trainer.seed).save_pretrained(self._tmp.name)
-        self.tok.save_pretrained(self._tmp.name)
-        return self._tmp.name
-
+    # -- generation --------------------------------------------------------------------------------
     def _sampling_params(self, seed: int):
         r = self.spec.rollout
         return self._SamplingParams(
@@ -112,22 +169,16 @@ class VLLMRollout:
             detokenize=False,
         )
 
-    @torch.no_grad()
-    def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
-        bucket: list[tuple[str, torch.Tensor]] = []
-        size = 0
-        for name, value in state_dict.items():
-            t = value.detach().to("cpu").contiguous()
-            bucket.append((name, t))
-            size += t.numel() * t.element_size()
-            if size >= SYNC_BUCKET_BYTES:
-                self.llm.collective_rpc("kuberl_load_weights", args=(bucket,))
-                bucket, size = [], 0
-        if bucket:
-            self.llm.collective_rpc("kuberl_load_weights", args=(bucket,))
-        self.llm.reset_prefix_cache()
+    def sleep(self) -> None:
+        """Return the KV cache and weights to the GPU until the next load_weights (vLLM sleep level 2)."""
+        if self.sleep_mode and not self._asleep:
+            self.llm.sleep(level=2)
+            self._asleep = True
 
     def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, seed: int) -> torch.Tensor:
+        if self._asleep:
+            raise RuntimeError("vllm rollout: the engine's weights were released after the last rollout "
+                               "(sleep mode); load_weights must run before the next generate")
         R, pad = self.spec.rollout.max_new_tokens, self.tok.pad_token_id
         ids, mask = input_ids.cpu(), attention_mask.cpu().bool()
         prompts = [{"prompt_token_ids": row[m].tolist()} for row, m in zip(ids, mask)]
@@ -137,9 +188,19 @@ class VLLMRollout:
         gen = torch.Generator().manual_seed(seed)
         seeds = torch.randint(0, 2**31 - 1, (len(prompts),), generator=gen).tolist()
         outputs = self.llm.generate(prompts, [self._sampling_params(s) for s in seeds], use_tqdm=False)
+        self.last_cached_tokens = sum(o.num_cached_tokens or 0 for o in outputs)  # prefix-cache hits (prompt tokens)
+        if self.sleep_after_generate:
+            self.sleep()
         responses = torch.full((len(prompts), R), pad, dtype=torch.long)
         for i, out in enumerate(outputs):
             tokens = list(out.outputs[0].token_ids)[:R]
             if tokens:
                 responses[i, : len(tokens)] = torch.tensor(tokens, dtype=torch.long)
         return responses
+
+    def close(self) -> None:
+        """Stop the engine (its process, its GPU memory) and drop the staging buffer."""
+        core = getattr(getattr(self.llm, "llm_engine", None), "engine_core", None)
+        if core is not None and hasattr(core, "shutdown"):
+            core.shutdown()
+        self.sender.staging = None

@@ -171,6 +171,8 @@ class RolloutSpec(Section):
     gpu_memory_utilization: float = Field(0.4, gt=0, le=1, description="vLLM KV-cache share of GPU memory.")
     fixed_length: bool = Field(False, description="Ignore EOS and always emit maxNewTokens (benchmarks).")
     compile: bool = Field(False, description="hf on CUDA: static KV cache + CUDA graphs via torch.compile.")
+    sleep_mode: bool = Field(True, description="vllm: release the engine's KV cache and weights after each "
+                             "rollout until the next weight sync, so the actor trains in that GPU memory.")
 
 
 class CheckpointSpec(Section):
