@@ -2,6 +2,7 @@
 
     PYTHONPATH=runtime python bench/ppo_step.py --model qwen2-0.5b          # H200: 0.5B shape, bf16
     PYTHONPATH=runtime python bench/ppo_step.py --model qwen2-1.5b
+    PYTHONPATH=runtime python bench/ppo_step.py --model qwen2-0.5b --engine vllm [--no-sleep]   # vLLM rollout
     PYTHONPATH=runtime python bench/ppo_step.py --model tiny --device cpu --steps 2 --batch 8 --prompt-len 16 --response-len 16   # smoke
 
 Every role (actor with its rollout engine, critic, ref, rule reward) is built by the same worker
@@ -41,6 +42,9 @@ from kuberl.groups import LocalWorkerGroup  # noqa: E402
 from kuberl.models import CHARS, builtin_config  # noqa: E402
 from kuberl.spec import JobSpec  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from devmem import PeakSampler  # noqa: E402
+
 PHASES = ("rollout", "reward", "ref", "values", "advantage", "update_critic", "update_actor", "weight_sync")
 
 
@@ -65,13 +69,21 @@ def build_spec(args, data_file: Path) -> JobSpec:
         "algorithm": {"name": "ppo", "kl": {"coef": 0.01, "estimator": "k1"}},
         "data": {"files": [str(data_file)], "maxPromptLength": args.prompt_len, "batchSize": args.batch, "shuffle": True},
         "reward": {"function": "kuberl.rewards.builtin:repeat_letter"},
-        "rollout": {"engine": "hf", "maxNewTokens": args.response_len, "temperature": 1.0, "topP": 1.0,
-                    "fixedLength": True, "compile": args.device == "cuda" and not args.no_fast_rollout},
+        "rollout": {"engine": args.engine, "maxNewTokens": args.response_len, "temperature": 1.0, "topP": 1.0,
+                    "fixedLength": True, "compile": args.device == "cuda" and not args.no_fast_rollout,
+                    "gpuMemoryUtilization": args.gpu_memory_utilization, "sleepMode": not args.no_sleep},
         "trainer": {"steps": args.steps, "ppoEpochs": 1, "miniBatchSize": args.mini or args.batch,
                     "microBatchSize": args.micro, "actorLr": 1e-6, "criticLr": 1e-5, "seed": 0,
                     "checkpoint": {"interval": 10_000}},
         "roles": {"actor": {"gpus": gpus}, "critic": {"gpus": gpus}, "ref": {"gpus": gpus}, "reward": {"gpus": 0}},
     })
+
+
+def rollout_path(engine) -> str:
+    """hf: which generation path runs; vllm: the engine's mode."""
+    if hasattr(engine, "path"):
+        return engine.path
+    return f"vllm ({'in-process' if engine.in_process else 'engine process'}, sleep mode {engine.sleep_mode})"
 
 
 def write_prompts(path: Path, n: int, length: int) -> None:
@@ -165,6 +177,9 @@ def main() -> None:
     ap.add_argument("--mini", type=int, default=0, help="sequences per optimizer step (default: the whole batch)")
     ap.add_argument("--micro", type=int, default=16, help="sequences per forward/backward")
     ap.add_argument("--no-fast-rollout", action="store_true", help="rollout with transformers generate")
+    ap.add_argument("--engine", default="hf", choices=["hf", "vllm"], help="rollout.engine")
+    ap.add_argument("--gpu-memory-utilization", type=float, default=0.25, help="vllm: its share of the GPU")
+    ap.add_argument("--no-sleep", action="store_true", help="vllm: keep the engine's memory during training")
     ap.add_argument("--no-train-bench", action="store_true")
     ap.add_argument("--train-reps", type=int, default=5)
     ap.add_argument("--no-ab", action="store_true", help="time the train step only as the runtime runs it")
@@ -184,17 +199,18 @@ def main() -> None:
         engine = driver.groups["actor"].worker.engine
         peak = driver.peak_flops
         print(json.dumps({"model": args.model, "n_params": driver.n_params, "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
-                          "torch": torch.__version__, "matmul_peak_tflops": peak / 1e12, "rollout_path": engine.path,
+                          "torch": torch.__version__, "matmul_peak_tflops": peak / 1e12, "rollout_path": rollout_path(engine),
                           "compile_blocks": os.environ.get("KUBERL_COMPILE", "1") != "0" and args.device == "cuda",
                           "setup_s": setup_s, "batch": args.batch, "prompt_len": args.prompt_len,
                           "response_len": args.response_len, "mini": args.mini or args.batch, "micro": args.micro}), flush=True)
         recs = []
         try:
-            for _ in range(args.steps):
-                rec = driver.train_step()
-                recs.append(rec)
-                keep = {k: v for k, v in rec.items() if k.startswith(("time_", "rollout_tokens", "train_tokens", "mfu", "memory_actor_gpu"))}
-                print(json.dumps({"step": rec["step"], **keep}), flush=True)
+            with PeakSampler() as device_mem:  # every process on the GPU (vLLM's engine runs in its own)
+                for _ in range(args.steps):
+                    rec = driver.train_step()
+                    recs.append(rec)
+                    keep = {k: v for k, v in rec.items() if k.startswith(("time_", "rollout_tokens", "train_tokens", "mfu", "memory_actor_gpu"))}
+                    print(json.dumps({"step": rec["step"], **keep}), flush=True)
             tb = None if args.no_train_bench else train_bench(driver, args, peak)
         finally:
             driver.shutdown()
@@ -216,12 +232,15 @@ def main() -> None:
         "mfu_update_actor_strict": upd_flops / med("time_update_actor_s") / peak if med("time_update_actor_s") else 0.0,
         "peak_tflops": peak / 1e12,
         "gpu_peak_gib": gpu_peak,
+        "device_peak_gib": device_mem.peak_gib,
+        "engine": args.engine,
+        "sleep_mode": args.engine == "vllm" and not args.no_sleep,
         "train_step": tb,
     }
     print(json.dumps(summary), flush=True)
     print()
     print(f"{args.model}: {args.batch} sequences x ({args.prompt_len} prompt + {args.response_len} response) per step; "
-          f"mini {args.mini or args.batch}, micro {args.micro}; rollout path {engine.path}; "
+          f"mini {args.mini or args.batch}, micro {args.micro}; rollout path {rollout_path(engine)}; "
           f"{summary['steps_in_median']} in the median")
     print(f"measured matmul peak (square matmuls in the actor's dtype, this run): {peak / 1e12:.4g} TFLOP/s")
     print("| phase | seconds |")
@@ -239,7 +258,8 @@ def main() -> None:
         for name, x in tb.items():
             if isinstance(x, dict):
                 print(f"| {name} | {x['seconds_median'] * 1e3:.1f} | {x['tokens_per_s']:,.0f} | {x['mfu_6nt']:.1%} | {x['mfu_strict']:.1%} |")
-    print(f"peak GPU memory (all roles, one process): {gpu_peak:.1f} GiB")
+    print(f"peak GPU memory (all roles, one process): {gpu_peak:.1f} GiB; whole device during the steps "
+          f"(NVML, every process): {device_mem.peak_gib if device_mem.peak_gib is not None else 'n/a'} GiB")
     if args.json:
         Path(args.json).write_text(json.dumps({"args": vars(args), "records": recs, "summary": summary}, indent=1, default=str))
 
