@@ -467,7 +467,7 @@ def parse(argv=None):
     if args.quick:
         args.engine, args.model, args.device, args.batch, args.top_p = "hf", "tiny", "cpu", "4", "1.0,0.9"
         args.prompt_len, args.new_tokens, args.repeats, args.profile = 8, 8, 1, True
-        args.variants = args.variants or "graphs,fast,generate,generate-static,cb"
+        args.variants = args.variants or "graphs,fast,generate-static,cb"
     args.batches = [int(x) for x in args.batch.split(",")]
     args.top_ps = [float(x) for x in args.top_p.split(",")]
     default = "fast" if args.engine == "hf" else ",".join(VLLM_VARIANTS)
