@@ -42,7 +42,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .sampling import SamplingParams, sample, sample_scalars
+from .sampling import SamplingParams, sample_scalars
 
 log = logging.getLogger(__name__)
 
@@ -365,7 +365,7 @@ class StaticDecoder:
     # -- forward pieces ----------------------------------------------------------------------------
     @torch.no_grad()
     def _prefill(self, st: _State, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        """Fill each row's cache slots 0..len-1 from its prompt; returns the last position's logits [B, V]."""
+        """Fill each row's cache slots 0..len-1 from its prompt; returns the last position's hidden state [B, H]."""
         b, p = input_ids.shape
         d = self.dims
         valid = attention_mask.bool()
@@ -387,7 +387,7 @@ class StaticDecoder:
             rows.copy_(torch.stack((k.gather(1, src), v.gather(1, src))))
             h = mlp_part(h, prefill_attention(q, k, v, bias, self.scale), w, d.eps)
         st.slot.copy_(lens)
-        return F.linear(rms_norm(h[:, -1], self.norm, d.eps), self.lm_head)
+        return h[:, -1].contiguous()  # the same layout as in the decode step (one compiled variant)
 
     def _attend(self, st: _State, q: torch.Tensor, layer_cache: torch.Tensor,
                 bias: Optional[torch.Tensor]) -> torch.Tensor:
@@ -415,11 +415,16 @@ class StaticDecoder:
                 h, q, kv = self._between(h, attn, w, self.layers[i + 1], cos, sin, d)
             else:
                 h = self._last(h, attn, w, d)
-        sp = st.sp
-        nxt, unresolved = self._head(h, self.norm, self.lm_head, st.seed, st.step, d.eps, sp.greedy, sp.temperature,
-                                     sp.top_p, sp.suppress_eos, self.eos_id)
-        self._emit(st, nxt, unresolved)
+        self._sample_next(st, h)
         slot.add_(1)
+
+    def _sample_next(self, st: _State, h: torch.Tensor) -> None:
+        """Final norm, LM head and sampling of the next token from h [B, H] (the same function for the first
+        token after the prefill and for every decode step), then emit it."""
+        sp = st.sp
+        nxt, unresolved = self._head(h, self.norm, self.lm_head, st.seed, st.step, self.dims.eps, sp.greedy,
+                                     sp.temperature, sp.top_p, sp.suppress_eos, self.eos_id)
+        self._emit(st, nxt, unresolved)
 
     def _emit(self, st: _State, nxt: torch.Tensor, unresolved: Optional[torch.Tensor]) -> None:
         nxt = torch.where(st.finished, torch.full_like(nxt, self.pad_id), nxt)
@@ -496,9 +501,7 @@ class StaticDecoder:
         st.step.zero_()
         st.seed.fill_(seed)
         st.unresolved.zero_()
-        logits = self._prefill(st, input_ids, attention_mask)
-        nxt, unresolved = sample(logits, sp, self.eos_id, st.seed, st.step)
-        self._emit(st, nxt, unresolved)
+        self._sample_next(st, self._prefill(st, input_ids, attention_mask))
         check_every = 32
         for t in range(1, max_new_tokens):
             if st.graph is not None:
