@@ -128,6 +128,73 @@ def test_staged_sender_refuses_a_partial_state_dict() -> None:
         sender.send(partial)
 
 
+class _StandInLLM:
+    """Stands in for `vllm.LLM` so the engine's own logic (sync, sleep state, outputs) runs on CPU; its
+    `collective_rpc` calls the real worker extension in-process, as vLLM's in-process executor does."""
+
+    def __init__(self, **kwargs):
+        self.kwargs, self.calls = kwargs, []
+        self.worker = _Worker(_Model())
+
+    def collective_rpc(self, method, args=()):
+        self.calls.append(method)
+        if method == "kuberl_worker_info":
+            return [{"pid": os.getpid(), "device_uuid": "cpu"}]
+        return [getattr(self.worker, method)(*args)]
+
+    def generate(self, prompts, params, use_tqdm=False):
+        self.calls.append("generate")
+        out = []
+        for prompt, p in zip(prompts, params):
+            completion = type("Completion", (), {"token_ids": [3 + p.seed % 7] * p.max_tokens})()
+            out.append(type("Request", (), {"outputs": [completion], "num_cached_tokens": 0})())
+        return out
+
+    def sleep(self, level):
+        self.calls.append(f"sleep {level}")
+
+    def wake_up(self, tags):
+        self.calls.append(f"wake {','.join(tags)}")
+
+    def reset_prefix_cache(self):
+        self.calls.append("reset_prefix_cache")
+        return True
+
+
+class _StandInParams:
+    def __init__(self, **kwargs):
+        self.__dict__.update(kwargs)
+
+
+def test_engine_logic_with_a_stand_in_for_vllm(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Without vLLM: the engine's sleep/sync state machine, its outputs and the built-in model directory
+    (made once, reused). The real engine is exercised by the device tests below."""
+    import tempfile
+    import types
+
+    from kuberl.rollout.vllm import VLLMRollout
+
+    monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(LLM=_StandInLLM, SamplingParams=_StandInParams))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    eng = VLLMRollout(spec(), char_tokenizer(), torch.device("cpu"))
+    assert eng.in_process and eng.llm.kwargs["enable_sleep_mode"] and eng.llm.kwargs["skip_tokenizer_init"]
+    model_dir = Path(eng.llm.kwargs["model"])
+    assert (model_dir / ".complete").exists() and (model_dir / "config.json").exists()
+    assert VLLMRollout(spec(), char_tokenizer(), torch.device("cpu")).llm.kwargs["model"] == str(model_dir)
+    weights = load_causal_lm(spec().model, dtype=torch.float32, seed=0).state_dict()
+    eng.load_weights(weights)
+    assert eng.llm.calls[-1] == "reset_prefix_cache" and eng.last_sync["woke"] == 0.0
+    ids, mask = prompts(["say a:", "b"])
+    out = eng.generate(ids, mask, seed=1)
+    assert out.shape == (2, 12) and eng.llm.calls[-1] == "sleep 2"
+    with pytest.raises(RuntimeError, match="load_weights must run before the next generate"):
+        eng.generate(ids, mask, seed=1)
+    eng.load_weights(weights)
+    sync = [c for c in eng.llm.calls[eng.llm.calls.index("sleep 2"):] if not c.startswith("kuberl_load")]
+    assert sync == ["sleep 2", "wake weights", "wake kv_cache", "reset_prefix_cache"] and eng.last_sync["woke"] == 1.0
+    assert torch.equal(eng.generate(ids, mask, seed=1), out)
+
+
 # -- with vLLM and a GPU (skipped here) -----------------------------------------------------------------
 
 
