@@ -466,8 +466,19 @@ class StaticDecoder:
                 torch.cuda.empty_cache()
             st = _State(self, batch, prompt_len, new_tokens, sp)
             if self.use_graphs and new_tokens > 1:
-                with torch.no_grad():
-                    self._capture(st)
+                try:
+                    with torch.no_grad():
+                        self._capture(st)
+                except Exception as exc:
+                    if self.attention != "flash":
+                        raise
+                    # the probe passed eagerly, but the kernel would not capture: keep the graph, drop flash
+                    log.warning("fast rollout: flash decode attention failed in CUDA-graph capture (%s: %s); "
+                                "using sdpa", type(exc).__name__, exc)
+                    self.attention, self.attention_note = "sdpa", f"flash failed in capture: {type(exc).__name__}"
+                    st = _State(self, batch, prompt_len, new_tokens, sp)
+                    with torch.no_grad():
+                        self._capture(st)
             self._state = st
         return self._state
 
