@@ -61,7 +61,7 @@ def roll(*a: str) -> list[str]:
 FULL = ["--batch", "256,1024", "--top-p", "1.0,0.9"]
 UNITS: list[Unit] = [
     # -- hf part: our fast path, transformers' own paths, the GPU tests, PPO with hf ----------------------
-    Unit("gpu-tests", "hf", 100, [PY, "-m", "pytest", "-q", "-rs", "-m", "gpu", "tests/gpu", "-s"], "tests"),
+    Unit("gpu-tests", "hf", 80, [PY, "-m", "pytest", "-q", "-rs", "-m", "gpu", "tests/gpu", "-s"], "tests"),
     Unit("hf-0.5b", "hf", 80, roll("--engine", "hf", "--model", "qwen2-0.5b", *FULL, "--variants", "fast",
                                    "--profile")),
     Unit("tf-0.5b-cb", "hf", 60, roll("--engine", "hf", "--model", "qwen2-0.5b", "--batch", "256",

@@ -187,8 +187,10 @@ def test_compiled_sampler_agrees_with_eager_and_stays_in_the_nucleus(top_p: floa
 
 
 def test_top_p_in_the_graph_resolves_its_draws(qwen05) -> None:
+    """The compiled nucleus inside the captured graph (the shape of the inductor test above: only the head
+    recompiles); 16 x 48 draws, each unresolved with probability 1e-7."""
     dec = StaticDecoder(qwen05, PAD, EOS, compile=True)
-    ids, mask = left_padded(64, 32, qwen05.config.vocab_size, seed=6)
+    ids, mask = left_padded(16, 48, qwen05.config.vocab_size, seed=6)
     torch.manual_seed(0)
-    out = dec.generate(ids, mask, 64, SamplingParams(top_p=0.9, suppress_eos=True))
-    assert out.shape == (64, 64) and dec.unresolved_draws <= 2, dec.unresolved_draws
+    out = dec.generate(ids, mask, 48, SamplingParams(top_p=0.9, suppress_eos=True))
+    assert out.shape == (16, 48) and dec.unresolved_draws == 0, dec.unresolved_draws
