@@ -14,6 +14,7 @@ from typing import Any
 
 import yaml
 from kuberl.spec import API_VERSION, KIND, RLTrainingJob, RoleSpec, enabled_roles, role_resource
+from kuberl.spec.contract import Env, ExitCode
 from kuberl.spec.model import node_resource
 
 from . import names
@@ -22,8 +23,6 @@ DEFAULT_IMAGE = "ghcr.io/kuberl/kuberl-runtime:0.1.0"
 HEAD_RESOURCES = {"cpu": "1", "memory": "4Gi"}
 DRIVER_RESOURCES = {"cpu": "1", "memory": "4Gi"}
 DRIVER_BACKOFF_LIMIT = 2
-DRIVER_BAD_INPUT = 1  # `kuberl run`'s exit code for input it refuses (spec, data, reward import)
-DRIVER_GAVE_UP = 3  # `kuberl run`'s exit code for a job that failed for good
 GCS_WAIT_S = 1800  # the driver's init container gives up on the Ray head after this long
 RAY_UID = 1000  # the `ray` user of rayproject images
 RAY_GID = 100
@@ -253,8 +252,8 @@ def driver_job(job: RLTrainingJob, opts: BuildOptions) -> dict[str, Any]:
         "        time.sleep(2)\n"
     )
     env = [
-        {"name": "KUBERL_PROGRESS_CONFIGMAP", "value": names.progress_configmap(name)},
-        {"name": "KUBERL_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+        {"name": Env.PROGRESS_CONFIGMAP, "value": names.progress_configmap(name)},
+        {"name": Env.NAMESPACE, "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
         *ray_auth_env(name),
     ]
     image = image_of(job, opts)
@@ -273,7 +272,8 @@ def driver_job(job: RLTrainingJob, opts: BuildOptions) -> dict[str, Any]:
                 # degraded placement, a role's code raising): retrying cannot help. Exit 4 (no capacity
                 # in time) and crashes are retried. An evicted or preempted driver does not use up a retry.
                 {"action": "FailJob", "onExitCodes": {"containerName": "driver", "operator": "In",
-                                                       "values": [DRIVER_BAD_INPUT, DRIVER_GAVE_UP]}},
+                                                       "values": [ExitCode.BAD_INPUT.value,
+                                                                  ExitCode.GAVE_UP.value]}},
                 {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
             ]},
             "template": {

@@ -8,6 +8,7 @@ The job name is at most 53 characters (spec model), so ``<job>-head-svc`` fits a
 from __future__ import annotations
 
 from kuberl.spec import GROUP, PLURAL, VERSION
+from kuberl.spec.contract import Env
 
 PREFIX = GROUP  # kopf's progress/diff-base annotations and our finalizer live under kuberl.io
 FINALIZER = f"{GROUP}/finalizer"
@@ -24,7 +25,7 @@ GCS_PORT = 6379
 DRIVER_METRICS_PORT = 9500  # the driver serves /metrics here on the pod IP (the chart's PodMonitor scrapes it)
 AUTH_TOKEN_KEY = "auth_token"
 GPU_CLAIM = "gpus"  # the pod's resourceClaims entry (and the template's device request) under DRA
-NODE_NAME_ENV = "KUBERL_NODE_NAME"  # a worker's Kubernetes node, from the downward API
+NODE_NAME_ENV = Env.NODE_NAME  # a worker's Kubernetes node, from the downward API
 CHECKPOINT_VOLUME = "checkpoints"
 DEFAULT_CHECKPOINT_PATH = "/checkpoints"  # where a checkpoint PVC is mounted unless the spec names a path
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kuberl.spec import RLTrainingJob, enabled_roles
+from kuberl.spec.contract import Reason, restart_budget_spent
 
 from . import conditions as cond
 from . import names
@@ -21,7 +22,7 @@ from .progress import DriverOutcome, Progress
 PENDING, PROVISIONING, RUNNING, RESTARTING = "Pending", "Provisioning", "Running", "Restarting"
 SUCCEEDED, FAILED, SUSPENDED = "Succeeded", "Failed", "Suspended"
 ROLE_RESTARTING = "RoleRestarting"
-PLACEMENT_DEGRADED = "PlacementDegraded"  # the driver refused GPUs linked below spec.placement.minLink
+PLACEMENT_DEGRADED = Reason.PLACEMENT_DEGRADED.value  # the driver refused GPUs linked below spec.placement.minLink
 
 
 @dataclass(frozen=True)
@@ -77,10 +78,10 @@ def role_outcome(role: str, job: RLTrainingJob, old: Mapping[str, Any], seen: Ob
     status = {
         "desired": spec.replicas,
         "ready": ready,
-        "restarts": max(pod_restarts, seen.progress.role_restarts.get(role, 0)),
+        "restarts": max(pod_restarts, seen.progress.restarts_of(role)),
         "podRestarts": pod_restarts,
         **({"lastFailure": last_failure} if last_failure else {}),
-        **({"worstLink": seen.progress.role_links[role]} if role in seen.progress.role_links else {}),
+        **({"worstLink": link} if (link := seen.progress.link_of(role)) else {}),
         **tracking.to_status(),
     }
     return RoleOutcome(status, failures, doomed)
@@ -90,9 +91,9 @@ def verdict(job: RLTrainingJob, roles: Mapping[str, RoleOutcome], seen: Observed
     """(phase, reason, message) when the job is over: a spent restart budget, or the driver's outcome."""
     for r, o in roles.items():
         budget = getattr(job.spec.roles, r).max_restarts
-        if o.status["restarts"] > budget:
+        if restart_budget_spent(o.status["restarts"], budget):
             last = f"; last failure {o.status['lastFailure']}" if o.status.get("lastFailure") else ""
-            return FAILED, "ReachedMaxRestarts", (f"role {r} restarted {o.status['restarts']} times, more than "
+            return FAILED, Reason.REACHED_MAX_RESTARTS.value, (f"role {r} restarted {o.status['restarts']} times, more than "
                                                   f"spec.roles.{r}.maxRestarts ({budget}){last}")
     if job.spec.suspend or seen.driver is None:
         return None  # a driver that ends because the job was suspended does not end the job

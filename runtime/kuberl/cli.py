@@ -12,6 +12,7 @@ import sys
 from typing import Callable, Optional, Sequence
 
 from .spec import SpecInvalid, crd_yaml, load_manifest
+from .spec.contract import ExitCode
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -87,7 +88,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
-        return 130
+        return ExitCode.INTERRUPTED
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from .models import transformer_blocks
+from .spec.contract import Env
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -40,7 +41,7 @@ def mesh_for(device: torch.device) -> DeviceMesh:
 
 def compile_enabled(device: torch.device) -> bool:
     """Regional torch.compile of transformer blocks: on CUDA unless KUBERL_COMPILE=0 (never on CPU)."""
-    return device.type == "cuda" and os.environ.get("KUBERL_COMPILE", "1") != "0"
+    return device.type == "cuda" and os.environ.get(Env.COMPILE, "1") != "0"
 
 
 def shard(model: nn.Module, device: torch.device, dtype: torch.dtype, mesh: Optional[DeviceMesh] = None,

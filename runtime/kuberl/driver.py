@@ -27,6 +27,7 @@ from .groups import WorkerFailure, WorkerGroup
 from .metrics import MetricsSink, mfu
 from .models import load_tokenizer
 from .spec import JobSpec, enabled_roles
+from .spec.contract import Reason, restart_budget_spent
 from .tasks import PromptLoader, load_rows
 
 STATEFUL = ("actor", "critic")
@@ -35,13 +36,13 @@ STATEFUL = ("actor", "critic")
 class JobFailed(RuntimeError):
     """The job cannot go on (a role spent its restart budget); the message names the role and reason."""
 
-    reason = "ReachedMaxRestarts"
+    reason = Reason.REACHED_MAX_RESTARTS
 
 
 class PlacementDegraded(JobFailed):
     """`spec.placement.policy: required` and a role's GPU groups are linked below `minLink`."""
 
-    reason = "PlacementDegraded"
+    reason = Reason.PLACEMENT_DEGRADED
 
 
 @dataclass
@@ -57,7 +58,8 @@ class Recovery:
     role: str
     step: int
     phase: str
-    reason: str
+    reason: Reason
+    detail: str
     detect_s: float
     ready_s: float = 0.0
     replay_s: float = 0.0
@@ -172,7 +174,7 @@ class Driver:
         try:
             return self.groups[role].call(method, batch, fault=fault, **kwargs)
         except WorkerFailure as failure:
-            rec = Recovery(role, self.step + 1, self.phase, failure.reason, detect_s=time.perf_counter() - t_call)
+            rec = Recovery(role, self.step + 1, self.phase, failure.reason, failure.detail, detect_s=time.perf_counter() - t_call)
         self._restart(rec)
         t_replay = time.perf_counter()
         result = self._call(role, method, batch, **kwargs)
@@ -187,12 +189,12 @@ class Driver:
         group = self.groups[role]
         t0 = time.perf_counter()
         while True:
-            if health.restarts >= budget:
+            if restart_budget_spent(health.restarts + 1, budget):
                 self._final_checkpoint(role)
-                raise JobFailed(f"role {role} failed at step {rec.step} ({rec.reason}) and reached maxRestarts={budget} "
+                raise JobFailed(f"role {role} failed at step {rec.step} ({rec.detail}) and reached maxRestarts={budget} "
                                 f"(spec.roles.{role}.maxRestarts); last checkpoint: step {self.last_ckpt}")
             health.restarts += 1
-            print(f"[{self.name}] role {role} failed in phase {rec.phase} of step {rec.step}: {rec.reason}; "
+            print(f"[{self.name}] role {role} failed in phase {rec.phase} of step {rec.step}: {rec.detail}; "
                   f"restarting {role} only ({health.restarts}/{budget})", flush=True)
             group.shutdown()
             try:
@@ -200,7 +202,7 @@ class Driver:
                 rec.restored_from = self._restore(role, group) if role in STATEFUL else "model path"
                 break
             except WorkerFailure as again:
-                rec.reason = f"{rec.reason}; recreating it failed: {again.reason}"
+                rec.detail = f"{rec.detail}; recreating it failed: {again.detail}"
         restored = rec.restored_from.startswith("checkpoint")
         rec.steps_lost = 0 if role not in STATEFUL else (self.step - self.last_ckpt if restored else self.step)
         self.check_placement([role])

@@ -14,22 +14,23 @@ from typing import Any, Optional
 
 from .batch import Batch
 from .spec import JobSpec, role_resource
+from .spec.contract import Reason
 from .workers import WORKERS
 
 
 
 class WorkerFailure(RuntimeError):
-    """A role's worker died or stopped answering."""
+    """A role's worker died or stopped answering: `reason` is the code, `detail` says what happened."""
 
-    def __init__(self, role: str, reason: str):
-        super().__init__(f"role {role}: {reason}")
-        self.role, self.reason = role, reason
+    def __init__(self, role: str, reason: Reason, detail: str):
+        super().__init__(f"role {role}: {detail}")
+        self.role, self.reason, self.detail = role, reason, detail
 
 
 class RoleError(RuntimeError):
     """A role's code raised (e.g. a reward function's bug): deterministic, so not worth a restart."""
 
-    reason = "RoleError"
+    reason = Reason.ROLE_ERROR
 
     def __init__(self, role: str, error: str):
         super().__init__(f"role {role} raised {error}")
@@ -164,7 +165,7 @@ class RayWorkerGroup(WorkerGroup):
         try:
             ray.get(self.pg.ready(), timeout=self.ready_timeout_s)
         except ray.exceptions.GetTimeoutError:
-            raise WorkerFailure(self.role, f"no capacity for {self.world_size} x {self.bundle()} within {self.ready_timeout_s:.0f}s "
+            raise WorkerFailure(self.role, Reason.WORKER_FAILURE, f"no capacity for {self.world_size} x {self.bundle()} within {self.ready_timeout_s:.0f}s "
                                            "(spec.resilience.startTimeoutSeconds)") from None
         up = max(self.ready_timeout_s, self.timeout_s)
         addr, port = self._get([self.actors[0].rendezvous.remote()], up)[0]
@@ -183,18 +184,18 @@ class RayWorkerGroup(WorkerGroup):
             while pending:
                 ready, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
                 if not ready:
-                    raise WorkerFailure(self.role, f"hung: no answer within {timeout:.0f}s (spec.resilience.callTimeoutSeconds)")
+                    raise WorkerFailure(self.role, Reason.WORKER_HUNG, f"hung: no answer within {timeout:.0f}s (spec.resilience.callTimeoutSeconds)")
                 ray.get(ready[0])  # raises this rank's error now, not after slower ranks
             return ray.get(refs)
         except ray.exceptions.RayTaskError as exc:
             cause = exc.cause if getattr(exc, "cause", None) is not None else exc
             text = str(cause).strip().splitlines()[-1] if str(cause).strip() else ""
             if not self._all_alive():
-                raise WorkerFailure(self.role, f"a rank died ({type(cause).__name__} on a peer: {text})") from None
+                raise WorkerFailure(self.role, Reason.WORKER_DIED, f"a rank died ({type(cause).__name__} on a peer: {text})") from None
             raise RoleError(self.role, f"{type(cause).__name__}: {text}") from None
         except (ray.exceptions.RayActorError, ray.exceptions.ActorDiedError, ray.exceptions.ActorUnavailableError) as exc:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise WorkerFailure(self.role, f"worker died ({type(exc).__name__}: {first})") from None
+            raise WorkerFailure(self.role, Reason.WORKER_DIED, f"worker died ({type(exc).__name__}: {first})") from None
 
     def _all_alive(self, timeout_s: float = 10.0) -> bool:
         import ray

@@ -22,8 +22,9 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Any, Optional
 
-SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
-SA_DIR_ENV = "KUBERL_SA_DIR"  # where the token and ca.crt are; the pod's mount unless set (a driver run outside a pod)
+from .spec.contract import Env, ProgressDocument, RoleProgress
+
+SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"  # the pod's mount, unless Env.SA_DIR says otherwise
 FINAL_PHASES = ("Succeeded", "Failed")
 
 
@@ -63,17 +64,17 @@ class ProgressReporter:
 
     @classmethod
     def from_env(cls) -> Optional["ProgressReporter"]:
-        """In a driver pod the operator sets KUBERL_PROGRESS_CONFIGMAP and KUBERL_NAMESPACE; else None."""
-        name = os.environ.get("KUBERL_PROGRESS_CONFIGMAP")
+        """In a driver pod the operator sets Env.PROGRESS_CONFIGMAP and Env.NAMESPACE; else None."""
+        name = os.environ.get(Env.PROGRESS_CONFIGMAP)
         if not name:
             return None
         host, port = os.environ.get("KUBERNETES_SERVICE_HOST"), os.environ.get("KUBERNETES_SERVICE_PORT", "443")
-        url = os.environ.get("KUBERL_API_URL") or (api_url(host, port) if host else None)
+        url = os.environ.get(Env.API_URL) or (api_url(host, port) if host else None)
         if url is None:
             return None
-        sa_dir = os.environ.get(SA_DIR_ENV, SA_DIR)
+        sa_dir = os.environ.get(Env.SA_DIR, SA_DIR)
         token, ca = os.path.join(sa_dir, "token"), os.path.join(sa_dir, "ca.crt")
-        return cls(url, os.environ.get("KUBERL_NAMESPACE", "default"), name,
+        return cls(url, os.environ.get(Env.NAMESPACE, "default"), name,
                    ca_file=ca if os.path.exists(ca) else None, token_file=token)
 
     def _bearer(self) -> Optional[str]:
@@ -97,13 +98,13 @@ class ProgressReporter:
         with urllib.request.urlopen(req, timeout=self.timeout_s, context=ctx):
             pass
 
-    def report(self, progress: dict[str, Any], final: Optional[bool] = None) -> bool:
+    def report(self, progress: ProgressDocument, final: Optional[bool] = None) -> bool:
         """Merge-patch `data.progress`, retrying transient failures; returns False (and logs one line) when
         every attempt failed or the API refused for good (a 4xx other than 429). `final` defaults to
         whether the document's phase is Succeeded or Failed."""
-        final = progress.get("phase") in FINAL_PHASES if final is None else final
+        final = progress.phase in FINAL_PHASES if final is None else final
         attempts = self.final_attempts if final else self.step_attempts
-        body = json.dumps({"data": {"progress": json.dumps(progress)}}).encode()
+        body = json.dumps({"data": {"progress": progress.to_json()}}).encode()
         for attempt in range(1, attempts + 1):
             try:
                 self._patch(body)
@@ -125,14 +126,12 @@ class ProgressReporter:
 
 
 def progress_of(rec: dict[str, Any], total_steps: int, phase: str = "Running", message: str = "",
-                reason: str = "", worst_links: Optional[dict[str, Optional[str]]] = None) -> dict[str, Any]:
-    """The progress document for one step record (see kuberl_operator.progress for the reader)."""
-    roles: dict[str, dict[str, Any]] = {k[len("restarts_"):]: {"restarts": v} for k, v in rec.items() if k.startswith("restarts_")}
-    for role, link in {**{k[len("worst_link_"):]: v for k, v in rec.items() if k.startswith("worst_link_")}, **(worst_links or {})}.items():
-        if link:
-            roles.setdefault(role, {})["worstLink"] = link
-    doc = {"step": rec.get("step", 0), "totalSteps": total_steps, "tokensPerSec": round(rec.get("rollout_tokens_per_s", 0.0), 1),
-           "phase": phase, "message": message, "roles": roles}
-    if reason:
-        doc["reason"] = reason
-    return doc
+                reason: str = "", worst_links: Optional[dict[str, Optional[str]]] = None) -> ProgressDocument:
+    """The progress document for one step record (the operator reads it with ProgressDocument.parse)."""
+    restarts = {k[len("restarts_"):]: v for k, v in rec.items() if k.startswith("restarts_")}
+    links = {**{k[len("worst_link_"):]: v for k, v in rec.items() if k.startswith("worst_link_")}, **(worst_links or {})}
+    roles = {role: RoleProgress(restarts=restarts.get(role), worst_link=links.get(role) or None)
+             for role in [*restarts, *(r for r in links if r not in restarts)] if role in restarts or links.get(role)}
+    return ProgressDocument(step=rec.get("step", 0), total_steps=total_steps,
+                            tokens_per_sec=round(rec.get("rollout_tokens_per_s", 0.0), 1), phase=phase, message=message,
+                            reason=reason or None, roles=roles)

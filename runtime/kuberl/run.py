@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from .spec import JobSpec, RLTrainingJob, SpecInvalid, enabled_roles, load_manifest, validate_manifest
+from .spec.contract import ExitCode, Reason
 
 
 class UsageError(ValueError):
@@ -138,8 +139,8 @@ def run_job(job: RLTrainingJob, out: Path, backend: str = "ray", device: str = "
         records = driver.run()
     except (JobFailed, RoleError, WorkerFailure) as exc:
         if reporter is not None:
-            reason = "WorkerFailure" if isinstance(exc, WorkerFailure) else exc.reason
-            reporter.report(progress_of(last, total, "Failed", str(exc), reason, driver.worst_links))
+            reason = Reason.WORKER_FAILURE if isinstance(exc, WorkerFailure) else exc.reason
+            reporter.report(progress_of(last, total, "Failed", str(exc), reason.value, driver.worst_links))
         raise
     finally:
         driver.shutdown()
@@ -163,19 +164,19 @@ def run_command(args: argparse.Namespace) -> int:
         return exc.report()
     except (UsageError, DataError, RewardImportError) as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 1
+        return ExitCode.BAD_INPUT
     except JobFailed as exc:
         print(f"error: job failed ({exc.reason}): {exc}", file=sys.stderr)
-        return 3
+        return ExitCode.GAVE_UP
     except RoleError as exc:
         print(f"error: job failed: {exc}", file=sys.stderr)
-        return 3
+        return ExitCode.GAVE_UP
     except WorkerFailure as exc:  # a role could not start (no capacity in time): worth a retry
         print(f"error: job could not start: {exc}", file=sys.stderr)
-        return 4
+        return ExitCode.NO_CAPACITY
     if records:
         first, last = records[: min(10, len(records))], records[-min(10, len(records)):]
         mean = lambda rs: sum(r["reward_mean"] for r in rs) / len(rs)  # noqa: E731
         print(f"done: {len(records)} steps; reward_mean first10={mean(first):.3f} last10={mean(last):.3f}; "
               f"metrics in {args.out}/metrics.jsonl, curve in {args.out}/reward_curve.png")
-    return 0
+    return ExitCode.OK

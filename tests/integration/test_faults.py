@@ -84,7 +84,7 @@ def test_killed_role_recovers_alone(ray_session, tmp_path, role):
     assert after[role][0][0] != before[role][0][0] and after[role][0][1] != before[role][0][1]
     assert CountingGroup.starts[role] == 2  # recreated exactly once
     (rec,) = driver.health[role].recoveries
-    assert rec.step == 3 and "died" in rec.reason
+    assert rec.step == 3 and "died" in rec.detail
     if role in ("actor", "critic"):
         assert rec.restored_from == "checkpoint step 2"
         assert driver.after_restart["digest"] == pytest.approx(digests[2], rel=1e-12)
@@ -112,7 +112,7 @@ def test_hung_worker_counts_as_failed(ray_session, tmp_path):
     finally:
         driver.shutdown()
     (rec,) = driver.health["ref"].recoveries
-    assert driver.step == 4 and "hung" in rec.reason and 5 <= rec.detect_s < 10
+    assert driver.step == 4 and "hung" in rec.detail and 5 <= rec.detect_s < 10
     assert elapsed < 60
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from kuberl.spec import validate_manifest
+from kuberl.spec.contract import RoleProgress
 
 from kuberl_operator import conditions
 from kuberl_operator.health import PodView
@@ -122,7 +123,7 @@ def test_pods_of_an_old_cluster_are_ignored_and_a_new_cluster_starts_clean() -> 
 
 def test_driver_outcome_and_progress() -> None:
     seen = Observed("rc", pods(), Progress(step=3, total_steps=10, tokens_per_sec=99.5, message="step 3/10",
-                                           role_restarts={"critic": 2}))
+                                           roles={"critic": RoleProgress(restarts=2)}))
     st = run({}, seen, critic_budget=3).status
     assert (st["step"], st["totalSteps"], st["tokensPerSec"], st["message"]) == (3, 10, 99.5, "step 3/10")
     assert st["roles"]["critic"]["restarts"] == 2 and st["roles"]["critic"]["podRestarts"] == 0
@@ -138,7 +139,7 @@ def test_driver_outcome_and_progress() -> None:
 
 def test_the_drivers_account_of_a_failure_names_the_reason() -> None:
     report = Progress(step=0, phase="Failed", reason="PlacementDegraded", message="role actor: worst GPU link SYS",
-                      role_links={"actor": "SYS"})
+                      roles={"actor": RoleProgress(worst_link="SYS")})
     decision = run({}, Observed("rc", pods(), report, DriverOutcome(False, "the driver Job failed: exit 3")))
     st = decision.status
     assert (st["phase"], cond(st, "Failed")["reason"]) == ("Failed", "PlacementDegraded")
@@ -180,7 +181,7 @@ def test_progress_parsing_is_tolerant() -> None:
     assert parse_progress("[1]") == Progress()
     got = parse_progress('{"step": 4, "totalSteps": "x", "tokensPerSec": 10, "phase": 3, "reason": "not a reason!", '
                          '"roles": {"ref": {"restarts": 2, "worstLink": "PIX"}, "x": 1}}')
-    assert got == Progress(step=4, tokens_per_sec=10.0, role_restarts={"ref": 2}, role_links={"ref": "PIX"})
+    assert got == Progress(step=4, tokens_per_sec=10.0, roles={"ref": RoleProgress(restarts=2, worst_link="PIX")})
     assert parse_progress('{"phase": "Failed", "reason": "ReachedMaxRestarts"}').reason == "ReachedMaxRestarts"
 
 
@@ -200,8 +201,9 @@ def test_every_status_field_written_is_declared_in_the_crd() -> None:
     from .schemas import CrdSchema
 
     schema = CrdSchema(generate_crd(), "v1alpha1")
-    report = Progress(step=3, total_steps=10, tokens_per_sec=9.5, message="step 3/10", role_restarts={"ref": 1},
-                      role_links={"actor": "PIX", "critic": "NV4"})
+    report = Progress(step=3, total_steps=10, tokens_per_sec=9.5, message="step 3/10",
+                      roles={"ref": RoleProgress(restarts=1), "actor": RoleProgress(worst_link="PIX"),
+                             "critic": RoleProgress(worst_link="NV4")})
     st = run({}, Observed("rc", pods(), report))
     st = run(st.status, Observed("rc", pods(failed={"c0": "container ray-worker OOMKilled"}), report)).status
     assert {"podRestarts", "members", "handledUIDs", "lastFailure", "worstLink"} <= set(st["roles"]["critic"])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 
 import pytest
@@ -93,7 +94,7 @@ def test_pin_rank_says_where_the_topology_came_from(monkeypatch, tmp_path, capsy
 def test_worst_link_is_visible_in_metrics_and_progress():
     rec = {"step": 3, "worst_link_actor": "PXB", "topology_source_actor": "nvml", "restarts_actor": 0}
     assert ("kuberl_role_worst_link_score", {"role": "actor", "level": "PXB", "source": "nvml"}, 4.0) in prom_samples(rec)
-    doc = progress_of(rec, 10, "Failed", "below minLink", "PlacementDegraded", {"critic": "SYS"})
+    doc = json.loads(progress_of(rec, 10, "Failed", "below minLink", "PlacementDegraded", {"critic": "SYS"}).to_json())
     assert doc["roles"] == {"actor": {"restarts": 0, "worstLink": "PXB"}, "critic": {"worstLink": "SYS"}}
     assert doc["reason"] == "PlacementDegraded"
 

@@ -14,6 +14,7 @@ from typing import Optional
 import pytest
 
 from kuberl.progress import ProgressReporter, api_url, progress_of, retry_after_s
+from kuberl.spec.contract import ProgressDocument
 
 
 class ScriptedServer:
@@ -102,14 +103,14 @@ def test_final_report_survives_5xx_and_429(scripted, capsys):
 
 def test_retry_after_is_honoured_within_its_bound(scripted):
     server = scripted(429, retry_after="1")
-    assert reporter(server.url, max_wait_s=5.0).report({"phase": "Succeeded"})
+    assert reporter(server.url, max_wait_s=5.0).report(ProgressDocument(phase="Succeeded"))
     gap = server.seen[1]["t"] - server.seen[0]["t"]
     assert 0.95 <= gap < 3.0, gap
 
 
 def test_refusals_are_not_retried(scripted, capsys):
     server = scripted(403)
-    assert reporter(server.url).report({"phase": "Failed"}) is False
+    assert reporter(server.url).report(ProgressDocument(phase="Failed")) is False
     assert len(server.seen) == 1
     assert "failed after 1 attempt(s): HTTP Error 403" in capsys.readouterr().err
 
@@ -123,7 +124,7 @@ def test_final_report_waits_for_an_api_server_that_comes_back(netns):
     servers: list[ScriptedServer] = []
     threading.Timer(0.4, lambda: servers.append(ScriptedServer(port=port))).start()
     try:
-        assert reporter(f"http://127.0.0.1:{port}", max_wait_s=0.2).report({"phase": "Succeeded"})
+        assert reporter(f"http://127.0.0.1:{port}", max_wait_s=0.2).report(ProgressDocument(phase="Succeeded"))
     finally:
         time.sleep(0.5)
         for s in servers:
@@ -133,7 +134,7 @@ def test_final_report_waits_for_an_api_server_that_comes_back(netns):
 
 def test_unreachable_api_is_not_fatal(netns, capsys):
     rep = ProgressReporter("http://127.0.0.1:9", "ns", "cm", timeout_s=1, backoff_s=0.01)
-    assert rep.report({"step": 1}) is False
+    assert rep.report(ProgressDocument(step=1)) is False
     assert "progress report to cm failed after 2 attempt(s)" in capsys.readouterr().err
 
 
@@ -143,11 +144,11 @@ def test_token_is_read_for_every_request(scripted, tmp_path: Path):
     token = tmp_path / "token"
     token.write_text("first\n")
     rep = reporter(server.url, token_file=str(token))
-    assert rep.report({"step": 1})
+    assert rep.report(ProgressDocument(step=1))
     token.write_text("second\n")
-    assert rep.report({"step": 2})
+    assert rep.report(ProgressDocument(step=2))
     token.unlink()
-    assert rep.report({"step": 3})
+    assert rep.report(ProgressDocument(step=3))
     assert [s["auth"] for s in server.seen] == ["Bearer first", "Bearer second", None]
 
 
@@ -173,7 +174,7 @@ def test_report_over_ipv6_loopback(scripted):
     except OSError as exc:
         pytest.skip(f"no IPv6 loopback in this network namespace: {exc}")
     assert server.url.startswith("http://[::1]:")
-    assert reporter(server.url).report({"step": 1})
+    assert reporter(server.url).report(ProgressDocument(step=1))
     assert len(server.seen) == 1
 
 

@@ -18,6 +18,7 @@ from ..batch import Batch
 from ..models import count_params, load_tokenizer
 from ..placement import pin_rank
 from ..spec import JobSpec, RoleSpec
+from ..spec.contract import Env
 from .train import FSDPTrainer
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -73,7 +74,7 @@ class Worker:
 
     def rendezvous(self) -> tuple[str, int]:
         """Rank 0: the address and a free port for the group's torch.distributed rendezvous."""
-        host = os.environ.get("KUBERL_NODE_IP") or _ray_node_ip() or "127.0.0.1"
+        host = os.environ.get(Env.NODE_IP) or _ray_node_ip() or "127.0.0.1"
         return host, kdist.free_port(host)
 
     def node_gpus(self) -> tuple[str, list[int]]:

@@ -1,0 +1,139 @@
+"""What the runtime and the operator both read, defined once: exit codes, reason codes, environment
+names, the progress document and the restart-budget rule. Pure pydantic: the operator imports it.
+
+The driver (``kuberl run``) writes the progress document into ConfigMap ``<job>-progress`` as
+``data.progress``; the operator parses it with `ProgressDocument.parse` and mirrors it into the
+RLTrainingJob status. The driver's exit code tells the driver Job's pod failure policy whether a
+retry can help.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import re
+from typing import Any, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+
+class ExitCode(enum.IntEnum):
+    """`kuberl run`'s exit codes (the driver Job fails for good on BAD_INPUT and GAVE_UP)."""
+
+    OK = 0
+    BAD_INPUT = 1  # the manifest, the data, an import path: retrying cannot help
+    GAVE_UP = 3  # a role spent its restart budget, placement is degraded, a role's code raised
+    NO_CAPACITY = 4  # a role could not start in time (no capacity): worth a retry
+    INTERRUPTED = 130
+
+
+class Reason(str, enum.Enum):
+    """CamelCase reason codes (Kubernetes condition reasons) that cross the runtime/operator line.
+
+    Free text goes in a ``message`` or ``detail`` beside the code, never in the code.
+    """
+
+    REACHED_MAX_RESTARTS = "ReachedMaxRestarts"  # a role failed more often than its maxRestarts allows
+    PLACEMENT_DEGRADED = "PlacementDegraded"  # GPUs linked below spec.placement.minLink under `required`
+    ROLE_ERROR = "RoleError"  # a role's code raised (deterministic: no restart)
+    WORKER_FAILURE = "WorkerFailure"  # a role could not (re)start: no capacity in time, or it died starting
+    WORKER_DIED = "WorkerDied"  # a rank's process died (a recovery's cause)
+    WORKER_HUNG = "WorkerHung"  # a rank stopped answering within spec.resilience.callTimeoutSeconds
+
+    def __str__(self) -> str:
+        return self.value
+
+
+REASON_PATTERN = re.compile(r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")  # what Kubernetes accepts as a reason
+
+
+class Env:
+    """Environment variables set by the operator (or a user) and read by the runtime."""
+
+    PROGRESS_CONFIGMAP = "KUBERL_PROGRESS_CONFIGMAP"  # the driver's progress ConfigMap; unset: no reports
+    NAMESPACE = "KUBERL_NAMESPACE"  # the job's namespace (downward API)
+    API_URL = "KUBERL_API_URL"  # the API server, when not the in-cluster service
+    SA_DIR = "KUBERL_SA_DIR"  # where the service-account token and ca.crt are (a driver outside its pod)
+    NODE_NAME = "KUBERL_NODE_NAME"  # a worker pod's Kubernetes node (downward API): its topology domain
+    NODE_IP = "KUBERL_NODE_IP"  # the address a role's rank 0 offers for the torch.distributed rendezvous
+    COMPILE = "KUBERL_COMPILE"  # "0": no torch.compile of training kernels on CUDA
+
+
+def restart_budget_spent(failures: int, max_restarts: int) -> bool:
+    """Whether a role that has failed `failures` times (each failure asks for one restart, the newest
+    included) has spent `spec.roles.<role>.maxRestarts`: maxRestarts restarts are allowed, so the
+    (maxRestarts + 1)-th failure ends the job. maxRestarts 0: the first failure does."""
+    return failures > max_restarts
+
+
+PHASES = ("Running", "Succeeded", "Failed")  # what the driver reports in `phase`
+
+
+class _Doc(BaseModel):
+    model_config = ConfigDict(populate_by_name=True, frozen=True, extra="ignore")
+
+
+class RoleProgress(_Doc):
+    restarts: Optional[int] = Field(None, ge=0, description="Restarts of the role's WorkerGroup the driver made.")
+    worst_link: Optional[str] = Field(None, alias="worstLink", description="Worst GPU link inside the role's groups.")
+
+
+class ProgressDocument(_Doc):
+    """``data.progress`` of ConfigMap ``<job>-progress``: every key optional, e.g.::
+
+        {"step": 12, "totalSteps": 60, "tokensPerSec": 5321.5, "phase": "Running", "message": "",
+         "reason": "PlacementDegraded", "roles": {"critic": {"restarts": 1, "worstLink": "PIX"}}}
+    """
+
+    step: Optional[int] = Field(None, ge=0)
+    total_steps: Optional[int] = Field(None, alias="totalSteps", ge=0)
+    tokens_per_sec: Optional[float] = Field(None, alias="tokensPerSec")
+    phase: Optional[str] = None
+    message: Optional[str] = None
+    reason: Optional[str] = Field(None, pattern=REASON_PATTERN.pattern, description="A Reason code.")
+    roles: dict[str, RoleProgress] = Field(default_factory=dict)
+
+    def restarts_of(self, role: str) -> int:
+        entry = self.roles.get(role)
+        return entry.restarts or 0 if entry is not None else 0
+
+    def link_of(self, role: str) -> Optional[str]:
+        entry = self.roles.get(role)
+        return entry.worst_link if entry is not None else None
+
+    def to_json(self) -> str:
+        return json.dumps(self.model_dump(by_alias=True, exclude_none=True, mode="json"))
+
+    @classmethod
+    def parse(cls, text: Optional[str]) -> "ProgressDocument":
+        """The reader's side: anything malformed (a whole document, one field, one role) is dropped
+        rather than trusted, and what is well-formed is kept."""
+        try:
+            data = json.loads(text or "{}")
+        except ValueError:
+            return cls()
+        if not isinstance(data, dict):
+            return cls()
+        roles = data.get("roles") if isinstance(data.get("roles"), dict) else {}
+        return cls(**_valid_fields(cls, data, skip="roles"),
+                   roles={role: RoleProgress(**_valid_fields(RoleProgress, entry))
+                          for role, entry in roles.items() if isinstance(entry, dict)})
+
+
+def _valid_fields(model: type[BaseModel], data: dict[str, Any], skip: str = "") -> dict[str, Any]:
+    """The entries of `data` that are, each on its own, valid fields of `model` (by alias)."""
+    out: dict[str, Any] = {}
+    for name, info in model.model_fields.items():
+        key = info.alias or name
+        if key != skip and key in data:
+            out.update(_valid(model, key, data[key]))
+    return out
+
+
+def _valid(model: type[BaseModel], key: str, value: Any) -> dict[str, Any]:
+    """{key: value} when `value` is a valid `key` of `model` on its own (strict: no "4" for 4, no bools), else {}."""
+    try:
+        model.model_validate({key: value}, strict=True)
+    except ValidationError:
+        return {}
+    return {key: value}

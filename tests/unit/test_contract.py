@@ -1,0 +1,47 @@
+"""The runtime/operator contract: one budget rule, exit codes the driver Job's policy names, the progress document."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kuberl.spec.contract import ExitCode, ProgressDocument, Reason, RoleProgress, restart_budget_spent
+
+
+@pytest.mark.parametrize("max_restarts, failures, spent", [(0, 1, True), (1, 1, False), (1, 2, True), (3, 3, False),
+                                                           (3, 4, True)])
+def test_max_restarts_restarts_are_allowed_and_the_next_failure_ends_the_job(max_restarts, failures, spent):
+    assert restart_budget_spent(failures, max_restarts) is spent
+
+
+def test_reasons_are_kubernetes_condition_reasons():
+    from kuberl.spec.contract import REASON_PATTERN
+
+    assert all(REASON_PATTERN.match(r.value) for r in Reason)
+    assert f"{Reason.REACHED_MAX_RESTARTS}" == "ReachedMaxRestarts"
+
+
+def test_exit_codes_the_driver_job_fails_on():
+    from kuberl.spec import validate_manifest
+    from kuberl_operator.builders import BuildOptions, driver_job
+
+    job = validate_manifest({"apiVersion": "kuberl.io/v1alpha1", "kind": "RLTrainingJob", "metadata": {"name": "j"},
+                             "spec": {"data": {"task": "repeat-letter"}, "reward": {"function": "m.n:f"}}})
+    rules = driver_job(job, BuildOptions(namespace="ns"))["spec"]["podFailurePolicy"]["rules"]
+    assert rules[0]["onExitCodes"]["values"] == [ExitCode.BAD_INPUT, ExitCode.GAVE_UP] == [1, 3]
+
+
+def test_progress_document_round_trip_and_wire_names():
+    doc = ProgressDocument(step=3, total_steps=9, tokens_per_sec=1.5, phase="Failed", message="m",
+                           reason=Reason.PLACEMENT_DEGRADED.value, roles={"actor": RoleProgress(restarts=1, worst_link="PIX")})
+    wire = json.loads(doc.to_json())
+    assert wire == {"step": 3, "totalSteps": 9, "tokensPerSec": 1.5, "phase": "Failed", "message": "m",
+                    "reason": "PlacementDegraded", "roles": {"actor": {"restarts": 1, "worstLink": "PIX"}}}
+    assert ProgressDocument.parse(doc.to_json()) == doc
+    assert doc.restarts_of("actor") == 1 and doc.restarts_of("critic") == 0 and doc.link_of("actor") == "PIX"
+
+
+def test_progress_parse_drops_each_bad_field_alone():
+    got = ProgressDocument.parse('{"step": true, "totalSteps": 5, "roles": {"a": {"restarts": "1", "worstLink": "SYS"}}}')
+    assert got == ProgressDocument(total_steps=5, roles={"a": RoleProgress(worst_link="SYS")})
