@@ -23,13 +23,14 @@ later steps.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
-import os
 import platform
 import statistics
 import sys
 import tempfile
 import time
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
@@ -38,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))
 
 from kuberl.batch import Batch  # noqa: E402
 from kuberl.driver import Driver  # noqa: E402
+from kuberl.kernels import KernelOptions  # noqa: E402
 from kuberl.groups import LocalWorkerGroup  # noqa: E402
 from kuberl.models import CHARS, builtin_config  # noqa: E402
 from kuberl.spec import JobSpec  # noqa: E402
@@ -100,70 +102,59 @@ def write_prompts(path: Path, n: int, length: int) -> None:
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
 
 
-def train_bench(driver: Driver, args, peak: float) -> dict:
+def train_bench(spec: JobSpec, args, peak: float, n: int) -> dict:
     """A plain actor training step: one optimizer step on a micro x (prompt + response) mini-batch.
 
-    Timed as the runtime runs it (compiled blocks, fused LM head + log-softmax), then, in the same
-    process, with compilation switched off (blocks and head math), and with the logits path instead
-    of the fused head too, so the effect of each is measured here (FSDP2 setup and fused AdamW are
-    the same in all three).
+    Timed as the runtime runs it (compiled blocks, fused LM head + log-softmax), then with
+    compilation off (blocks and head math), and with the logits path instead of the fused head too,
+    each on a fresh actor built with those `KernelOptions` (FSDP2 setup and fused AdamW are the same
+    in all three), so the effect of each is measured here.
     """
-    import kuberl.sequence as sequence
-    from kuberl.models import transformer_blocks
-
-    worker = driver.groups["actor"].worker
-    dev = worker.device
+    device = torch.device(args.device)
+    runtime = KernelOptions.for_device(device)
+    variants = {"runtime": runtime}
+    if not args.no_ab:
+        eager = replace(runtime, compile_blocks=False, compile_head=False)
+        if eager != runtime:
+            variants["eager_blocks"] = eager
+        variants["eager_blocks_logits_path"] = replace(eager, fused_head=False)
     b, p, r = args.micro, args.prompt_len, args.response_len
-    g = torch.Generator().manual_seed(1)
-    vocab = worker.trainer.model.config.vocab_size
-    prompts = torch.randint(2, vocab, (b, p), generator=g)
-    responses = torch.randint(2, vocab, (b, r), generator=g)
-    batch = Batch({
-        "input_ids": torch.cat([prompts, responses], 1), "attention_mask": torch.ones(b, p + r, dtype=torch.long),
-        "responses": responses, "response_mask": torch.ones(b, r), "old_logprobs": torch.full((b, r), -12.0),
-        "advantages": torch.randn(b, r, generator=g), "ref_logprobs": torch.full((b, r), -12.0),
-    }, {"kl_coef": [0.0] * b}).to(dev)
-    tr = worker.spec.trainer
-    saved = (tr.mini_batch_size, tr.micro_batch_size)
-    tr.mini_batch_size, tr.micro_batch_size = b, b
-    blocks = transformer_blocks(worker.trainer.model)
-    compiled = [getattr(blk, "_compiled_call_impl", None) for blk in blocks]
-    fusable = sequence.fusable
+    spec = spec.model_copy(update={"trainer": spec.trainer.model_copy(update={"mini_batch_size": b, "micro_batch_size": b})})
     tokens = b * (p + r)
     flops = model_flops(builtin_config(args.model), b, p + r, r)["total"]
-    n = driver.n_params
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
 
-    def measure() -> dict:
+    def measure(kernels: KernelOptions) -> dict:
+        group = LocalWorkerGroup("actor", spec, args.device, kernels=kernels)
+        group.start()
+        worker = group.worker
+        g = torch.Generator().manual_seed(1)
+        vocab = worker.trainer.model.config.vocab_size
+        prompts = torch.randint(2, vocab, (b, p), generator=g)
+        responses = torch.randint(2, vocab, (b, r), generator=g)
+        batch = Batch({
+            "input_ids": torch.cat([prompts, responses], 1), "attention_mask": torch.ones(b, p + r, dtype=torch.long),
+            "responses": responses, "response_mask": torch.ones(b, r), "old_logprobs": torch.full((b, r), -12.0),
+            "advantages": torch.randn(b, r, generator=g), "ref_logprobs": torch.full((b, r), -12.0),
+        }, {"kl_coef": [0.0] * b}).to(worker.device)
         worker.update(batch, 0)  # warm-up (compilation for this shape, allocator)
         times = []
         for _ in range(args.train_reps):
-            torch.cuda.synchronize() if dev.type == "cuda" else None
+            sync()
             t0 = time.perf_counter()
             worker.update(batch, 0)
-            torch.cuda.synchronize() if dev.type == "cuda" else None
+            sync()
             times.append(time.perf_counter() - t0)
+        group.shutdown()
+        del worker, batch
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
         t = statistics.median(times)
         return {"seconds_median": t, "seconds_all": times, "tokens_per_s": tokens / t,
-                "mfu_6nt": 6 * n * tokens / t / peak, "mfu_strict": flops / t / peak}
+                "mfu_6nt": 6 * n * tokens / t / peak, "mfu_strict": flops / t / peak, "kernels": asdict(kernels)}
 
-    out: dict = {"tokens": tokens}
-    try:
-        out["runtime"] = measure()
-        if not args.no_ab:
-            if any(c is not None for c in compiled):
-                sequence.COMPILE_HEAD = False
-                for blk in blocks:
-                    blk._compiled_call_impl = None
-                out["eager_blocks"] = measure()
-            sequence.fusable = lambda model: False
-            out["eager_blocks_logits_path"] = measure()
-    finally:
-        sequence.fusable = fusable
-        sequence.COMPILE_HEAD = None
-        for blk, c in zip(blocks, compiled):
-            blk._compiled_call_impl = c
-        tr.mini_batch_size, tr.micro_batch_size = saved
-    return out
+    return {"tokens": tokens, **{name: measure(k) for name, k in variants.items()}}
 
 
 def main() -> None:
@@ -200,20 +191,20 @@ def main() -> None:
         peak = driver.peak_flops
         print(json.dumps({"model": args.model, "n_params": driver.n_params, "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
                           "torch": torch.__version__, "matmul_peak_tflops": peak / 1e12, "rollout_path": rollout_path(engine),
-                          "compile_blocks": os.environ.get("KUBERL_COMPILE", "1") != "0" and args.device == "cuda",
+                          "kernels": asdict(KernelOptions.for_device(torch.device(args.device))),
                           "setup_s": setup_s, "batch": args.batch, "prompt_len": args.prompt_len,
                           "response_len": args.response_len, "mini": args.mini or args.batch, "micro": args.micro}), flush=True)
         recs = []
         try:
             with PeakSampler() as device_mem:  # every process on the GPU (vLLM's engine runs in its own)
                 for _ in range(args.steps):
-                    rec = driver.train_step()
+                    rec = driver.train_step().flat()
                     recs.append(rec)
                     keep = {k: v for k, v in rec.items() if k.startswith(("time_", "rollout_tokens", "train_tokens", "mfu", "memory_actor_gpu"))}
                     print(json.dumps({"step": rec["step"], **keep}), flush=True)
-            tb = None if args.no_train_bench else train_bench(driver, args, peak)
         finally:
             driver.shutdown()
+        tb = None if args.no_train_bench else train_bench(spec, args, peak, driver.n_params)
 
     cfg = builtin_config(args.model)
     seq = args.prompt_len + args.response_len

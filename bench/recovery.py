@@ -35,7 +35,7 @@ def one_run(spec, out: Path) -> dict[str, tuple[float, float, float]]:
         driver.run()
     finally:
         driver.shutdown()
-    return {role: (h.recoveries[0].detect_s, h.recoveries[0].ready_s, h.recoveries[0].replay_s) for role, h in driver.health.items()}
+    return {role: (h.recoveries[0].detect_s, h.recoveries[0].ready_s, h.recoveries[0].replay_s) for role, h in driver.history.items()}
 
 
 def main() -> None:

@@ -5,22 +5,24 @@
 
 Builds only the actor (through LocalWorkerGroup, as a job does) and times one optimizer step on
 --micro sequences of --prompt-len + --response-len tokens (default 16 x 512): forward, PPO loss,
-backward, grad clip, AdamW. Variants, in one process: `runtime` (as a job runs it: compiled blocks
-on CUDA, fused LM head + log-softmax with its chunk math compiled), `eager-head` (the chunk math
-not compiled), `eager` (blocks not compiled either), `eager-logits` (the logits path instead of the
-fused head too). All share FSDP2 setup and fused AdamW. MFU is against the bf16 matmul peak
-measured in this run.
+backward, grad clip, AdamW. Variants, in one process, each a fresh actor built with its own
+`KernelOptions`: `runtime` (as a job runs it: compiled blocks on CUDA, fused LM head + log-softmax
+with its chunk math compiled), `eager-head` (the chunk math not compiled), `eager` (blocks not
+compiled either), `eager-logits` (the logits path instead of the fused head too). All share FSDP2
+setup and fused AdamW. MFU is against the bf16 matmul peak measured in this run.
 --profile prints, for `runtime`, the top ops by CUDA time and by CPU time over two profiled steps.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import statistics
 import sys
 import tempfile
 import time
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
@@ -30,7 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))
 from kuberl import dist as kdist  # noqa: E402
 from kuberl.batch import Batch  # noqa: E402
 from kuberl.groups import LocalWorkerGroup  # noqa: E402
-from kuberl.models import builtin_config, transformer_blocks  # noqa: E402
+from kuberl.kernels import KernelOptions  # noqa: E402
+from kuberl.models import builtin_config  # noqa: E402
 from kuberl.spec import JobSpec  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -57,34 +60,34 @@ def main() -> None:
         "trainer": {"miniBatchSize": args.micro, "microBatchSize": args.micro, "actorLr": 1e-6},
         "roles": {"actor": {"gpus": 1 if cuda else 0}},
     })
-    group = LocalWorkerGroup("actor", spec, args.device)
-    group.start()
-    worker = group.worker
-    dev = worker.device
-    peak = worker.measure_peak_flops()
+    runtime = KernelOptions.for_device(torch.device(args.device))
+    kernels = {"runtime": runtime, "eager-head": replace(runtime, compile_head=False),
+               "eager": replace(runtime, compile_head=False, compile_blocks=False),
+               "eager-logits": replace(runtime, compile_head=False, compile_blocks=False, fused_head=False)}
     b, p, r = args.micro, args.prompt_len, args.response_len
-    g = torch.Generator().manual_seed(1)
-    vocab = worker.trainer.model.config.vocab_size
-    prompts, responses = torch.randint(2, vocab, (b, p), generator=g), torch.randint(2, vocab, (b, r), generator=g)
-    batch = Batch({
-        "input_ids": torch.cat([prompts, responses], 1), "attention_mask": torch.ones(b, p + r, dtype=torch.long),
-        "responses": responses, "response_mask": torch.ones(b, r), "old_logprobs": torch.full((b, r), -12.0),
-        "advantages": torch.randn(b, r, generator=g), "ref_logprobs": torch.full((b, r), -12.0),
-    }, {"kl_coef": [0.0] * b}).to(dev)
-    n = worker.num_params()
-    tokens = b * (p + r)
-    flops = model_flops(builtin_config(args.model), b, p + r, r)["total"]
     sync = torch.cuda.synchronize if cuda else (lambda: None)
-    blocks = transformer_blocks(worker.trainer.model)
-    compiled = [getattr(blk, "_compiled_call_impl", None) for blk in blocks]
-    import kuberl.sequence as sequence
-
-    fusable = sequence.fusable
-    print(json.dumps({"model": args.model, "n_params": n, "peak_tflops": peak / 1e12, "tokens": tokens,
-                      "compiled_blocks": sum(c is not None for c in compiled), "torch": torch.__version__}), flush=True)
-    rows = {}
+    flops = model_flops(builtin_config(args.model), b, p + r, r)["total"]
+    tokens = b * (p + r)
+    rows: dict[str, dict] = {}
+    peak = 0.0
 
     def run_variant(name: str) -> None:
+        """A fresh actor built with this variant's kernels (KernelOptions), timed on the same batch."""
+        nonlocal peak
+        group = LocalWorkerGroup("actor", spec, args.device, kernels=kernels[name])
+        group.start()
+        worker = group.worker
+        if not peak:
+            peak = worker.measure_peak_flops()
+        n = worker.num_params()
+        g = torch.Generator().manual_seed(1)
+        vocab = worker.trainer.model.config.vocab_size
+        prompts, responses = torch.randint(2, vocab, (b, p), generator=g), torch.randint(2, vocab, (b, r), generator=g)
+        batch = Batch({
+            "input_ids": torch.cat([prompts, responses], 1), "attention_mask": torch.ones(b, p + r, dtype=torch.long),
+            "responses": responses, "response_mask": torch.ones(b, r), "old_logprobs": torch.full((b, r), -12.0),
+            "advantages": torch.randn(b, r, generator=g), "ref_logprobs": torch.full((b, r), -12.0),
+        }, {"kl_coef": [0.0] * b}).to(worker.device)
         t0 = time.perf_counter()
         worker.update(batch, 0)
         sync()
@@ -99,7 +102,8 @@ def main() -> None:
             times.append(time.perf_counter() - t0)
         t = statistics.median(times)
         rows[name] = {"ms": t * 1e3, "first_call_s": first, "tokens_per_s": tokens / t, "mfu_6nt": 6 * n * tokens / t / peak,
-                      "mfu_strict": flops / t / peak, "ms_all": [x * 1e3 for x in times]}
+                      "mfu_strict": flops / t / peak, "ms_all": [x * 1e3 for x in times], "n_params": n,
+                      "kernels": asdict(kernels[name])}
         print(json.dumps({"variant": name, **rows[name]}), flush=True)
         if args.profile and name == "runtime" and cuda:
             from torch.profiler import ProfilerActivity, profile
@@ -112,29 +116,15 @@ def main() -> None:
             print(f"profile ({name}), 2 steps of {t * 1e3:.1f} ms each (the table's totals cover both):", flush=True)
             print(events.table(sort_by="self_device_time_total", row_limit=22, max_name_column_width=70), flush=True)
             print(events.table(sort_by="self_cpu_time_total", row_limit=30, max_name_column_width=70), flush=True)
+        group.shutdown()
+        del worker, batch
+        gc.collect()
+        if cuda:
+            torch.cuda.empty_cache()
 
-    try:
-        for name in args.variants.split(","):
-            if name == "runtime":
-                run_variant(name)
-            elif name == "eager-head":
-                sequence.COMPILE_HEAD = False
-                run_variant(name)
-            elif name == "eager":
-                sequence.COMPILE_HEAD = False
-                for blk in blocks:
-                    blk._compiled_call_impl = None
-                run_variant(name)
-            elif name == "eager-logits":
-                for blk in blocks:
-                    blk._compiled_call_impl = None
-                sequence.fusable = lambda model: False
-                run_variant(name)
-    finally:
-        sequence.fusable = fusable
-        sequence.COMPILE_HEAD = None
-        for blk, c in zip(blocks, compiled):
-            blk._compiled_call_impl = c
+    print(json.dumps({"model": args.model, "tokens": tokens, "torch": torch.__version__}), flush=True)
+    for name in args.variants.split(","):
+        run_variant(name)
     gpu_peak = torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0
     print()
     print(f"{args.model}, actor update on {b} x {p + r} tokens ({r} response), one AdamW step, FSDP2 world size 1; "
@@ -145,7 +135,6 @@ def main() -> None:
         print(f"| {name} | {x['ms']:.1f} | {x['tokens_per_s']:,.0f} | {x['mfu_6nt']:.1%} | {x['mfu_strict']:.1%} | {x['first_call_s']:.1f} |")
     if args.json:
         Path(args.json).write_text(json.dumps({"args": vars(args), "peak_tflops": peak / 1e12, "rows": rows, "gpu_peak_gib": gpu_peak}, indent=1))
-    group.shutdown()
     if kdist.dist.is_initialized():
         kdist.dist.destroy_process_group()
 

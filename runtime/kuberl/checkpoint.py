@@ -13,6 +13,9 @@ import shutil
 from pathlib import Path
 from typing import Any, Optional
 
+from torch import nn
+from torch.optim import Optimizer
+
 STATE_FILE = "trainer_state.json"
 
 
@@ -43,3 +46,22 @@ def write_state(root: Path, step: int, state: dict[str, Any], keep: int) -> None
 
 def read_state(root: Path, step: int) -> dict[str, Any]:
     return json.loads((step_dir(root, step) / STATE_FILE).read_text())
+
+
+def save_trainable(model: nn.Module, optimizer: Optimizer, path: str) -> None:
+    """A role's model and optimizer as a torch DCP checkpoint (sharded, loadable at any world size)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    msd, osd = get_state_dict(model, optimizer)
+    dcp.save({"model": msd, "optim": osd}, checkpoint_id=path)
+
+
+def load_trainable(model: nn.Module, optimizer: Optimizer, path: str) -> None:
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    msd, osd = get_state_dict(model, optimizer)
+    state = {"model": msd, "optim": osd}
+    dcp.load(state, checkpoint_id=path)
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])

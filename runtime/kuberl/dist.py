@@ -13,7 +13,6 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from .models import transformer_blocks
-from .spec.contract import Env
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -39,19 +38,14 @@ def mesh_for(device: torch.device) -> DeviceMesh:
     return init_device_mesh(device.type, (dist.get_world_size(),))
 
 
-def compile_enabled(device: torch.device) -> bool:
-    """Regional torch.compile of transformer blocks: on CUDA unless KUBERL_COMPILE=0 (never on CPU)."""
-    return device.type == "cuda" and os.environ.get(Env.COMPILE, "1") != "0"
-
-
 def shard(model: nn.Module, device: torch.device, dtype: torch.dtype, mesh: Optional[DeviceMesh] = None,
-          compile_blocks: Optional[bool] = None) -> nn.Module:
+          compile_blocks: bool = False) -> nn.Module:
     """FSDP2: shard each transformer block, then the root. bf16 compute keeps fp32 master weights
     (param_dtype bf16, reduce_dtype fp32).
 
     On CUDA at world size 1 nothing is actually sharded, so per-block units would only add hooks and
     small copies: the whole model is one FSDP unit there, gathered once (to bf16) per forward and
-    kept until backward. With `compile_blocks` (default: `compile_enabled(device)`) every block's
+    kept until backward. With `compile_blocks` (`KernelOptions.compile_blocks`) every block's
     forward goes through torch.compile, after sharding (FSDP's hooks stay outside the compiled region;
     parameter names are unchanged); blocks share one compiled graph, so this costs one compilation,
     not one per layer.
@@ -65,7 +59,7 @@ def shard(model: nn.Module, device: torch.device, dtype: torch.dtype, mesh: Opti
         for block in blocks:
             fully_shard(block, mesh=mesh, mp_policy=mp)
     fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=not single)
-    if compile_enabled(device) if compile_blocks is None else compile_blocks:
+    if compile_blocks:
         # one code object (the block class's forward) serves every role in the process, each with its
         # own variants (grad or not, train or eval, mask or none, trunk or causal LM): the default
         # limit of 8 compiled variants would silently send later ones back to eager

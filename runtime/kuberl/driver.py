@@ -1,240 +1,123 @@
-"""The single controller: one process owns the PPO/GRPO loop and calls methods on role WorkerGroups.
+"""The single controller's built-in program: the PPO/GRPO loop, written on `kuberl.library.Roles`.
 
 One step (each phase timed):
     rollout      actor   prompts -> responses, old log-probs
     reward       reward  responses -> scores [B]
     ref          ref     ref log-probs [B,R]
     values       critic  values [B,R]                      (ppo)
-    advantage    driver  GAE (ppo) or group-normalised scores (grpo), KL shaping
+    advantage    driver  the advantage estimator (GAE for ppo, group-normalised scores for grpo), KL
     update_critic, update_actor, weight_sync (actor -> its rollout engine)
 
-When a role's worker dies or hangs, only that role's group is torn down, recreated, restored (actor,
-critic: last checkpoint; ref, reward: model path) and the interrupted phase is replayed.
+When a role's worker dies or hangs, `Roles` restarts only that role's group, restores it (actor,
+critic: last checkpoint; ref, reward: model path) and replays the interrupted call. The driver's
+output is one `StepRecord` per step, which every sink is written from.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Callable, Iterator, Optional
 
 import torch
 
 from . import algos, checkpoint
 from .batch import Batch
-from .groups import WorkerFailure, WorkerGroup
+from .groups import WorkerGroup
+from .library import STATEFUL, Fault, JobFailed, PlacementDegraded, RoleHistory, Roles
 from .metrics import MetricsSink, mfu
 from .models import load_tokenizer
-from .spec import JobSpec, enabled_roles
-from .spec.contract import Reason, restart_budget_spent
+from .record import RoleStep, StepRecord
+from .spec import JobSpec
 from .tasks import PromptLoader, load_rows
 
-STATEFUL = ("actor", "critic")
-
-
-class JobFailed(RuntimeError):
-    """The job cannot go on (a role spent its restart budget); the message names the role and reason."""
-
-    reason = Reason.REACHED_MAX_RESTARTS
-
-
-class PlacementDegraded(JobFailed):
-    """`spec.placement.policy: required` and a role's GPU groups are linked below `minLink`."""
-
-    reason = Reason.PLACEMENT_DEGRADED
-
-
-@dataclass
-class Fault:
-    role: str
-    step: int
-    mode: str = "kill"  # kill | hang
-    fired: bool = False
-
-
-@dataclass
-class Recovery:
-    role: str
-    step: int
-    phase: str
-    reason: Reason
-    detail: str
-    detect_s: float
-    ready_s: float = 0.0
-    replay_s: float = 0.0
-    steps_lost: int = 0
-    restored_from: str = ""
-
-
-@dataclass
-class RoleHealth:
-    restarts: int = 0
-    recoveries: list[Recovery] = field(default_factory=list)
+__all__ = ["Driver", "Fault", "JobFailed", "PlacementDegraded"]
+SEQ = ("input_ids", "attention_mask", "responses", "response_mask")
 
 
 class Driver:
     def __init__(self, spec: JobSpec, name: str, out_dir: Path, make_group: Callable[[str], WorkerGroup],
                  faults: Optional[list[Fault]] = None, progress: bool = True,
-                 on_step: Optional[Callable[[dict[str, Any]], None]] = None):
+                 on_step: Optional[Callable[[StepRecord], None]] = None):
         self.spec, self.name, self.out = spec, name, out_dir
-        self.make_group = make_group
-        self.roles = enabled_roles(spec)
-        self.faults = faults or []
         self.progress, self.on_step = progress, on_step
-        self.ckpt_root = Path(spec.trainer.checkpoint.path) if spec.trainer.checkpoint.path else out_dir / "checkpoints"
+        tr = spec.trainer
+        self.ckpt_root = Path(tr.checkpoint.path) if tr.checkpoint.path else out_dir / "checkpoints"
+        self.roles = Roles(spec, make_group, faults, self.ckpt_root, name)
+        self.roles.on_budget_spent.append(self._final_checkpoint)
         self.tokenizer = load_tokenizer(spec.model)
         self.tokenizer.truncation_side = "left"
-        self.loader = PromptLoader(load_rows(spec.data), spec.data.batch_size, spec.trainer.seed, spec.data.shuffle)
+        self.loader = PromptLoader(load_rows(spec.data), spec.data.batch_size, tr.seed, spec.data.shuffle)
         a = spec.algorithm
         self.kl_ctl = algos.make_kl_controller(a.kl.controller, a.kl.coef, a.kl.target, a.kl.horizon)
-        self.health = {r: RoleHealth() for r in self.roles}
-        self.groups: dict[str, WorkerGroup] = {}
-        self.worst_links: dict[str, Optional[str]] = {}
-        self.topology_sources: dict[str, str] = {}  # role -> where its ranks read the links (nvml, nvidia-smi, none)
         self.loader_at_step_start = self.loader.state_dict()
-        self.step = 0
-        self.last_ckpt = 0
-        self.phase = ""
+        self.metrics_port: Optional[int] = None
+
+    # -- what the roles hold -----------------------------------------------------------------------
+    @property
+    def step(self) -> int:
+        """Completed steps."""
+        return self.roles.step
+
+    @property
+    def groups(self) -> dict[str, WorkerGroup]:
+        return self.roles.groups
+
+    @property
+    def history(self) -> dict[str, RoleHistory]:
+        return self.roles.history
+
+    @property
+    def worst_links(self) -> dict[str, Optional[str]]:
+        return self.roles.worst_links
 
     # -- setup and state ---------------------------------------------------------------------------
     def start(self) -> None:
-        for role in self.roles:
-            self.groups[role] = self.make_group(role)
-            self.groups[role].launch()
-        for role in self.roles:
-            self.groups[role].wait_ready()
+        self.roles.start()
         resume = checkpoint.latest(self.ckpt_root)
         if resume is not None:
             self._restore_driver(resume)
-            for role in STATEFUL:
-                if role in self.groups:
-                    self.groups[role].call("load", path=str(checkpoint.step_dir(self.ckpt_root, resume) / role))
-        self.check_placement()
-        self.peak_flops = self.groups["actor"].call("measure_peak_flops")[0]
-        self.n_params = self.groups["actor"].call("num_params")[0]
-
-    def check_placement(self, roles: Optional[list[str]] = None) -> None:
-        """Record each role's worst GPU link; under `required`, refuse to train below minLink."""
-        from .placement import placement_problem
-
-        problems = []
-        for role in roles or list(self.groups):
-            group = self.groups[role]
-            infos = group.call("placement_info")
-            links = [p["worst_link"] for p in infos if p["worst_link"]]
-            self.worst_links[role] = min(links, key=_link_rank) if links else None
-            self.topology_sources[role] = ",".join(sorted({p["topology_source"] for p in infos if p["topology_source"]}))
-            problem = placement_problem(self.spec, role, self.worst_links[role])
-            if problem:
-                problems.append(problem)
-        if problems:
-            raise PlacementDegraded("; ".join(problems))
+            self.roles.load_checkpoint(resume)
+        self.peak_flops = self.roles.actor.measure_peak_flops()
+        self.n_params = self.roles.actor.num_params()
 
     def _restore_driver(self, step: int) -> None:
         state = checkpoint.read_state(self.ckpt_root, step)
-        self.step = self.last_ckpt = state["step"]
+        self.roles.step = self.roles.last_checkpoint = state["step"]
         self.loader.load_state_dict(state["data"])
         self.kl_ctl.load_state_dict(state["kl_controller"])
         for role, n in state.get("restarts", {}).items():
-            if role in self.health:
-                self.health[role].restarts = n
-        for f in self.faults:
+            if role in self.history:
+                self.history[role].restarts = n
+        for f in self.roles.faults:
             f.fired = f.fired or f.step <= self.step
 
     def save_checkpoint(self, data_state: Optional[dict[str, int]] = None) -> None:
         """Checkpoint the completed step `self.step`. `data_state` is the data position after that
         step (default: the loader's position now, which is right between steps)."""
-        d = checkpoint.step_dir(self.ckpt_root, self.step)
-        d.mkdir(parents=True, exist_ok=True)
-        for role in STATEFUL:
-            if role in self.groups:
-                self._call(role, "save", path=str(d / role))
-        state = {"step": self.step, "data": data_state or self.loader.state_dict(), "kl_controller": self.kl_ctl.state_dict(),
-                 "restarts": {r: h.restarts for r, h in self.health.items()}}
+        self.roles.save_checkpoint(self.step)
+        state = {"step": self.step, "data": data_state or self.loader.state_dict(),
+                 "kl_controller": self.kl_ctl.state_dict(), "restarts": {r: h.restarts for r, h in self.history.items()}}
         checkpoint.write_state(self.ckpt_root, self.step, state, self.spec.trainer.checkpoint.keep)
-        self.last_ckpt = self.step
-
-    def shutdown(self) -> None:
-        for group in self.groups.values():
-            group.shutdown()
-
-    # -- fault handling ----------------------------------------------------------------------------
-    def _pending_fault(self, role: str) -> Optional[str]:
-        for f in self.faults:
-            if f.role == role and f.step == self.step + 1 and not f.fired:
-                f.fired = True
-                return f.mode
-        return None
-
-    def _call(self, role: str, method: str, batch: Optional[Batch] = None, **kwargs: Any) -> Any:
-        """Call a role; on WorkerFailure restart only that role and replay this call."""
-        fault = self._pending_fault(role) if method not in ("save", "load") else None
-        t_call = time.perf_counter()
-        try:
-            return self.groups[role].call(method, batch, fault=fault, **kwargs)
-        except WorkerFailure as failure:
-            rec = Recovery(role, self.step + 1, self.phase, failure.reason, failure.detail, detect_s=time.perf_counter() - t_call)
-        self._restart(rec)
-        t_replay = time.perf_counter()
-        result = self._call(role, method, batch, **kwargs)
-        rec.replay_s = time.perf_counter() - t_replay
-        return result
-
-    def _restart(self, rec: Recovery) -> None:
-        """Recreate only `rec.role`'s group and restore its state. A recreate that fails again (no
-        capacity in time, a rank dying during start) counts as another restart of the same budget."""
-        role, health = rec.role, self.health[rec.role]
-        budget = getattr(self.spec.roles, role).max_restarts
-        group = self.groups[role]
-        t0 = time.perf_counter()
-        while True:
-            if restart_budget_spent(health.restarts + 1, budget):
-                self._final_checkpoint(role)
-                raise JobFailed(f"role {role} failed at step {rec.step} ({rec.detail}) and reached maxRestarts={budget} "
-                                f"(spec.roles.{role}.maxRestarts); last checkpoint: step {self.last_ckpt}")
-            health.restarts += 1
-            print(f"[{self.name}] role {role} failed in phase {rec.phase} of step {rec.step}: {rec.detail}; "
-                  f"restarting {role} only ({health.restarts}/{budget})", flush=True)
-            group.shutdown()
-            try:
-                group.start()
-                rec.restored_from = self._restore(role, group) if role in STATEFUL else "model path"
-                break
-            except WorkerFailure as again:
-                rec.detail = f"{rec.detail}; recreating it failed: {again.detail}"
-        restored = rec.restored_from.startswith("checkpoint")
-        rec.steps_lost = 0 if role not in STATEFUL else (self.step - self.last_ckpt if restored else self.step)
-        self.check_placement([role])
-        rec.ready_s = time.perf_counter() - t0
-        health.recoveries.append(rec)
-
-    def _restore(self, role: str, group: WorkerGroup) -> str:
-        """Load the role's last checkpoint when its new ranks can see it (shared storage); else the role
-        starts again from the model path. Returns where the state came from."""
-        if self.last_ckpt == 0:
-            return "model path"
-        path = str(checkpoint.step_dir(self.ckpt_root, self.last_ckpt) / role)
-        if not all(group.call("has_checkpoint", path=path)):
-            print(f"[{self.name}] warning: the new {role} ranks cannot see {path} (no shared checkpoint volume: "
-                  f"spec.trainer.checkpoint.volumeClaim); {role} restarts from the model path", flush=True)
-            return "model path (checkpoint not visible to the new ranks)"
-        group.call("load", path=path)
-        return f"checkpoint step {self.last_ckpt}"
+        self.roles.last_checkpoint = self.step
 
     def _final_checkpoint(self, failed_role: str) -> None:
         """Past the budget: checkpoint the last completed step when the failed role holds no trainable
         state; otherwise the last periodic checkpoint is already the newest consistent state."""
-        if failed_role not in STATEFUL and self.step > self.last_ckpt:
+        if failed_role not in STATEFUL and self.step > self.roles.last_checkpoint:
             self.save_checkpoint(data_state=self.loader_at_step_start)
 
+    def shutdown(self) -> None:
+        self.roles.shutdown()
+
     # -- the training step -------------------------------------------------------------------------
-    def _timed(self, phase: str, times: dict[str, float], fn: Callable[[], Any]) -> Any:
-        self.phase = phase
+    @contextlib.contextmanager
+    def _timed(self, phase: str, times: dict[str, float]) -> Iterator[None]:
         t0 = time.perf_counter()
-        out = fn()
-        times[f"time_{phase}_s"] = times.get(f"time_{phase}_s", 0.0) + time.perf_counter() - t0
-        return out
+        with self.roles.phase(phase):
+            yield
+        times[phase] = times.get(phase, 0.0) + time.perf_counter() - t0
 
     def make_prompts(self) -> Batch:
         rows = self.loader.next_batch()
@@ -246,34 +129,40 @@ class Driver:
         return Batch({"prompt_ids": enc["input_ids"], "prompt_mask": enc["attention_mask"], "group_index": group},
                      {"prompt": [r["prompt"] for r in rows], "answer": [r.get("answer") for r in rows]})
 
-    def train_step(self) -> dict[str, Any]:
-        spec = self.spec
-        times: dict[str, float] = {}
+    def train_step(self) -> StepRecord:
+        roles, times = self.roles, {}
+        actor, critic, ref, reward = roles.actor, roles.critic, roles.ref, roles.reward
         t_step = time.perf_counter()
-        recoveries_before = {r: len(h.recoveries) for r, h in self.health.items()}
+        recoveries_before = {r: len(h.recoveries) for r, h in self.history.items()}
+        roles.begin_step(self.step + 1)
         self.loader_at_step_start = self.loader.state_dict()
         batch = self.make_prompts()
-        seed = spec.trainer.seed * 100_003 + self.step
-        batch.update(self._timed("rollout", times, lambda: self._call("actor", "generate", batch.select("prompt_ids", "prompt_mask"), seed=seed)))
-        seq = ("input_ids", "attention_mask", "responses", "response_mask")
-        batch.update(self._timed("reward", times, lambda: self._call("reward", "compute_scores", batch.select(*seq, "prompt", "answer"))))
-        if "ref" in self.groups:
-            batch.update(self._timed("ref", times, lambda: self._call("ref", "compute_ref_logprobs", batch.select(*seq))))
-        if "critic" in self.groups:
-            batch.update(self._timed("values", times, lambda: self._call("critic", "compute_values", batch.select(*seq))))
-        stats = self._timed("advantage", times, lambda: self.compute_advantages(batch))
-        if "critic" in self.groups:
-            stats.update(self._timed("update_critic", times, lambda: self._call("critic", "update", batch.select(*seq, "values", "returns"), step=self.step)[0]))
-        actor_keys = (*seq, "old_logprobs", "advantages", *(("ref_logprobs",) if "ref_logprobs" in batch.tensors else ()))
-        actor_batch = batch.select(*actor_keys, "kl_coef")
-        stats.update(self._timed("update_actor", times, lambda: self._call("actor", "update", actor_batch, step=self.step)[0]))
-        sync = self._timed("weight_sync", times, lambda: self._call("actor", "sync_weights"))
-        for role in self.groups:
-            for kind, value in self._call(role, "memory")[0].items():
-                stats[f"memory_{role}_{kind}_bytes"] = value
-        self.step += 1
-        times["time_step_s"] = time.perf_counter() - t_step
-        return self.record(batch, stats, times, max(sync), recoveries_before)
+        seed = self.spec.trainer.seed * 100_003 + self.step
+        with self._timed("rollout", times):
+            batch.update(actor.generate(batch.select("prompt_ids", "prompt_mask"), seed=seed))
+        with self._timed("reward", times):
+            batch.update(reward.compute_scores(batch.select(*SEQ, "prompt", "answer")))
+        if ref is not None:
+            with self._timed("ref", times):
+                batch.update(ref.compute_ref_logprobs(batch.select(*SEQ)))
+        if critic is not None:
+            with self._timed("values", times):
+                batch.update(critic.compute_values(batch.select(*SEQ)))
+        with self._timed("advantage", times):
+            stats = self.compute_advantages(batch)
+        if critic is not None:
+            with self._timed("update_critic", times):
+                stats.update(critic.update(batch.select(*SEQ, "values", "returns"), step=self.step))
+        actor_keys = (*SEQ, "old_logprobs", "advantages", *(("ref_logprobs",) if "ref_logprobs" in batch.tensors else ()))
+        with self._timed("update_actor", times):
+            stats.update(actor.update(batch.select(*actor_keys, "kl_coef"), step=self.step))
+        with self._timed("weight_sync", times):
+            sync = max(actor.sync_weights())
+        memory = {role: proxy.memory() for role, proxy in roles.proxies.items()}
+        roles.end_step()
+        rec = self.record(batch, stats, times, sync, memory, recoveries_before)
+        rec.step_s = time.perf_counter() - t_step
+        return rec
 
     def compute_advantages(self, batch: Batch) -> dict[str, float]:
         """Pure tensor work on the driver: KL, token rewards, advantages, returns."""
@@ -305,44 +194,35 @@ class Driver:
         stats["kl_coef"] = kl_coef
         return stats
 
-    def record(self, batch: Batch, stats: dict[str, Any], times: dict[str, float], sync_s: float,
-               recoveries_before: dict[str, int]) -> dict[str, Any]:
+    def record(self, batch: Batch, stats: dict[str, float], times: dict[str, float], sync_s: float,
+               memory: dict[str, dict[str, int]], recoveries_before: dict[str, int]) -> StepRecord:
         mask, scores = batch["response_mask"], batch["scores"]
         resp_tokens = float(mask.sum())
         seq_tokens = float(batch["attention_mask"].sum())
-        gen_s = max(batch.meta["gen_seconds"]) if batch.meta.get("gen_seconds") else times["time_rollout_s"]
+        gen_s = max(batch.meta["gen_seconds"]) if batch.meta.get("gen_seconds") else times["rollout"]
         train_tokens = seq_tokens * self.spec.trainer.ppo_epochs
-        upd = times.get("time_update_actor_s", 0.0)
-        actor_devices = self.groups["actor"].world_size
-        rec: dict[str, Any] = {
-            "step": self.step,
-            "reward_mean": float(scores.mean()),
-            "reward_std": float(scores.std()) if len(scores) > 1 else 0.0,
-            "response_length_mean": resp_tokens / len(batch),
-            **stats,
-            **times,
-            "weight_sync_worker_s": sync_s,
-            "rollout_tokens_per_s": resp_tokens / gen_s if gen_s > 0 else 0.0,
-            "train_tokens_per_s": train_tokens / upd if upd > 0 else 0.0,
-            "mfu": mfu(self.n_params, train_tokens, upd, self.peak_flops, actor_devices),
-            "mfu_peak_tflops": self.peak_flops / 1e12,
-            "n_params": self.n_params,
-        }
-        for role, link in self.worst_links.items():
-            if link:
-                rec[f"worst_link_{role}"] = link
-                rec[f"topology_source_{role}"] = self.topology_sources.get(role) or "none"
-        for role, h in self.health.items():
-            rec[f"restarts_{role}"] = h.restarts
-            for r in h.recoveries[recoveries_before.get(role, 0):]:
-                rec[f"recovery_{role}_detect_s"] = r.detect_s
-                rec[f"recovery_{role}_ready_s"] = r.ready_s
-                rec[f"recovery_{role}_replay_s"] = r.replay_s
-                rec[f"recovery_{role}_total_s"] = r.detect_s + r.ready_s + r.replay_s
-                rec[f"steps_lost_{role}"] = r.steps_lost
-        return rec
+        upd = times.get("update_actor", 0.0)
+        roles = {role: RoleStep(restarts=h.restarts, recoveries=h.recoveries[recoveries_before.get(role, 0):],
+                                memory=memory.get(role, {}), worst_link=self.worst_links.get(role),
+                                topology_source=self.roles.topology_sources.get(role))
+                 for role, h in self.history.items()}
+        return StepRecord(
+            step=self.step,
+            reward_mean=float(scores.mean()),
+            reward_std=float(scores.std()) if len(scores) > 1 else 0.0,
+            response_length_mean=resp_tokens / len(batch),
+            stats=stats,
+            phases=times,
+            weight_sync_worker_s=sync_s,
+            rollout_tokens_per_s=resp_tokens / gen_s if gen_s > 0 else 0.0,
+            train_tokens_per_s=train_tokens / upd if upd > 0 else 0.0,
+            mfu=mfu(self.n_params, train_tokens, upd, self.peak_flops, self.roles.actor.world_size),
+            mfu_peak_tflops=self.peak_flops / 1e12,
+            n_params=self.n_params,
+            roles=roles,
+        )
 
-    def run(self) -> list[dict[str, Any]]:
+    def run(self) -> list[StepRecord]:
         """Train to spec.trainer.steps, checkpointing every interval; returns this run's records."""
         tr = self.spec.trainer
         sink = MetricsSink(self.out, self.name, tr.steps, self.step, self.progress,
@@ -361,10 +241,3 @@ class Driver:
         finally:
             sink.close()
         return records
-
-
-def _link_rank(level: str) -> float:
-    """Order for picking the worst link: unknown counts as worst."""
-    from .topology import link_score
-
-    return -1.0 if level == "unknown" else link_score(level)

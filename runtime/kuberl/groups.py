@@ -1,8 +1,10 @@
 """WorkerGroups: N workers of one role behind one interface, on Ray or in-process.
 
-`call(method, batch)` splits the batch into equal contiguous shards, one per rank, runs the method on
-every rank, and gathers the results (Batches are concatenated in rank order; other results come back
-as a per-rank list). A dead or hung rank surfaces as `WorkerFailure(role, reason)`.
+`submit(fn, args, kwargs)` starts a worker method (one decorated with `kuberl.dispatch.register`) on
+every rank, spreading the arguments as the method's `Dispatch` mode says, and returns a `GroupCall`;
+`collect(call)` waits and gathers the results the same way. A dead or hung rank surfaces as
+`WorkerFailure(role, reason, detail)`, an exception raised by the role's code as `RoleError`.
+Callers normally go through `kuberl.proxies`, which add typed methods, futures and recovery.
 """
 
 from __future__ import annotations
@@ -10,13 +12,14 @@ from __future__ import annotations
 import os
 import time
 from abc import ABC, abstractmethod
-from typing import Any, Optional
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
 
-from .batch import Batch
+from .dispatch import MethodInfo, gather, method_info, scatter
+from .kernels import KernelOptions
 from .spec import JobSpec, role_resource
 from .spec.contract import Reason
-from .workers import WORKERS
-
+from .workers import Worker, worker_class
 
 
 class WorkerFailure(RuntimeError):
@@ -39,7 +42,7 @@ class RoleError(RuntimeError):
 
 def world_size(spec: JobSpec, role: str) -> int:
     """Ranks of a role: one per GPU (replicas x GPUs per replica), or one per replica on CPU."""
-    rs = getattr(spec.roles, role)
+    rs = spec.roles.get(role)
     return rs.replicas * max(rs.gpus, 1)
 
 
@@ -56,20 +59,42 @@ def local_ranks(nodes: list[tuple[str, list[int]]]) -> list[tuple[int, list[int]
     return out
 
 
-def _gather(results: list[Any]) -> Any:
-    return Batch.concat(results) if results and isinstance(results[0], Batch) else results
+@dataclass
+class GroupCall:
+    """A call started on every rank of a group: what `collect` needs to wait for and gather it."""
+
+    info: MethodInfo
+    generation: int  # the group's generation it was sent to (a restart starts a new one)
+    refs: list[Any]  # Ray object refs, or the in-process results
+    error: Optional[BaseException] = None  # in-process: what the call raised
 
 
 class WorkerGroup(ABC):
     role: str
     world_size: int
+    generation: int = 0  # bumped by every (re)start: a call sent to an older generation died with it
 
-    def call(self, method: str, batch: Optional[Batch] = None, fault: Optional[str] = None, **kwargs: Any) -> Any:
-        shards = batch.split(self.world_size) if batch is not None else [None] * self.world_size
-        return _gather(self._run(method, shards, kwargs, fault))
+    def submit(self, fn: Callable[..., Any], args: tuple[Any, ...] = (), kwargs: Optional[dict[str, Any]] = None,
+               fault: Optional[str] = None) -> GroupCall:
+        """Start `fn` (a worker method) on every rank; `fault` ("kill", "hang") hits the last rank."""
+        info = method_info(fn)
+        return self._submit(fn, info, scatter(info, self.world_size, args), kwargs or {}, fault)
+
+    def call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Submit and collect, with no recovery: a failure raises (proxies add recovery)."""
+        return self.collect(self.submit(fn, args, kwargs))
 
     @abstractmethod
-    def _run(self, method: str, shards: list[Optional[Batch]], kwargs: dict, fault: Optional[str]) -> list[Any]: ...
+    def _submit(self, fn: Callable[..., Any], info: MethodInfo, per_rank: list[tuple[Any, ...]],
+                kwargs: dict[str, Any], fault: Optional[str]) -> GroupCall: ...
+
+    @abstractmethod
+    def collect(self, call: GroupCall) -> Any:
+        """Wait for `call` and gather its per-rank results as its dispatch mode says."""
+
+    @abstractmethod
+    def done(self, call: GroupCall) -> bool:
+        """Whether every rank has answered `call` (collect would not wait)."""
 
     def start(self) -> None:
         """Launch and wait until every rank is set up."""
@@ -87,15 +112,20 @@ class WorkerGroup(ABC):
     def shutdown(self) -> None: ...
 
     def identities(self) -> list[dict[str, Any]]:
-        return self.call("identity")
+        return self.call(Worker.identity)
 
 
 class LocalWorkerGroup(WorkerGroup):
-    """One in-process worker (world size 1), no Ray: the GPU benchmark path. Faults are not supported."""
+    """One in-process worker (world size 1), no Ray: the GPU benchmark path. Faults are not supported;
+    a call runs to its end when submitted."""
 
-    def __init__(self, role: str, spec: JobSpec, device: str = "auto"):
+    def __init__(self, role: str, spec: JobSpec, device: str = "auto", worker_cls: Optional[type[Worker]] = None,
+                 kernels: Optional[KernelOptions] = None):
+        """`kernels`: the training kernels the worker uses (default: what a job uses on its device)."""
         self.role, self.spec, self.device, self.world_size = role, spec, device, 1
-        self.worker = None
+        self.worker_cls = worker_cls or worker_class(spec, role)
+        self.kernels = kernels
+        self.worker: Optional[Worker] = None
 
     def launch(self) -> None:
         """In-process: nothing to launch ahead of time."""
@@ -103,14 +133,27 @@ class LocalWorkerGroup(WorkerGroup):
     def wait_ready(self) -> None:
         from . import dist as kdist
 
-        self.worker = WORKERS[self.role](self.spec.model_dump_json(by_alias=True), 0, 1, self.device)
+        self.worker = self.worker_cls(self.spec.model_dump_json(by_alias=True), self.role, 0, 1, self.device,
+                                      kernels=self.kernels)
         addr = "127.0.0.1"
         self.worker.init(addr, 0 if kdist.dist.is_initialized() else kdist.free_port(addr))
+        self.generation += 1
 
-    def _run(self, method, shards, kwargs, fault):
+    def _submit(self, fn, info, per_rank, kwargs, fault):
         if fault:
             raise ValueError("fault injection needs separate worker processes: use the ray backend")
-        return [self.worker.execute(method, shards[0], kwargs)]
+        try:
+            return GroupCall(info, self.generation, [self.worker.execute(fn, per_rank[0], kwargs)])
+        except Exception as exc:  # raised again by collect, where a Ray group raises too
+            return GroupCall(info, self.generation, [], exc)
+
+    def collect(self, call: GroupCall) -> Any:
+        if call.error is not None:
+            raise call.error
+        return gather(call.info, call.refs)
+
+    def done(self, call: GroupCall) -> bool:
+        return True
 
     def shutdown(self) -> None:
         self.worker = None
@@ -120,9 +163,10 @@ class RayWorkerGroup(WorkerGroup):
     """`world_size` Ray actors of one role in the role's own placement group (one bundle per rank)."""
 
     def __init__(self, role: str, spec: JobSpec, device: str = "auto", timeout_s: Optional[float] = None,
-                 ready_timeout_s: Optional[float] = None):
+                 ready_timeout_s: Optional[float] = None, worker_cls: Optional[type[Worker]] = None):
         """Timeouts default to spec.resilience.callTimeoutSeconds / startTimeoutSeconds."""
         self.role, self.spec, self.device = role, spec, device
+        self.worker_cls = worker_cls or worker_class(spec, role)
         self.world_size = world_size(spec, role)
         self.timeout_s = timeout_s or spec.resilience.call_timeout_seconds
         self.ready_timeout_s = ready_timeout_s or spec.resilience.start_timeout_seconds
@@ -130,7 +174,7 @@ class RayWorkerGroup(WorkerGroup):
         self.pg = None
 
     def bundle(self) -> dict[str, float]:
-        rs = getattr(self.spec.roles, self.role)
+        rs = self.spec.roles.get(self.role)
         cpus = rs.resources.cpu_cores() / max(rs.gpus, 1)
         out = {"CPU": cpus, role_resource(self.role): 1.0}
         if rs.gpus:
@@ -144,17 +188,21 @@ class RayWorkerGroup(WorkerGroup):
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         bundle = self.bundle()
-        self.pg = placement_group([bundle] * self.world_size, strategy="PACK", name=f"kuberl-{self.role}-{os.getpid()}-{time.time_ns()}")
-        cls = ray.remote(WORKERS[self.role])
+        name = f"kuberl-{self.role}-{os.getpid()}-{time.time_ns()}"
+        self.pg = placement_group([bundle] * self.world_size, strategy="PACK", name=name)
+        cls = ray.remote(self.worker_cls)
         spec_json = self.spec.model_dump_json(by_alias=True)
         # GPU ranks see every GPU of their node and pin themselves by topology (kuberl.placement).
-        env = {"env_vars": {"RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}} if "GPU" in bundle else None
+        env = None
+        if "GPU" in bundle:
+            env = {"env_vars": {"RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}}
+        custom = {k: v for k, v in bundle.items() if k not in ("CPU", "GPU")}
         self.actors = [
             cls.options(
-                num_cpus=bundle["CPU"], num_gpus=bundle.get("GPU", 0), resources={k: v for k, v in bundle.items() if k not in ("CPU", "GPU")},
+                num_cpus=bundle["CPU"], num_gpus=bundle.get("GPU", 0), resources=custom,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=rank),
                 max_restarts=0, runtime_env=env,
-            ).remote(spec_json, rank, self.world_size, self.device, max(1, int(bundle["CPU"])))
+            ).remote(spec_json, self.role, rank, self.world_size, self.device, max(1, int(bundle["CPU"])))
             for rank in range(self.world_size)
         ]
 
@@ -165,12 +213,14 @@ class RayWorkerGroup(WorkerGroup):
         try:
             ray.get(self.pg.ready(), timeout=self.ready_timeout_s)
         except ray.exceptions.GetTimeoutError:
-            raise WorkerFailure(self.role, Reason.WORKER_FAILURE, f"no capacity for {self.world_size} x {self.bundle()} within {self.ready_timeout_s:.0f}s "
-                                           "(spec.resilience.startTimeoutSeconds)") from None
+            raise WorkerFailure(self.role, Reason.WORKER_FAILURE,
+                                f"no capacity for {self.world_size} x {self.bundle()} within {self.ready_timeout_s:.0f}s "
+                                "(spec.resilience.startTimeoutSeconds)") from None
         up = max(self.ready_timeout_s, self.timeout_s)
         addr, port = self._get([self.actors[0].rendezvous.remote()], up)[0]
         nodes = self._get([a.node_gpus.remote() for a in self.actors], up)
         self._get([a.init.remote(addr, port, *local) for a, local in zip(self.actors, local_ranks(nodes))], up)
+        self.generation += 1
 
     def _get(self, refs: list[Any], timeout: Optional[float] = None) -> list[Any]:
         """Results in rank order. The first rank to fail decides: a dead process (or a peer's error
@@ -184,14 +234,16 @@ class RayWorkerGroup(WorkerGroup):
             while pending:
                 ready, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
                 if not ready:
-                    raise WorkerFailure(self.role, Reason.WORKER_HUNG, f"hung: no answer within {timeout:.0f}s (spec.resilience.callTimeoutSeconds)")
+                    raise WorkerFailure(self.role, Reason.WORKER_HUNG,
+                                        f"hung: no answer within {timeout:.0f}s (spec.resilience.callTimeoutSeconds)")
                 ray.get(ready[0])  # raises this rank's error now, not after slower ranks
             return ray.get(refs)
         except ray.exceptions.RayTaskError as exc:
             cause = exc.cause if getattr(exc, "cause", None) is not None else exc
             text = str(cause).strip().splitlines()[-1] if str(cause).strip() else ""
             if not self._all_alive():
-                raise WorkerFailure(self.role, Reason.WORKER_DIED, f"a rank died ({type(cause).__name__} on a peer: {text})") from None
+                raise WorkerFailure(self.role, Reason.WORKER_DIED,
+                                    f"a rank died ({type(cause).__name__} on a peer: {text})") from None
             raise RoleError(self.role, f"{type(cause).__name__}: {text}") from None
         except (ray.exceptions.RayActorError, ray.exceptions.ActorDiedError, ray.exceptions.ActorUnavailableError) as exc:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
@@ -206,11 +258,21 @@ class RayWorkerGroup(WorkerGroup):
         except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
             return False
 
-    def _run(self, method, shards, kwargs, fault):
-        """Run on every rank; an injected fault hits the last rank (rank 0 of a one-rank group)."""
+    def _submit(self, fn, info, per_rank, kwargs, fault):
+        """Start on every rank; an injected fault hits the last rank (rank 0 of a one-rank group)."""
         last = self.world_size - 1
-        refs = [a.execute.remote(method, shard, kwargs, fault if rank == last else None) for rank, (a, shard) in enumerate(zip(self.actors, shards))]
-        return self._get(refs)
+        refs = [actor.execute.remote(fn, args, kwargs, fault if rank == last else None)
+                for rank, (actor, args) in enumerate(zip(self.actors, per_rank))]
+        return GroupCall(info, self.generation, refs)
+
+    def collect(self, call: GroupCall) -> Any:
+        return gather(call.info, self._get(call.refs))
+
+    def done(self, call: GroupCall) -> bool:
+        import ray
+
+        ready, _ = ray.wait(call.refs, num_returns=len(call.refs), timeout=0)
+        return len(ready) == len(call.refs)
 
     def identities(self) -> list[dict[str, Any]]:
         ids = super().identities()

@@ -28,7 +28,7 @@ class RankPlacement:
 def group_size(spec: JobSpec, role: str) -> int:
     """GPUs that must talk fast: the rollout's tensor-parallel group for the actor when it is > 1,
     else one replica's GPUs (its FSDP shard group)."""
-    rs = getattr(spec.roles, role)
+    rs = spec.roles.get(role)
     if role == "actor" and spec.rollout.tensor_parallel_size > 1:
         return spec.rollout.tensor_parallel_size
     return max(rs.gpus, 1)
@@ -45,6 +45,13 @@ def place_ranks(matrix: LinkMatrix, node_gpus: list[int], k: int) -> list[RankPl
         group, device = pin_devices(plan, local_rank)
         out.append(RankPlacement(device, tuple(group), worst, level, matrix.source or "none"))
     return out
+
+
+def worst_link(links: list[str]) -> Optional[str]:
+    """The worst of the ranks' worst links (an unknown link counts as worst); None when there are none."""
+    from .topology import link_score
+
+    return min(links, key=lambda level: -1.0 if level == "unknown" else link_score(level)) if links else None
 
 
 def placement_problem(spec: JobSpec, role: str, worst_link: Optional[str]) -> Optional[str]:

@@ -20,8 +20,9 @@ import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Optional
 
+from .record import StepRecord
 from .spec.contract import Env, ProgressDocument, RoleProgress
 
 SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"  # the pod's mount, unless Env.SA_DIR says otherwise
@@ -125,13 +126,16 @@ class ProgressReporter:
         return min(self.max_wait_s, asked if asked is not None else self.backoff_s * 2 ** (attempt - 1))
 
 
-def progress_of(rec: dict[str, Any], total_steps: int, phase: str = "Running", message: str = "",
-                reason: str = "", worst_links: Optional[dict[str, Optional[str]]] = None) -> ProgressDocument:
-    """The progress document for one step record (the operator reads it with ProgressDocument.parse)."""
-    restarts = {k[len("restarts_"):]: v for k, v in rec.items() if k.startswith("restarts_")}
-    links = {**{k[len("worst_link_"):]: v for k, v in rec.items() if k.startswith("worst_link_")}, **(worst_links or {})}
-    roles = {role: RoleProgress(restarts=restarts.get(role), worst_link=links.get(role) or None)
-             for role in [*restarts, *(r for r in links if r not in restarts)] if role in restarts or links.get(role)}
-    return ProgressDocument(step=rec.get("step", 0), total_steps=total_steps,
-                            tokens_per_sec=round(rec.get("rollout_tokens_per_s", 0.0), 1), phase=phase, message=message,
-                            reason=reason or None, roles=roles)
+def progress_of(rec: Optional[StepRecord], total_steps: int, phase: str = "Running", message: str = "",
+                reason: Optional[str] = None, worst_links: Optional[dict[str, Optional[str]]] = None) -> ProgressDocument:
+    """The progress document after step record `rec` (None: no step done yet); `worst_links` add links
+    known without a step (a placement refused at start). The operator reads it with ProgressDocument.parse."""
+    steps = rec.roles if rec is not None else {}
+    roles = {role: RoleProgress(restarts=rs.restarts, worst_link=rs.worst_link) for role, rs in steps.items()}
+    for role, link in (worst_links or {}).items():
+        if link:
+            restarts = roles[role].restarts if role in roles else None
+            roles[role] = RoleProgress(restarts=restarts, worst_link=link)
+    return ProgressDocument(step=rec.step if rec else 0, total_steps=total_steps,
+                            tokens_per_sec=round(rec.rollout_tokens_per_s or 0.0, 1) if rec else 0.0, phase=phase,
+                            message=message, reason=str(reason) if reason else None, roles=roles)

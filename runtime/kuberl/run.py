@@ -10,9 +10,10 @@ import argparse
 import os
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 from .spec import JobSpec, RLTrainingJob, SpecInvalid, enabled_roles, load_manifest, validate_manifest
+from .record import StepRecord
 from .spec.contract import ExitCode, Reason
 
 
@@ -80,7 +81,7 @@ def start_local_ray(spec: JobSpec) -> None:
     from .spec import role_resource
 
     roles = enabled_roles(spec)
-    need_cpu = sum(getattr(spec.roles, r).resources.cpu_cores() * getattr(spec.roles, r).replicas for r in roles)
+    need_cpu = sum(spec.roles.get(r).resources.cpu_cores() * spec.roles.get(r).replicas for r in roles)
     resources = {role_resource(r): float(world_size(spec, r)) for r in roles}
     ray.init(
         _node_ip_address="127.0.0.1",
@@ -109,7 +110,7 @@ def build_driver(job: RLTrainingJob, out: Path, backend: str, device: str, fault
 
 
 def run_job(job: RLTrainingJob, out: Path, backend: str = "ray", device: str = "auto", ray_address: Optional[str] = None,
-            faults: tuple[str, ...] = (), progress: bool = True) -> list[dict[str, Any]]:
+            faults: tuple[str, ...] = (), progress: bool = True) -> list[StepRecord]:
     """Run a validated job to completion; returns this run's per-step records."""
     from .metrics import plot_reward_curve
 
@@ -128,10 +129,10 @@ def run_job(job: RLTrainingJob, out: Path, backend: str = "ray", device: str = "
     driver = build_driver(job, out, backend, device, list(faults), progress)
     reporter = ProgressReporter.from_env()
     total = job.spec.trainer.steps
-    last: dict[str, Any] = {}
+    last: list[StepRecord] = []
     if reporter is not None:
-        def on_step(rec: dict[str, Any]) -> None:
-            last.update(rec)
+        def on_step(rec: StepRecord) -> None:
+            last[:] = [rec]
             reporter.report(progress_of(rec, total))
         driver.on_step = on_step
     try:
@@ -140,12 +141,12 @@ def run_job(job: RLTrainingJob, out: Path, backend: str = "ray", device: str = "
     except (JobFailed, RoleError, WorkerFailure) as exc:
         if reporter is not None:
             reason = Reason.WORKER_FAILURE if isinstance(exc, WorkerFailure) else exc.reason
-            reporter.report(progress_of(last, total, "Failed", str(exc), reason.value, driver.worst_links))
+            reporter.report(progress_of(last[-1] if last else None, total, "Failed", str(exc), reason, driver.worst_links))
         raise
     finally:
         driver.shutdown()
     if reporter is not None:
-        reporter.report(progress_of(last, total, "Succeeded", f"finished {total} steps"))
+        reporter.report(progress_of(last[-1] if last else None, total, "Succeeded", f"finished {total} steps"))
     plot_reward_curve(out / "metrics.jsonl", out / "reward_curve.png")
     return records
 
@@ -176,7 +177,7 @@ def run_command(args: argparse.Namespace) -> int:
         return ExitCode.NO_CAPACITY
     if records:
         first, last = records[: min(10, len(records))], records[-min(10, len(records)):]
-        mean = lambda rs: sum(r["reward_mean"] for r in rs) / len(rs)  # noqa: E731
+        mean = lambda rs: sum(r.reward_mean for r in rs) / len(rs)  # noqa: E731
         print(f"done: {len(records)} steps; reward_mean first10={mean(first):.3f} last10={mean(last):.3f}; "
               f"metrics in {args.out}/metrics.jsonl, curve in {args.out}/reward_curve.png")
     return ExitCode.OK

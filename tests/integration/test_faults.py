@@ -18,14 +18,18 @@ from kuberl.groups import RayWorkerGroup
 from kuberl.metrics import read_jsonl
 
 from .conftest import REPO, load_example
+from .probes import PROBED, Probes
 
 ROLES = ("actor", "critic", "ref", "reward")
 
 
 class CountingGroup(RayWorkerGroup):
-    """A RayWorkerGroup that counts how often it is (re)created."""
+    """A RayWorkerGroup (with the test probes on trained roles) that counts how often it is (re)created."""
 
     starts: dict[str, int] = {}
+
+    def __init__(self, role, spec, **kw):
+        super().__init__(role, spec, worker_cls=PROBED.get(role), **kw)
 
     def launch(self) -> None:
         CountingGroup.starts[self.role] = CountingGroup.starts.get(self.role, 0) + 1
@@ -35,11 +39,14 @@ class CountingGroup(RayWorkerGroup):
 class ProbingDriver(Driver):
     """Records, right after each restart, whether the actor's rollout engine holds the restored weights."""
 
-    def _restart(self, rec) -> None:
-        super()._restart(rec)
+    def __init__(self, *args, **kw):
+        super().__init__(*args, **kw)
+        self.roles.on_restart.append(self.probe)
+
+    def probe(self, rec) -> None:
         group = self.groups[rec.role]
-        self.after_restart = {"digest": group.call("weights_digest")[0] if rec.role in ("actor", "critic") else None,
-                              "rollout_match": group.call("rollout_weights_match")[0] if rec.role == "actor" else None}
+        self.after_restart = {"digest": group.call(Probes.weights_digest) if rec.role in ("actor", "critic") else None,
+                              "rollout_match": group.call(Probes.rollout_weights_match) if rec.role == "actor" else None}
 
 
 def spec_for(**overrides):
@@ -71,7 +78,7 @@ def test_killed_role_recovers_alone(ray_session, tmp_path, role):
 
     def on_step(rec):
         if role in ("actor", "critic"):
-            digests[rec["step"]] = driver.groups[role].call("weights_digest")[0]
+            digests[rec.step] = driver.groups[role].call(Probes.weights_digest)
 
     driver = ProbingDriver(spec, f"kill-{role}", tmp_path, lambda r: CountingGroup(r, spec, timeout_s=120),
                            faults=[Fault(role, 3)], progress=False, on_step=on_step)
@@ -83,7 +90,7 @@ def test_killed_role_recovers_alone(ray_session, tmp_path, role):
             assert CountingGroup.starts[other] == 1
     assert after[role][0][0] != before[role][0][0] and after[role][0][1] != before[role][0][1]
     assert CountingGroup.starts[role] == 2  # recreated exactly once
-    (rec,) = driver.health[role].recoveries
+    (rec,) = driver.history[role].recoveries
     assert rec.step == 3 and "died" in rec.detail
     if role in ("actor", "critic"):
         assert rec.restored_from == "checkpoint step 2"
@@ -92,9 +99,9 @@ def test_killed_role_recovers_alone(ray_session, tmp_path, role):
         assert rec.restored_from == "model path"
     if role == "actor":
         assert driver.after_restart["rollout_match"] is True
-    last = records[-1]
+    last = records[-1].flat()
     assert last[f"restarts_{role}"] == 1 and all(last[f"restarts_{o}"] == 0 for o in ROLES if o != role)
-    at3 = records[2]
+    at3 = records[2].flat()
     assert at3[f"recovery_{role}_total_s"] == pytest.approx(
         at3[f"recovery_{role}_detect_s"] + at3[f"recovery_{role}_ready_s"] + at3[f"recovery_{role}_replay_s"])
     assert at3[f"steps_lost_{role}"] == 0  # the checkpoint at step 2 is the last completed step
@@ -111,7 +118,7 @@ def test_hung_worker_counts_as_failed(ray_session, tmp_path):
         elapsed = time.perf_counter() - t0
     finally:
         driver.shutdown()
-    (rec,) = driver.health["ref"].recoveries
+    (rec,) = driver.history["ref"].recoveries
     assert driver.step == 4 and "hung" in rec.detail and 5 <= rec.detect_s < 10
     assert elapsed < 60
 
@@ -186,10 +193,10 @@ def test_killing_one_rank_of_a_two_rank_role_restarts_that_role(ray_session, tmp
     spec = spec_for(**{"roles.critic.replicas": 2, "trainer.microBatchSize": 8})
     driver = Driver(spec, "two-ranks", tmp_path, lambda r: RayWorkerGroup(r, spec, timeout_s=120), faults=[Fault("critic", 3)], progress=False)
     before, records, after = run_observed(driver)
-    assert driver.step == 8 and records[-1]["restarts_critic"] == 1
+    assert driver.step == 8 and records[-1].flat()["restarts_critic"] == 1
     assert len(after["critic"]) == 2 and not set(after["critic"]) & set(before["critic"])
     assert all(after[r] == before[r] for r in ("actor", "ref", "reward"))
-    (rec,) = driver.health["critic"].recoveries
+    (rec,) = driver.history["critic"].recoveries
     assert rec.restored_from == "checkpoint step 2"
 
 
@@ -199,6 +206,6 @@ def test_restarted_critic_loses_the_steps_since_its_checkpoint(ray_session, tmp_
     spec = spec_for()
     driver = Driver(spec, "lost", tmp_path, lambda r: RayWorkerGroup(r, spec, timeout_s=120), faults=[Fault("critic", 4)], progress=False)
     _, records, _ = run_observed(driver)
-    (rec,) = driver.health["critic"].recoveries
+    (rec,) = driver.history["critic"].recoveries
     assert rec.step == 4 and rec.restored_from == "checkpoint step 2" and rec.steps_lost == 1
-    assert records[3]["steps_lost_critic"] == 1 and driver.step == 8
+    assert records[3].flat()["steps_lost_critic"] == 1 and driver.step == 8

@@ -15,10 +15,12 @@ import torch
 from kuberl.driver import Driver
 from kuberl.groups import LocalWorkerGroup, RayWorkerGroup
 from kuberl.metrics import read_jsonl
+from kuberl.proxies import ActorProxy
 from kuberl.run import run_job
 from kuberl.spec import JobSpec
 
 from .conftest import REPO, load_example
+from .probes import Probes, ProbedActor
 
 PHASES = ("rollout", "reward", "ref", "values", "advantage", "update_actor", "update_critic", "weight_sync")
 
@@ -40,7 +42,7 @@ def test_quickstart_learns_on_ray(ray_session, tmp_path):
                 *(f"time_{p}_s" for p in PHASES), *(f"restarts_{r}" for r in ("actor", "critic", "ref", "reward"))]:
         assert key in rows[-1], key
     assert (tmp_path / "reward_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert records[-1]["step"] == job.spec.trainer.steps
+    assert records[-1].step == job.spec.trainer.steps
 
 
 def test_grpo_learns_on_ray(ray_session, tmp_path):
@@ -72,18 +74,19 @@ def test_two_fsdp_ranks_match_one(ray_session):
     overrides = {"trainer.ppoEpochs": 1, "trainer.miniBatchSize": 16, "trainer.microBatchSize": 8, "data.batchSize": 16}
     one = load_example("quickstart.yaml", **overrides).spec
     two = load_example("quickstart.yaml", **overrides, **{"roles.actor.replicas": 2}).spec
-    g1, g2 = RayWorkerGroup("actor", one), RayWorkerGroup("actor", two)
+    g1, g2 = RayWorkerGroup("actor", one, worker_cls=ProbedActor), RayWorkerGroup("actor", two, worker_cls=ProbedActor)
     g1.start()
     g2.start()
     try:
+        a1, a2 = ActorProxy(g1), ActorProxy(g2)
         driver = Driver(one, "fsdp", Path("/tmp"), lambda r: None, progress=False)
         batch = driver.make_prompts()
-        batch.update(g1.call("generate", batch.select("prompt_ids", "prompt_mask"), seed=1))
+        batch.update(a1.generate(batch.select("prompt_ids", "prompt_mask"), seed=1))
         batch.tensors["advantages"] = torch.randn(batch["responses"].shape, generator=torch.Generator().manual_seed(0))
         keys = ("input_ids", "attention_mask", "responses", "response_mask", "old_logprobs", "advantages")
-        s1 = g1.call("update", batch.select(*keys), step=0)[0]
-        s2 = g2.call("update", batch.select(*keys), step=0)[0]
-        w1, w2 = g1.call("full_state_dict")[0], g2.call("full_state_dict")
+        s1 = a1.update(batch.select(*keys), step=0)
+        s2 = a2.update(batch.select(*keys), step=0)
+        (w1,), w2 = a1.call(Probes.full_state_dict), a2.call(Probes.full_state_dict)
         assert w2[0].keys() == w1.keys()
         for name in w1:
             torch.testing.assert_close(w2[0][name], w1[name], rtol=1e-4, atol=1e-5, msg=name)

@@ -20,8 +20,9 @@ from kuberl.models import char_tokenizer
 from kuberl.rollout import fast
 from kuberl.rollout.fast import SamplingParams, StaticDecoder, unsupported_reason
 from kuberl.rollout.hf import HFRollout
+from kuberl.kernels.lm_head import linear_logprobs
 from kuberl.rollout.sampling import _nucleus, gumbel, nucleus_rounds, sample
-from kuberl.sequence import linear_logprobs, response_logprobs
+from kuberl.sequence import response_logprobs
 from kuberl.spec import JobSpec
 
 PAD, EOS, VOCAB = 0, 1, 50
@@ -402,7 +403,7 @@ def test_local_shard_clip_and_fused_adamw_equal_torch_on_fsdp2(one_rank_group) -
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    from kuberl.workers.train import clip_grad_norm_local, fused_adamw_step_local
+    from kuberl.kernels.optim import clip_grad_norm_local, fused_adamw_step_local
 
     mesh = init_device_mesh("cpu", (1,))
     a = small_lm()
@@ -432,3 +433,31 @@ def test_local_shard_clip_and_fused_adamw_equal_torch_on_fsdp2(one_rank_group) -
         assert torch.equal(pa.full_tensor(), pb.full_tensor()), name
         sa, sb = opt_a.state[pa], opt_b.state[pb]
         assert torch.equal(sa["step"], sb["step"]) and torch.equal(sa["exp_avg_sq"].full_tensor(), sb["exp_avg_sq"].full_tensor())
+
+
+def test_fused_head_is_an_fsdp2_forward_method_and_matches_the_logits_path(one_rank_group) -> None:
+    """Under FSDP2 the fused head runs as a method registered with register_fsdp_forward_method (the
+    model's own forward is untouched): same log-probs and parameter gradients as the logits path."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    from kuberl.kernels.lm_head import FUSED_METHOD
+
+    mesh = init_device_mesh("cpu", (1,))
+    base = small_lm()
+    ids, mask = prompts(batch=3, length=12)
+    responses = ids[:, -5:]
+    results = []
+    for fused in (False, True):
+        model = copy.deepcopy(base)
+        for layer in model.model.layers:
+            fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        logp, _ = response_logprobs(model, ids, mask, responses, 1.0, chunk_size=4, fused=fused)
+        (logp * torch.linspace(-1, 1, logp.numel()).view_as(logp)).sum().backward()
+        results.append((logp.detach(), {k: p.grad.full_tensor().clone() for k, p in model.named_parameters()}))
+        assert "forward" not in model.__dict__ and hasattr(model, FUSED_METHOD) == fused
+    (lp0, g0), (lp1, g1) = results
+    torch.testing.assert_close(lp1, lp0, rtol=1e-5, atol=1e-5)
+    for k in g0:
+        torch.testing.assert_close(g1[k], g0[k], rtol=1e-4, atol=1e-4 * float(g0[k].abs().max()), msg=k)

@@ -19,6 +19,8 @@ import pytest
 from packaging.version import Version
 
 from kuberl.metrics import PROM_FAMILIES, MetricsSink
+from kuberl.record import Recovery, RoleStep, StepRecord
+from kuberl.spec.contract import Reason
 from kuberl.version import version
 from kuberl_operator.metrics import Metrics
 from kuberl_operator.metrics_reference import LABELS, Alias, Family, aliases, catalogue
@@ -100,12 +102,13 @@ def test_build_info_from_each_component() -> None:
 
 # -- the served text ------------------------------------------------------------------------------
 # One record with every kind of key the driver turns into a sample (pattern keys for one role each).
-RECORD = {"step": 3, "reward_mean": 0.5, "kl": 0.01, "kl_coef": 0.001, "entropy": 1.2, "clip_frac": 0.1,
-          "response_length_mean": 6.0, "rollout_tokens_per_s": 900.0, "train_tokens_per_s": 1800.0, "mfu": 0.3,
-          "time_rollout_s": 0.5, "time_step_s": 1.0, "restarts_critic": 1, "restarts_actor": 0,
-          "recovery_critic_detect_s": 0.1, "recovery_critic_ready_s": 2.0, "recovery_critic_replay_s": 0.3,
-          "recovery_critic_total_s": 2.4, "steps_lost_critic": 1, "worst_link_actor": "PIX",
-          "memory_actor_gpu_peak_bytes": 2**30, "memory_actor_rss_peak_bytes": 2**31}
+RECORD = StepRecord(
+    step=3, reward_mean=0.5, stats={"kl": 0.01, "kl_coef": 0.001, "entropy": 1.2, "clip_frac": 0.1},
+    response_length_mean=6.0, rollout_tokens_per_s=900.0, train_tokens_per_s=1800.0, mfu=0.3,
+    phases={"rollout": 0.5}, step_s=1.0,
+    roles={"critic": RoleStep(restarts=1, recoveries=[Recovery("critic", 3, "values", Reason.WORKER_DIED, "killed",
+                                                               detect_s=0.1, ready_s=2.0, replay_s=0.3, steps_lost=1)]),
+           "actor": RoleStep(restarts=0, worst_link="PIX", memory={"gpu_peak": 2**30, "rss_peak": 2**31})})
 
 
 def driver_text(tmp_path: Path, openmetrics: bool = False) -> str:

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from kuberl.metrics import MetricsSink, mfu, plot_reward_curve, read_jsonl
+from kuberl.record import RoleStep, StepRecord
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -24,8 +25,14 @@ def test_mfu_by_hand() -> None:
     assert mfu(10**9, 1000, 1.0, 0.0) == 0.0
 
 
-def record(step: int, reward: float = 0.5) -> dict:
+def flat(step: int, reward: float = 0.5) -> dict:
     return {"step": step, "reward_mean": reward, "kl": 0.01 * step, "rollout_tokens_per_s": 100.0, "time_step_s": 0.1}
+
+
+def record(step: int, reward: float = 0.5, **extra) -> StepRecord:
+    """The step record whose metrics.jsonl object is `flat(step, reward)`."""
+    stats = {"kl": extra.pop("kl", 0.01 * step)}
+    return StepRecord(step=step, reward_mean=reward, stats=stats, rollout_tokens_per_s=100.0, step_s=0.1, extra=extra)
 
 
 def test_sink_writes_one_json_object_per_log(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
@@ -35,7 +42,7 @@ def test_sink_writes_one_json_object_per_log(tmp_path: Path, capsys: pytest.Capt
     sink.close()
     lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
     assert len(lines) == 3
-    assert [json.loads(line) for line in lines] == [record(s, s / 10) for s in (1, 2, 3)]
+    assert [json.loads(line) for line in lines] == [flat(s, s / 10) for s in (1, 2, 3)]
     out = capsys.readouterr().out
     assert "[job] step 3/3" in out and "reward=0.3" in out
 
@@ -69,7 +76,7 @@ def test_prometheus_serves_gauges_on_loopback(tmp_path: Path) -> None:
     sink = MetricsSink(tmp_path, "demo", total_steps=2, progress=False, prometheus_port=0)
     try:
         assert sink.port and sink.port > 0
-        sink.log({**record(1, reward=0.25), "kl": math.nan, "note": "text"})
+        sink.log(record(1, reward=0.25, kl=math.nan, note="text"))
         text = scrape(sink.port)
         assert 'kuberl_reward_mean{job="demo"} 0.25' in text
         assert 'kuberl_step{job="demo"} 1.0' in text
@@ -89,7 +96,9 @@ def test_prometheus_types_timestamp_and_build_info(tmp_path: Path) -> None:
     sink = MetricsSink(tmp_path, "demo", total_steps=2, progress=False, prometheus_port=0)
     try:
         before = time.time()
-        sink.log({**record(1), "restarts_critic": 2})
+        rec = record(1)
+        rec.roles["critic"] = RoleStep(restarts=2)
+        sink.log(rec)
         text = scrape(sink.port)
     finally:
         sink.close()
@@ -112,7 +121,7 @@ def test_prometheus_port_is_released_on_close(tmp_path: Path) -> None:
 def test_plot_reward_curve_writes_png(tmp_path: Path) -> None:
     jsonl = tmp_path / "run" / "metrics.jsonl"
     jsonl.parent.mkdir()
-    jsonl.write_text("".join(json.dumps(record(s, reward=s / 20)) + "\n" for s in range(1, 16)))
+    jsonl.write_text("".join(json.dumps(flat(s, reward=s / 20)) + "\n" for s in range(1, 16)))
     png = plot_reward_curve(jsonl, tmp_path / "curve.png")
     assert png == tmp_path / "curve.png"
     assert png.read_bytes()[:8] == PNG_MAGIC

@@ -11,6 +11,7 @@ from kuberl.groups import local_ranks
 from kuberl.metrics import prom_samples
 from kuberl.placement import RankPlacement, group_size, pin_rank, place_ranks, placement_problem
 from kuberl.progress import progress_of
+from kuberl.record import RoleStep, StepRecord
 from kuberl.spec import validate_manifest
 from kuberl.topology import parse_nvidia_smi_topo
 
@@ -92,8 +93,9 @@ def test_pin_rank_says_where_the_topology_came_from(monkeypatch, tmp_path, capsy
 
 
 def test_worst_link_is_visible_in_metrics_and_progress():
-    rec = {"step": 3, "worst_link_actor": "PXB", "topology_source_actor": "nvml", "restarts_actor": 0}
-    assert ("kuberl_role_worst_link_score", {"role": "actor", "level": "PXB", "source": "nvml"}, 4.0) in prom_samples(rec)
+    rec = StepRecord(step=3, roles={"actor": RoleStep(restarts=0, worst_link="PXB", topology_source="nvml")})
+    samples = prom_samples(rec)
+    assert ("kuberl_role_worst_link_score", {"role": "actor", "level": "PXB", "source": "nvml"}, 4.0) in samples
     doc = json.loads(progress_of(rec, 10, "Failed", "below minLink", "PlacementDegraded", {"critic": "SYS"}).to_json())
     assert doc["roles"] == {"actor": {"restarts": 0, "worstLink": "PXB"}, "critic": {"worstLink": "SYS"}}
     assert doc["reason"] == "PlacementDegraded"

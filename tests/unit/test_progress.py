@@ -14,6 +14,7 @@ from typing import Optional
 import pytest
 
 from kuberl.progress import ProgressReporter, api_url, progress_of, retry_after_s
+from kuberl.record import RoleStep, StepRecord
 from kuberl.spec.contract import ProgressDocument
 
 
@@ -72,7 +73,8 @@ def reporter(url: str, **kw) -> ProgressReporter:
 def test_report_patches_the_progress_configmap(scripted):
     server = scripted()
     rep = ProgressReporter(server.url, "ns1", "job-progress", token="t0k")
-    rec = {"step": 7, "rollout_tokens_per_s": 1234.56, "restarts_critic": 1, "restarts_actor": 0}
+    rec = StepRecord(step=7, rollout_tokens_per_s=1234.56,
+                     roles={"critic": RoleStep(restarts=1), "actor": RoleStep(restarts=0)})
     assert rep.report(progress_of(rec, 60))
     seen = server.seen[0]
     assert seen["path"] == "/api/v1/namespaces/ns1/configmaps/job-progress"
@@ -86,7 +88,7 @@ def test_final_report_survives_5xx_and_429(scripted, capsys):
     """503, 429, 500, 502 and then 200: the final report (phase Failed, with the reason the operator puts in
     the Failed condition) gets through; a per-step report facing the same answers gives up after two tries."""
     server = scripted(503, 429, 500, 502, retry_after="1")
-    final = progress_of({"step": 3}, 60, "Failed", "critic restarts spent", "ReachedMaxRestarts")
+    final = progress_of(StepRecord(step=3), 60, "Failed", "critic restarts spent", "ReachedMaxRestarts")
     assert reporter(server.url).report(final)
     assert len(server.seen) == 5
     gaps = [b["t"] - a["t"] for a, b in zip(server.seen, server.seen[1:])]
@@ -96,7 +98,7 @@ def test_final_report_survives_5xx_and_429(scripted, capsys):
     assert capsys.readouterr().err == ""
 
     server.statuses = [503, 429, 500, 502]
-    assert reporter(server.url).report(progress_of({"step": 4}, 60)) is False
+    assert reporter(server.url).report(progress_of(StepRecord(step=4), 60)) is False
     assert len(server.seen) == 5 + 2
     assert "failed after 2 attempt(s): HTTP Error 429" in capsys.readouterr().err
 

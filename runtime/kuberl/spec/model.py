@@ -241,6 +241,12 @@ class RolesSpec(Section):
     ref: RoleSpec = Field(default_factory=RoleSpec)
     reward: RoleSpec = Field(default_factory=RoleSpec)
 
+    def get(self, role: str) -> RoleSpec:
+        """A role's spec by name."""
+        if role not in ROLES:
+            raise KeyError(f"no role {role!r} in spec.roles")
+        return getattr(self, role)
+
 
 class FaultSpec(Section):
     """Fault injection for demos and tests: kill ROLE's worker process at STEP."""

@@ -11,38 +11,32 @@ from ..batch import Batch
 from ..models import load_causal_lm
 from ..rollout import make_engine
 from ..sequence import response_logprobs, response_mask
+from ..dispatch import Dispatch, register
 from .base import Worker
 from .train import FSDPTrainer
 
 
 class ActorWorker(Worker):
-    role = "actor"
-
     def setup(self) -> None:
         tr = self.spec.trainer
         policy = load_causal_lm(self.spec.model, seed=tr.seed)
         if self.spec.model.gradient_checkpointing:
             policy.gradient_checkpointing_enable()
-        self.trainer = FSDPTrainer(policy, self.device, self.dtype, tr.actor_lr, tr.weight_decay, tr.grad_clip, tr.warmup_steps)
+        self.trainer = FSDPTrainer(policy, self.device, self.dtype, tr.actor_lr, tr.weight_decay, tr.grad_clip,
+                                   tr.warmup_steps, self.kernels)
         self.engine = make_engine(self.spec, self.device, self.dtype, self.tokenizer)
         self.sync_weights()
 
+    @register(Dispatch.ALL)
     def sync_weights(self) -> float:
-        """Copy the (unsharded) policy weights into the rollout engine; returns seconds."""
+        """Copy the (unsharded) policy weights into the rollout engine; returns this rank's seconds."""
         t0 = time.perf_counter()
         self.engine.load_weights(self.trainer.full_state_dict())
         if self.device.type == "cuda":
             torch.cuda.synchronize()
         return time.perf_counter() - t0
 
-    def rollout_weights_match(self) -> bool:
-        """True when the rollout engine holds exactly the policy's current weights."""
-        if not hasattr(self.engine, "model"):
-            raise NotImplementedError(f"{type(self.engine).__name__} does not expose its weights for comparison")
-        full = self.trainer.full_state_dict()
-        params = dict(self.engine.model.named_parameters())
-        return all(torch.equal(params[k].float().cpu(), v.float().cpu()) for k, v in full.items() if k in params)
-
+    @register(Dispatch.SPLIT)
     @torch.no_grad()
     def generate(self, batch: Batch, seed: int) -> Batch:
         """Prompts -> responses, masks and old log-probs. Adds: responses [B,R], response_mask [B,R],
@@ -64,14 +58,17 @@ class ActorWorker(Worker):
     def _logprobs(self, b: Batch) -> torch.Tensor:
         parts = []
         for mb in b.minibatches(self.spec.trainer.micro_batch_size):
-            lp, _ = response_logprobs(self.trainer.model, mb["input_ids"], mb["attention_mask"], mb["responses"],
-                                      self.spec.rollout.temperature, chunk_size=self._chunk())
+            lp, _ = self._logprobs_of(mb)
             parts.append(lp)
         return torch.cat(parts)
 
-    def _chunk(self) -> int:
-        return 4096 if self.device.type == "cuda" else 0
+    def _logprobs_of(self, mb: Batch, with_entropy: bool = False, entropy_grad: bool = False):
+        k = self.kernels
+        return response_logprobs(self.trainer.model, mb["input_ids"], mb["attention_mask"], mb["responses"],
+                                 self.spec.rollout.temperature, chunk_size=k.chunk_rows, with_entropy=with_entropy,
+                                 entropy_grad=entropy_grad, fused=k.fused_head, compile=k.compile_head)
 
+    @register(Dispatch.SPLIT)
     def update(self, batch: Batch, step: int) -> dict[str, float]:
         """PPO epochs over the batch in mini-batches; returns token-averaged stats from all ranks."""
         spec, algo = self.spec, self.spec.algorithm
@@ -80,9 +77,7 @@ class ActorWorker(Worker):
 
         def loss_fn(mb: Batch):
             mask, n = mb["response_mask"], mb["response_mask"].sum()
-            logp, ent = response_logprobs(self.trainer.model, mb["input_ids"], mb["attention_mask"], mb["responses"],
-                                          spec.rollout.temperature, chunk_size=self._chunk(), with_entropy=True,
-                                          entropy_grad=algo.entropy_coef > 0)
+            logp, ent = self._logprobs_of(mb, with_entropy=True, entropy_grad=algo.entropy_coef > 0)
             pg, info = algos.policy_loss(logp, mb["old_logprobs"], mb["advantages"], mask, algo.clip_ratio)
             ent_sum = algos.masked_sum(ent, mask)
             loss = pg * n - algo.entropy_coef * ent_sum

@@ -1,7 +1,9 @@
 """The base of every role worker: one rank of one role, in its own process (a Ray actor) or in-process.
 
-The driver talks to workers only through `execute(method, batch, kwargs, fault)`: the fault hook kills
-the process for real (SIGKILL) or hangs it, for fault-injection tests and demos.
+The driver reaches a worker only through `execute(fn, args, kwargs, fault)`, where `fn` is one of the
+worker's methods declared with `@register(Dispatch...)` (typed proxies in `kuberl.proxies` name
+them); the fault hook kills the process for real (SIGKILL) or hangs it, for fault-injection tests
+and demos.
 """
 
 from __future__ import annotations
@@ -9,12 +11,14 @@ from __future__ import annotations
 import os
 import signal
 import time
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
 from .. import dist as kdist
 from ..batch import Batch
+from ..dispatch import Dispatch, method_info, register
+from ..kernels import KernelOptions
 from ..models import count_params, load_tokenizer
 from ..placement import pin_rank
 from ..spec import JobSpec, RoleSpec
@@ -25,50 +29,51 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 class Worker:
-    """One rank of a role. Subclasses implement `setup()` and their phase methods."""
+    """One rank of a role. Subclasses implement `setup()` and their phase methods, each declared with
+    `@register(Dispatch...)`. `role` is the role's name in the spec (an extra role's class may serve
+    any name)."""
 
-    role: str = "worker"
     trainer: Optional[FSDPTrainer] = None
 
-    def __init__(self, spec_json: str, rank: int, world_size: int, device: str = "auto", threads: int = 0):
+    def __init__(self, spec_json: str, role: str, rank: int, world_size: int, device: str = "auto", threads: int = 0,
+                 kernels: Optional[KernelOptions] = None):
+        """`kernels` defaults to what a job uses on this worker's device (`KernelOptions.for_device`)."""
         self.spec = JobSpec.model_validate_json(spec_json)
-        self.rank, self.world_size = rank, world_size
-        self.role_spec: RoleSpec = getattr(self.spec.roles, self.role)
+        self.role, self.rank, self.world_size = role, rank, world_size
+        self.role_spec: RoleSpec = self.spec.roles.get(role)
         self.device = kdist.pick_device(self.role_spec.gpus, device)
+        self.kernels = kernels or KernelOptions.for_device(self.device)
         self.dtype = DTYPES[self.spec.model.dtype] if self.device.type == "cuda" else torch.float32
         if threads > 0:
             torch.set_num_threads(threads)
         self.tokenizer = load_tokenizer(self.spec.model)
 
     # -- lifecycle, called by the WorkerGroup ------------------------------------------------------
+    @register(Dispatch.ALL, faults=False)
     def identity(self) -> dict[str, Any]:
         return {"role": self.role, "rank": self.rank, "pid": os.getpid()}
 
+    @register(Dispatch.ALL)
     def placement_info(self) -> dict[str, Any]:
         """This rank's GPU, the worst link inside the role's groups and where the links were read (None on CPU)."""
         p = self.placement
         return {"device": None if p is None else p.device, "worst_link": None if p is None else p.worst_link,
                 "topology_source": None if p is None else p.topology_source}
 
+    @register(Dispatch.ONE)
     def measure_peak_flops(self) -> float:
         """Dense matmul FLOP/s on this worker's device and dtype (the MFU denominator)."""
         return kdist.measure_matmul_flops(self.device, self.dtype)
 
-    def full_state_dict(self) -> dict[str, torch.Tensor]:
-        """Unsharded trainable weights on CPU (tests compare world sizes with it)."""
-        return {k: v.detach().cpu() for k, v in self.trainer.full_state_dict().items()}
-
+    @register(Dispatch.ONE)
     def memory(self) -> dict[str, int]:
-        """This process's peak GPU memory and peak resident set size, in bytes (GPU 0 on CPU)."""
+        """This process's peak GPU memory and peak resident set size, in bytes (GPU 0 on CPU); rank 0's."""
         import resource
 
         gpu = torch.cuda.max_memory_allocated(self.device) if self.device.type == "cuda" else 0
         return {"gpu_peak": int(gpu), "rss_peak": int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024}
 
-    def weights_digest(self) -> float:
-        """A cheap fingerprint of the trainable weights (sum of |w| in float64), equal across world sizes."""
-        return float(sum(v.double().abs().sum() for v in self.trainer.full_state_dict().values()))
-
+    @register(Dispatch.ONE)
     def num_params(self) -> int:
         return count_params(self.trainer.model) if self.trainer is not None else 0
 
@@ -102,32 +107,37 @@ class Worker:
     def setup(self) -> None:
         raise NotImplementedError
 
+    @register(Dispatch.ONE, faults=False)
     def save(self, path: str) -> None:
         """Checkpoint trainable state (actor, critic); frozen roles have none."""
         if self.trainer is not None:
             self.trainer.save(path)
 
+    @register(Dispatch.ALL, faults=False)
     def has_checkpoint(self, path: str) -> bool:
         """Whether this rank sees a complete DCP checkpoint at `path` (not so on per-pod storage)."""
         from pathlib import Path
 
         return (Path(path) / ".metadata").is_file()
 
+    @register(Dispatch.ONE, faults=False)
     def load(self, path: str) -> None:
         if self.trainer is not None:
             self.trainer.load(path)
 
-    def execute(self, method: str, batch: Optional[Batch], kwargs: dict[str, Any], fault: Optional[str] = None) -> Any:
-        """Run a phase method; `fault` = "kill" ends this process now, "hang" stops answering."""
+    def execute(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
+                fault: Optional[str] = None) -> Any:
+        """Run the role method `fn` on this rank (this worker's own override of it, if it has one),
+        Batches moved to the device first; `fault` = "kill" ends this process now, "hang" stops
+        answering."""
         if fault == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
         if fault == "hang":
             while True:
                 time.sleep(3600)
-        fn = getattr(self, method)
-        if batch is None:
-            return fn(**kwargs)
-        return fn(batch.to(self.device), **kwargs)
+        method_info(fn)  # only declared role methods are callable from the driver
+        bound = getattr(self, fn.__name__)  # virtual: a subclass's override runs, as in a plain call
+        return bound(*(a.to(self.device) if isinstance(a, Batch) else a for a in args), **kwargs)
 
 
 def _ray_node_ip() -> Optional[str]:

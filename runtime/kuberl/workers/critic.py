@@ -8,18 +8,19 @@ from .. import algos
 from ..batch import Batch
 from ..models import load_value_model
 from ..sequence import response_values
+from ..dispatch import Dispatch, register
 from .base import Worker
 from .train import FSDPTrainer
 
 
 class CriticWorker(Worker):
-    role = "critic"
-
     def setup(self) -> None:
         tr = self.spec.trainer
         model = load_value_model(self.spec.model, seed=tr.seed)
-        self.trainer = FSDPTrainer(model, self.device, self.dtype, tr.critic_lr, tr.weight_decay, tr.grad_clip, tr.warmup_steps)
+        self.trainer = FSDPTrainer(model, self.device, self.dtype, tr.critic_lr, tr.weight_decay, tr.grad_clip,
+                                   tr.warmup_steps, self.kernels)
 
+    @register(Dispatch.SPLIT)
     @torch.no_grad()
     def compute_values(self, batch: Batch) -> Batch:
         """values [B, R]: V(state before each response token)."""
@@ -27,7 +28,9 @@ class CriticWorker(Worker):
                  for mb in batch.minibatches(self.spec.trainer.micro_batch_size)]
         return Batch({"values": torch.cat(parts).cpu()})
 
+    @register(Dispatch.SPLIT)
     def update(self, batch: Batch, step: int) -> dict[str, float]:
+        """Value-loss epochs over the batch; returns token-averaged stats from all ranks."""
         spec = self.spec
 
         def loss_fn(mb: Batch):

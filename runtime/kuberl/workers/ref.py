@@ -8,22 +8,23 @@ from .. import dist as kdist
 from ..batch import Batch
 from ..models import load_causal_lm
 from ..sequence import response_logprobs
+from ..dispatch import Dispatch, register
 from .base import Worker
 
 
 class RefWorker(Worker):
-    role = "ref"
-
     def setup(self) -> None:
         model = load_causal_lm(self.spec.model, seed=self.spec.trainer.seed)
         model.requires_grad_(False)
-        self.model = kdist.shard(model, self.device, self.dtype).eval()
+        self.model = kdist.shard(model, self.device, self.dtype, compile_blocks=self.kernels.compile_blocks).eval()
 
+    @register(Dispatch.SPLIT)
     @torch.no_grad()
     def compute_ref_logprobs(self, batch: Batch) -> Batch:
         """ref_logprobs [B, R]."""
-        chunk = 4096 if self.device.type == "cuda" else 0
+        k = self.kernels
         parts = [response_logprobs(self.model, mb["input_ids"], mb["attention_mask"], mb["responses"],
-                                   self.spec.rollout.temperature, chunk_size=chunk)[0]
+                                   self.spec.rollout.temperature, chunk_size=k.chunk_rows, fused=k.fused_head,
+                                   compile=k.compile_head)[0]
                  for mb in batch.minibatches(self.spec.trainer.micro_batch_size)]
         return Batch({"ref_logprobs": torch.cat(parts).cpu()})

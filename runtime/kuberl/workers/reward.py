@@ -8,12 +8,11 @@ from .. import dist as kdist
 from ..batch import Batch
 from ..models import load_reward_model, load_tokenizer
 from ..rewards import load_reward_fn
+from ..dispatch import Dispatch, register
 from .base import Worker
 
 
 class RewardWorker(Worker):
-    role = "reward"
-
     def setup(self) -> None:
         cfg = self.spec.reward
         self.fn = load_reward_fn(cfg.function) if cfg.function else None
@@ -22,8 +21,9 @@ class RewardWorker(Worker):
             self.rm_tokenizer = load_tokenizer(cfg.model)
             model = load_reward_model(cfg.model)
             model.requires_grad_(False)
-            self.model = kdist.shard(model, self.device, self.dtype).eval()
+            self.model = kdist.shard(model, self.device, self.dtype, compile_blocks=self.kernels.compile_blocks).eval()
 
+    @register(Dispatch.SPLIT)
     @torch.no_grad()
     def compute_scores(self, batch: Batch) -> Batch:
         """scores [B] (float32): one scalar per sequence."""

@@ -1,0 +1,250 @@
+"""The runtime as a library: a job's roles as typed, supervised proxies, for a control flow of one's own.
+
+    from kuberl.library import Roles
+    from kuberl.groups import RayWorkerGroup
+
+    roles = Roles(spec, lambda role: RayWorkerGroup(role, spec))
+    with roles:                                   # starts every enabled role, each in its own group
+        for step in range(1, n + 1):
+            roles.begin_step(step)
+            with roles.phase("rollout"):
+                batch = roles.actor.generate(prompts, seed=step)
+            ...
+            roles.end_step()
+
+`Roles` is the `Supervisor` of its proxies: when a role's worker dies or hangs, only that role's
+group is torn down, recreated and restored (actor and critic from the last checkpoint saved with
+`save_checkpoint`, other roles from the model path), and the interrupted call is replayed. Each
+recovery is kept in `history[role]`; a role that fails more often than `spec.roles.<role>.maxRestarts`
+allows raises `JobFailed`. docs/library.md has the whole API; `kuberl.driver` is the built-in PPO and
+GRPO program written on it, and `examples/remax.py` another one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator, Optional, TypeVar
+
+from . import checkpoint
+from .groups import WorkerFailure, WorkerGroup
+from .proxies import PROXIES, ActorProxy, CriticProxy, RefProxy, RewardProxy, RoleProxy
+from .record import Recovery
+from .spec import JobSpec, enabled_roles
+from .spec.contract import Reason, restart_budget_spent
+
+STATEFUL = ("actor", "critic")  # roles whose state (weights, optimizer) is trained and checkpointed
+T = TypeVar("T", bound=RoleProxy)
+
+
+class JobFailed(RuntimeError):
+    """The job cannot go on (a role spent its restart budget); the message names the role and reason."""
+
+    reason = Reason.REACHED_MAX_RESTARTS
+
+
+class PlacementDegraded(JobFailed):
+    """`spec.placement.policy: required` and a role's GPU groups are linked below `minLink`."""
+
+    reason = Reason.PLACEMENT_DEGRADED
+
+
+@dataclass
+class Fault:
+    """An injected fault: `mode` ("kill" or "hang") hits `role`'s first faultable call of `step`."""
+
+    role: str
+    step: int
+    mode: str = "kill"
+    fired: bool = False
+
+
+@dataclass
+class RoleHistory:
+    """A role's restarts since the job began (restored from checkpoints) and this run's recoveries."""
+
+    restarts: int = 0
+    recoveries: list[Recovery] = field(default_factory=list)
+
+
+class Roles:
+    """The running roles of one job: WorkerGroups behind typed proxies, with per-role recovery."""
+
+    def __init__(self, spec: JobSpec, make_group: Callable[[str], WorkerGroup], faults: Optional[list[Fault]] = None,
+                 checkpoint_root: Optional[Path] = None, name: str = "job"):
+        self.spec, self.make_group, self.name = spec, make_group, name
+        self.roles = enabled_roles(spec)
+        self.faults = faults or []
+        self.checkpoint_root = checkpoint_root
+        self.groups: dict[str, WorkerGroup] = {}
+        self.proxies: dict[str, RoleProxy] = {}
+        self.history = {r: RoleHistory() for r in self.roles}
+        self.worst_links: dict[str, Optional[str]] = {}
+        self.topology_sources: dict[str, str] = {}  # role -> where its ranks read the links (nvml, nvidia-smi, none)
+        self.step = 0  # completed steps: the step in progress is step + 1
+        self.last_checkpoint = 0  # the newest complete checkpoint's step (0: none)
+        self._phase = ""
+        self.on_restart: list[Callable[[Recovery], None]] = []  # called after each role restart
+        self.on_budget_spent: list[Callable[[str], None]] = []  # called before JobFailed is raised
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Create every enabled role's group (in parallel), wait until all are ready, check placement."""
+        for role in self.roles:
+            self.groups[role] = self.make_group(role)
+            self.groups[role].launch()
+        for role in self.roles:
+            self.groups[role].wait_ready()
+            self.proxies[role] = PROXIES.get(role, RoleProxy)(self.groups[role], self)
+        self.check_placement()
+
+    def shutdown(self) -> None:
+        for group in self.groups.values():
+            group.shutdown()
+
+    def __enter__(self) -> "Roles":
+        self.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.shutdown()
+
+    # -- the proxies -------------------------------------------------------------------------------
+    @property
+    def actor(self) -> ActorProxy:
+        return self.proxy("actor", ActorProxy)
+
+    @property
+    def critic(self) -> Optional[CriticProxy]:
+        return self.proxy("critic", CriticProxy) if "critic" in self.proxies else None
+
+    @property
+    def ref(self) -> Optional[RefProxy]:
+        return self.proxy("ref", RefProxy) if "ref" in self.proxies else None
+
+    @property
+    def reward(self) -> RewardProxy:
+        return self.proxy("reward", RewardProxy)
+
+    def proxy(self, role: str, cls: type[T] = RoleProxy) -> T:  # type: ignore[assignment]
+        """Role `role` behind proxy class `cls` (an extra role's own `RoleProxy` subclass)."""
+        current = self.proxies[role]
+        if not isinstance(current, cls):
+            current = self.proxies[role] = cls(self.groups[role], self)
+        return current
+
+    # -- steps and phases --------------------------------------------------------------------------
+    def begin_step(self, step: int) -> None:
+        """The program starts step `step` (1-based; faults for this step may fire from now on)."""
+        self.step = step - 1
+
+    def end_step(self) -> None:
+        self.step += 1
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        """Name the phase the calls inside belong to (a recovery records it)."""
+        before, self._phase = self._phase, name
+        try:
+            yield
+        finally:
+            self._phase = before
+
+    # -- checkpoints -------------------------------------------------------------------------------
+    def save_checkpoint(self, step: int) -> Path:
+        """Save the stateful roles' state for completed step `step`; returns the step's folder. The
+        step counts as checkpointed (a restart restores it) once `checkpoint.write_state` commits it."""
+        d = checkpoint.step_dir(self._root(), step)
+        d.mkdir(parents=True, exist_ok=True)
+        for role in STATEFUL:
+            if role in self.proxies:
+                self.proxies[role].save(str(d / role))
+        return d
+
+    def load_checkpoint(self, step: int) -> None:
+        """Load every stateful role from the checkpoint of step `step`."""
+        for role in STATEFUL:
+            if role in self.proxies:
+                self.proxies[role].load(str(checkpoint.step_dir(self._root(), step) / role))
+        self.last_checkpoint = step
+
+    def _root(self) -> Path:
+        if self.checkpoint_root is None:
+            raise ValueError("Roles(checkpoint_root=...) is needed to save or load checkpoints")
+        return self.checkpoint_root
+
+    # -- placement ---------------------------------------------------------------------------------
+    def check_placement(self, roles: Optional[list[str]] = None) -> None:
+        """Record each role's worst GPU link; under `required`, refuse to train below minLink."""
+        from .placement import placement_problem, worst_link
+
+        problems = []
+        for role in roles or list(self.groups):
+            infos = RoleProxy(self.groups[role]).placement_info()
+            self.worst_links[role] = worst_link([p["worst_link"] for p in infos if p["worst_link"]])
+            self.topology_sources[role] = ",".join(sorted({p["topology_source"] for p in infos if p["topology_source"]}))
+            problem = placement_problem(self.spec, role, self.worst_links[role])
+            if problem:
+                problems.append(problem)
+        if problems:
+            raise PlacementDegraded("; ".join(problems))
+
+    # -- supervision (the proxies' Supervisor) -----------------------------------------------------
+    def current_phase(self) -> str:
+        return self._phase
+
+    def fault_for(self, role: str, fn: Callable[..., Any]) -> Optional[str]:
+        for f in self.faults:
+            if f.role == role and f.step == self.step + 1 and not f.fired:
+                f.fired = True
+                return f.mode
+        return None
+
+    def recover(self, failure: WorkerFailure, phase: str, detect_s: float) -> Recovery:
+        """Recreate only `failure.role`'s group and restore its state. A recreate that fails again (no
+        capacity in time, a rank dying during start) counts as another restart of the same budget."""
+        role = failure.role
+        rec = Recovery(role, self.step + 1, phase, failure.reason, failure.detail, detect_s=detect_s)
+        history, budget = self.history[role], self.spec.roles.get(role).max_restarts
+        group = self.groups[role]
+        t0 = time.perf_counter()
+        while True:
+            if restart_budget_spent(history.restarts + 1, budget):
+                for hook in self.on_budget_spent:
+                    hook(role)
+                raise JobFailed(f"role {role} failed at step {rec.step} ({rec.detail}) and reached maxRestarts={budget} "
+                                f"(spec.roles.{role}.maxRestarts); last checkpoint: step {self.last_checkpoint}")
+            history.restarts += 1
+            print(f"[{self.name}] role {role} failed in phase {rec.phase} of step {rec.step}: {rec.detail}; "
+                  f"restarting {role} only ({history.restarts}/{budget})", flush=True)
+            group.shutdown()
+            try:
+                group.start()
+                rec.restored_from = self._restore(role) if role in STATEFUL else "model path"
+                break
+            except WorkerFailure as again:
+                rec.detail = f"{rec.detail}; recreating it failed: {again.detail}"
+        restored = rec.restored_from.startswith("checkpoint")
+        rec.steps_lost = 0 if role not in STATEFUL else (self.step - self.last_checkpoint if restored else self.step)
+        self.check_placement([role])
+        rec.ready_s = time.perf_counter() - t0
+        history.recoveries.append(rec)
+        for hook in self.on_restart:
+            hook(rec)
+        return rec
+
+    def _restore(self, role: str) -> str:
+        """Load the role's last checkpoint when its new ranks can see it (shared storage); else the role
+        starts again from the model path. Returns where the state came from."""
+        if self.last_checkpoint == 0:
+            return "model path"
+        proxy = RoleProxy(self.groups[role])  # unsupervised: a failure here is caught by `recover`
+        path = str(checkpoint.step_dir(self._root(), self.last_checkpoint) / role)
+        if not all(proxy.has_checkpoint(path)):
+            print(f"[{self.name}] warning: the new {role} ranks cannot see {path} (no shared checkpoint volume: "
+                  f"spec.trainer.checkpoint.volumeClaim); {role} restarts from the model path", flush=True)
+            return "model path (checkpoint not visible to the new ranks)"
+        proxy.load(path)
+        return f"checkpoint step {self.last_checkpoint}"

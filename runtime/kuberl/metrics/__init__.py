@@ -1,0 +1,19 @@
+"""Per-step metrics, each sink written from the typed `kuberl.record.StepRecord`: `metrics.jsonl`,
+Prometheus, a progress bar (or log lines), and the reward-curve PNG."""
+
+from .flops import mfu
+from .jsonl import JsonlWriter, read_jsonl
+from .plot import plot_reward_curve
+from .prometheus import (
+    ALIASES_REMOVED_IN,
+    PROM_ALIASES,
+    PROM_COUNTERS,
+    PROM_FAMILIES,
+    PrometheusExporter,
+    PromSeries,
+    prom_samples,
+)
+from .sink import MetricsSink, StepWriter
+
+__all__ = ["ALIASES_REMOVED_IN", "PROM_ALIASES", "PROM_COUNTERS", "PROM_FAMILIES", "PromSeries", "JsonlWriter", "MetricsSink", "PrometheusExporter", "StepWriter", "mfu",
+           "plot_reward_curve", "prom_samples", "read_jsonl"]

@@ -1,0 +1,47 @@
+"""`MetricsSink`: every per-step writer behind one `log(record)`; more can be added with `add`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional, Protocol
+
+from ..record import StepRecord
+from .console import Console
+from .jsonl import JsonlWriter
+from .prometheus import serve
+
+
+class StepWriter(Protocol):
+    """Something that takes each step's record (a TensorBoard writer, say)."""
+
+    def write(self, rec: StepRecord) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class MetricsSink:
+    def __init__(self, out_dir: Path, job: str, total_steps: int, start_step: int = 0, progress: bool = True,
+                 prometheus_port: Optional[int] = None, prometheus_address: str = "127.0.0.1"):
+        self.path = out_dir / "metrics.jsonl"
+        self.prometheus = serve(job, prometheus_port, prometheus_address)
+        self.port: Optional[int] = self.prometheus.port if self.prometheus is not None else None
+        writers: list[Optional[StepWriter]] = [JsonlWriter(self.path, start_step), self.prometheus,
+                                               Console(job, total_steps, start_step, progress)]
+        self.writers: list[StepWriter] = [w for w in writers if w is not None]
+
+    @property
+    def registry(self):
+        """The Prometheus registry served (None without a port)."""
+        return self.prometheus.registry if self.prometheus is not None else None
+
+    def add(self, writer: StepWriter) -> None:
+        """One more writer for every following step (closed with the sink)."""
+        self.writers.append(writer)
+
+    def log(self, rec: StepRecord) -> None:
+        for writer in self.writers:
+            writer.write(rec)
+
+    def close(self) -> None:
+        for writer in self.writers:
+            writer.close()

@@ -1,0 +1,120 @@
+"""One typed record per training step: the only thing a control flow produces for its sinks.
+
+`metrics.jsonl`, Prometheus, the progress bar and the operator's progress document are all written
+from a `StepRecord` (see `kuberl.metrics` and `kuberl.progress`); nothing parses key names back.
+`flat()` gives the JSONL object, with the keys users rely on (`reward_mean`, `kl`, `time_<phase>_s`,
+`restarts_<role>`, `recovery_<role>_<part>_s`, `steps_lost_<role>`, `memory_<role>_<kind>_bytes`,
+`worst_link_<role>`, ...). Every recovery of the step is kept, in order, under `recoveries`; the
+flat per-role keys summarise them: seconds are summed over the step's recoveries of that role and
+`steps_lost_<role>` is the largest loss. Pure Python: no torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Optional
+
+from .spec.contract import Reason
+
+RECOVERY_PARTS = ("detect", "ready", "replay", "total")
+
+
+@dataclass
+class Recovery:
+    """One restart of one role: what failed, and how long each part of getting back took (seconds)."""
+
+    role: str
+    step: int  # the step in progress when the role failed
+    phase: str
+    reason: Reason
+    detail: str
+    detect_s: float  # from sending the call to seeing the failure
+    ready_s: float = 0.0  # tearing down, recreating and restoring the role
+    replay_s: float = 0.0  # the interrupted call, sent again
+    steps_lost: int = 0  # completed steps of the role's trained state that the restore did not bring back
+    restored_from: str = ""
+
+    @property
+    def total_s(self) -> float:
+        return self.detect_s + self.ready_s + self.replay_s
+
+    def seconds(self, part: str) -> float:
+        """`part` is one of RECOVERY_PARTS."""
+        return self.total_s if part == "total" else getattr(self, f"{part}_s")
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "reason": self.reason.value, "total_s": self.total_s}
+
+
+@dataclass
+class RoleStep:
+    """One role in one step."""
+
+    restarts: int = 0  # since the job began
+    recoveries: list[Recovery] = field(default_factory=list)  # this step's, in order
+    memory: dict[str, int] = field(default_factory=dict)  # rank 0's peak bytes by kind (gpu_peak, rss_peak)
+    worst_link: Optional[str] = None  # worst GPU link inside the role's groups (NV#, PIX, ..., SYS)
+    topology_source: Optional[str] = None  # where its ranks read the links: nvml, nvidia-smi (comma-joined), none
+
+    def recovery_seconds(self, part: str) -> float:
+        return sum(r.seconds(part) for r in self.recoveries)
+
+    @property
+    def steps_lost(self) -> int:
+        return max((r.steps_lost for r in self.recoveries), default=0)
+
+
+@dataclass
+class StepRecord:
+    """What one step did. Unset (None) fields are left out of `flat()`."""
+
+    step: int
+    reward_mean: Optional[float] = None
+    reward_std: Optional[float] = None
+    response_length_mean: Optional[float] = None  # tokens
+    stats: dict[str, float] = field(default_factory=dict)  # algorithm and update statistics: kl, pg_loss, ...
+    phases: dict[str, float] = field(default_factory=dict)  # seconds per phase (rollout, reward, ...)
+    step_s: Optional[float] = None
+    weight_sync_worker_s: Optional[float] = None  # the slowest rank's copy into its rollout engine
+    rollout_tokens_per_s: Optional[float] = None  # generated tokens per second of generation
+    train_tokens_per_s: Optional[float] = None  # actor training tokens per second of update
+    mfu: Optional[float] = None
+    mfu_peak_tflops: Optional[float] = None
+    n_params: Optional[int] = None
+    roles: dict[str, RoleStep] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)  # what hooks add (e.g. eval_reward_mean)
+
+    def recoveries(self) -> list[Recovery]:
+        return [r for rs in self.roles.values() for r in rs.recoveries]
+
+    def flat(self) -> dict[str, Any]:
+        """The `metrics.jsonl` object of this step."""
+        out: dict[str, Any] = {"step": self.step}
+        for key in ("reward_mean", "reward_std", "response_length_mean"):
+            _put(out, key, getattr(self, key))
+        out.update(self.stats)
+        out.update({f"time_{phase}_s": s for phase, s in self.phases.items()})
+        _put(out, "time_step_s", self.step_s)
+        for key in ("weight_sync_worker_s", "rollout_tokens_per_s", "train_tokens_per_s", "mfu", "mfu_peak_tflops",
+                    "n_params"):
+            _put(out, key, getattr(self, key))
+        for role, rs in self.roles.items():
+            for kind, value in rs.memory.items():
+                out[f"memory_{role}_{kind}_bytes"] = value
+            if rs.worst_link:
+                out[f"worst_link_{role}"] = rs.worst_link
+                out[f"topology_source_{role}"] = rs.topology_source or "none"
+            out[f"restarts_{role}"] = rs.restarts
+            if rs.recoveries:
+                for part in RECOVERY_PARTS:
+                    out[f"recovery_{role}_{part}_s"] = rs.recovery_seconds(part)
+                out[f"steps_lost_{role}"] = rs.steps_lost
+        if self.recoveries():
+            out["recoveries"] = [r.to_json() for r in self.recoveries()]
+        out.update(self.extra)
+        return out
+
+
+def _put(out: dict[str, Any], key: str, value: Any) -> None:
+    if value is not None:
+        out[key] = value

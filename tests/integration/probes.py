@@ -1,0 +1,44 @@
+"""Test-only probes on role workers: a mixin, so production workers carry none of them.
+
+Ray workers import this module by name (they run in the repository root, like pytest)."""
+
+from __future__ import annotations
+
+import torch
+
+from kuberl.dispatch import Dispatch, register
+from kuberl.workers import ActorWorker, CriticWorker, Worker
+
+
+class Probes:
+    """Read a trained role's weights (actor, critic) and the actor's rollout engine."""
+
+    @register(Dispatch.ALL)
+    def full_state_dict(self: Worker) -> dict[str, torch.Tensor]:
+        """Unsharded trainable weights on CPU, from every rank (tests compare world sizes with it)."""
+        return {k: v.detach().cpu() for k, v in self.trainer.full_state_dict().items()}
+
+    @register(Dispatch.ONE)
+    def weights_digest(self: Worker) -> float:
+        """A cheap fingerprint of the trainable weights (sum of |w| in float64), equal across world sizes."""
+        return float(sum(v.double().abs().sum() for v in self.trainer.full_state_dict().values()))
+
+    @register(Dispatch.ONE)
+    def rollout_weights_match(self: ActorWorker) -> bool:
+        """True when the rollout engine holds exactly the policy's current weights."""
+        if not hasattr(self.engine, "model"):
+            raise NotImplementedError(f"{type(self.engine).__name__} does not expose its weights for comparison")
+        full = self.trainer.full_state_dict()
+        params = dict(self.engine.model.named_parameters())
+        return all(torch.equal(params[k].float().cpu(), v.float().cpu()) for k, v in full.items() if k in params)
+
+
+class ProbedActor(Probes, ActorWorker):
+    pass
+
+
+class ProbedCritic(Probes, CriticWorker):
+    pass
+
+
+PROBED: dict[str, type[Worker]] = {"actor": ProbedActor, "critic": ProbedCritic}
