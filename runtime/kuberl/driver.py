@@ -165,30 +165,28 @@ class Driver:
         return rec
 
     def compute_advantages(self, batch: Batch) -> dict[str, float]:
-        """Pure tensor work on the driver: KL, token rewards, advantages, returns."""
+        """Pure tensor work on the driver: KL, token rewards, then the spec's advantage estimator."""
         algo, mask = self.spec.algorithm, batch["response_mask"]
-        scores = batch["scores"]
         stats: dict[str, float] = {}
         kl = None
         if "ref_logprobs" in batch.tensors:
             kl = algos.kl_penalty(batch["old_logprobs"], batch["ref_logprobs"], algo.kl.estimator)
-            seq_kl = algos.masked_sum(kl, mask, dim=-1)
             stats["kl"] = float(algos.masked_mean(kl, mask))
-            stats["kl_seq"] = float(seq_kl.mean())
+            stats["kl_seq"] = float(algos.masked_sum(kl, mask, dim=-1).mean())
         kl_coef = self.kl_ctl.value  # this batch is shaped with the coefficient the step started with
         if kl is not None:
             self.kl_ctl.update(stats["kl_seq"], len(batch))
-        if algo.name == "ppo":
-            shaped_kl = kl if (kl is not None and algo.kl.in_reward) else None
-            rewards = algos.token_rewards(scores, mask, shaped_kl, kl_coef)
-            adv, returns = algos.gae_advantages(rewards, batch["values"], mask, algo.gamma, algo.lam)
-            if algo.normalize_advantages:
-                adv = algos.masked_whiten(adv, mask)
+        shaped_kl = kl if algo.kl_in_reward else None
+        inputs = algos.AdvantageInputs(
+            token_rewards=algos.token_rewards(batch["scores"], mask, shaped_kl, kl_coef), mask=mask,
+            group_index=batch["group_index"], values=batch.tensors.get("values"), gamma=algo.gamma, lam=algo.lam,
+            whiten=algo.normalize_advantages)
+        adv, returns = algos.ADVANTAGE_ESTIMATORS.get(algo.estimator)(inputs)
+        if returns is not None:
             batch.tensors["returns"] = returns
-            stats["value_mean"] = float(algos.masked_mean(batch["values"], mask))
             stats["return_mean"] = float(algos.masked_mean(returns, mask))
-        else:
-            adv = algos.broadcast_to_tokens(algos.grpo_advantages(scores, batch["group_index"]), mask)
+        if inputs.values is not None:
+            stats["value_mean"] = float(algos.masked_mean(inputs.values, mask))
         batch.tensors["advantages"] = adv
         batch.meta["kl_coef"] = [kl_coef] * len(batch)
         stats["kl_coef"] = kl_coef

@@ -46,13 +46,18 @@ def apply_overrides(job: RLTrainingJob, steps: Optional[int], faults: list[str],
 
 
 def preflight(spec: JobSpec) -> None:
-    """Fail fast, before any worker starts: data must load and the reward function must import."""
+    """Fail fast, before any worker starts: data must load, and every name or import path of an
+    extension point (reward function, advantage estimator, policy loss, KL estimator) must resolve."""
+    from .algos import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, POLICY_LOSSES
     from .rewards import load_reward_fn
     from .tasks import load_rows
 
     load_rows(spec.data)
     if spec.reward.function:
         load_reward_fn(spec.reward.function)
+    ADVANTAGE_ESTIMATORS.get(spec.algorithm.estimator)
+    POLICY_LOSSES.get(spec.algorithm.policy_loss)
+    KL_ESTIMATORS.get(spec.algorithm.kl.estimator)
     check_model_source(spec.model, "spec.model")
     if spec.reward.model is not None and spec.reward.model.is_set():
         check_model_source(spec.reward.model, "spec.reward.model")
@@ -154,6 +159,7 @@ def run_job(job: RLTrainingJob, out: Path, backend: str = "ray", device: str = "
 def run_command(args: argparse.Namespace) -> int:
     from .driver import JobFailed
     from .groups import RoleError, WorkerFailure
+    from .registry import RegistryError
     from .rewards import RewardImportError
     from .tasks import DataError
 
@@ -163,7 +169,7 @@ def run_command(args: argparse.Namespace) -> int:
         records = run_job(job, Path(args.out), args.backend, args.device, args.ray_address, tuple(args.fault), not args.no_progress)
     except SpecInvalid as exc:
         return exc.report()
-    except (UsageError, DataError, RewardImportError) as exc:
+    except (UsageError, DataError, RewardImportError, RegistryError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return ExitCode.BAD_INPUT
     except JobFailed as exc:

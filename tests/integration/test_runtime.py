@@ -171,6 +171,7 @@ def test_run_steps_override_local_backend(netns, tmp_path):
         ({"data": {"files": ["/nonexistent/prompts.jsonl"]}}, "spec.data.files[0]"),
         ({"reward": {"function": "no_such_pkg.rewards:score"}}, "spec.reward.function"),
         ({"reward": {"function": "kuberl.rewards.builtin:no_such_fn"}}, "spec.reward.function"),
+        ({"algorithm": {"advantageEstimator": "no_such_pkg.adv:estimate"}}, "spec.algorithm.advantageEstimator"),
     ],
 )
 def test_run_preflight_errors_name_the_field(netns, tmp_path, change, field):

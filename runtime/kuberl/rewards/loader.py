@@ -1,9 +1,11 @@
-"""Import a rule reward function from `package.module:function`, with errors that name the field."""
+"""Rule reward functions by name or import path `package.module:function`, with errors that name the field."""
 
 from __future__ import annotations
 
-import importlib
 from typing import Callable, Optional
+
+from ..registry import Registry
+from ..spec.model import REWARD_FUNCTION_NAMES
 
 RewardFn = Callable[[str, str, Optional[str]], float]
 FIELD = "spec.reward.function"
@@ -13,17 +15,11 @@ class RewardImportError(ValueError):
     """The reward function cannot be loaded; the message names the field and the fix."""
 
 
+REWARD_FUNCTIONS: Registry[RewardFn] = Registry("reward function", FIELD, REWARD_FUNCTION_NAMES, RewardImportError)
+REWARD_FUNCTIONS.lazy("repeat-letter", "kuberl.rewards.builtin:repeat_letter")
+REWARD_FUNCTIONS.lazy("gsm8k", "kuberl.rewards.builtin:gsm8k")
+
+
 def load_reward_fn(path: str) -> RewardFn:
-    module_name, _, attr = path.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        raise RewardImportError(f"{FIELD}: cannot import module {module_name!r} ({exc}) (fix: install the package in the runtime image or correct the path)") from None
-    except Exception as exc:  # the user's module raised while importing
-        raise RewardImportError(f"{FIELD}: importing {module_name!r} raised {type(exc).__name__}: {exc} (fix: make the module importable)") from None
-    fn = getattr(module, attr, None)
-    if fn is None:
-        raise RewardImportError(f"{FIELD}: module {module_name!r} has no attribute {attr!r} (fix: check the function name)")
-    if not callable(fn):
-        raise RewardImportError(f"{FIELD}: {path} is not callable (fix: point it at a function)")
-    return fn
+    """A built-in reward function by name, or a user's by import path `package.module:function`."""
+    return REWARD_FUNCTIONS.get(path)

@@ -8,7 +8,7 @@ on `JobSpec` and report the full field path.
 from __future__ import annotations
 
 import re
-from typing import Literal, Optional
+from typing import Literal, Optional, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
@@ -40,10 +40,35 @@ def node_resource(node: str) -> str:
     """The custom Ray resource of the worker pods on Kubernetes node ``node``."""
     return f"{NODE_RESOURCE_PREFIX}{node}"
 
-BUILTIN_MODELS: tuple[str, ...] = ("tiny", "qwen2-0.5b", "qwen2-1.5b")
-BUILTIN_TASKS: tuple[str, ...] = ("repeat-letter", "gsm8k-toy")
+BuiltinModel = Literal["tiny", "qwen2-0.5b", "qwen2-1.5b"]
+BuiltinTask = Literal["repeat-letter", "gsm8k-toy"]
+BUILTIN_MODELS: tuple[str, ...] = get_args(BuiltinModel)
+BUILTIN_TASKS: tuple[str, ...] = get_args(BuiltinTask)
+# Built-in names of each registry (kuberl.registry): the runtime attaches the implementations.
+ADVANTAGE_ESTIMATOR_NAMES: tuple[str, ...] = ("gae", "grpo", "rloo", "reinforce++")
+POLICY_LOSS_NAMES: tuple[str, ...] = ("clip", "reinforce")
+KL_ESTIMATOR_NAMES: tuple[str, ...] = ("k1", "k3")
+REWARD_FUNCTION_NAMES: tuple[str, ...] = ("repeat-letter", "gsm8k")
 IMPORT_PATH = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*$")
 DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
+
+
+def named_or_path(names: tuple[str, ...], what: str = "function"):
+    """A field validator: one of `names`, or an import path `package.module:name`."""
+
+    def check(cls, v: Optional[str]) -> Optional[str]:
+        if v is not None and v not in names and not IMPORT_PATH.match(v):
+            raise ValueError(f"{v!r} is neither one of {', '.join(names)} nor an import path of the form "
+                             f"package.module:{what}")
+        return v
+
+    return classmethod(check)
+
+
+def name_or_path_schema(names: tuple[str, ...]) -> dict:
+    """The CRD's pattern for such a field (the API server refuses anything else)."""
+    alternatives = "|".join(re.escape(n) for n in names)
+    return {"pattern": f"^({alternatives}|{IMPORT_PATH.pattern[1:-1]})$"}
 
 
 class Section(BaseModel):
@@ -61,7 +86,7 @@ class ModelSource(Section):
 
     hub: Optional[str] = Field(None, description="Hugging Face hub id, e.g. Qwen/Qwen2-0.5B.")
     path: Optional[str] = Field(None, description="Local directory with config, weights and tokenizer.")
-    builtin: Optional[Literal["tiny", "qwen2-0.5b", "qwen2-1.5b"]] = Field(
+    builtin: Optional[BuiltinModel] = Field(
         None, description="Built-in small config plus a locally built tokenizer; no download."
     )
 
@@ -93,11 +118,14 @@ class KLSpec(Section):
     """KL penalty against the reference policy."""
 
     coef: float = Field(0.01, ge=0, description="Initial KL coefficient (beta).")
-    estimator: Literal["k1", "k3"] = Field("k1", description="k1 = log-ratio; k3 = Schulman's unbiased, >= 0.")
+    estimator: str = Field("k1", json_schema_extra=name_or_path_schema(KL_ESTIMATOR_NAMES),
+                           description="k1 = log-ratio; k3 = Schulman's unbiased, >= 0; or package.module:function.")
     controller: Literal["fixed", "adaptive"] = Field("fixed", description="Fixed or adaptive (Ziegler 2019) coefficient.")
     target: Optional[float] = Field(None, gt=0, description="Target KL for the adaptive controller.")
     horizon: int = Field(10000, ge=1, description="Adaptive controller horizon, in samples.")
     in_reward: bool = Field(True, description="PPO: subtract the KL from token rewards; GRPO always adds it to the loss.")
+
+    _estimator = field_validator("estimator")(named_or_path(KL_ESTIMATOR_NAMES))
 
 
 class AlgorithmSpec(Section):
@@ -110,10 +138,28 @@ class AlgorithmSpec(Section):
     entropy_coef: float = Field(0.0, ge=0, description="Entropy bonus coefficient.")
     group_size: int = Field(1, ge=1, description="GRPO: responses sampled per prompt (>= 2).")
     normalize_advantages: bool = Field(True, description="PPO: whiten advantages over the batch.")
+    advantage_estimator: Optional[str] = Field(
+        None, json_schema_extra=name_or_path_schema(ADVANTAGE_ESTIMATOR_NAMES),
+        description="gae (ppo's default), grpo (grpo's default), rloo, reinforce++, or package.module:function.")
+    policy_loss: str = Field("clip", json_schema_extra=name_or_path_schema(POLICY_LOSS_NAMES),
+                             description="clip (PPO's clipped surrogate), reinforce (unclipped), or package.module:function.")
+
+    _named = field_validator("advantage_estimator")(named_or_path(ADVANTAGE_ESTIMATOR_NAMES))
+    _loss = field_validator("policy_loss")(named_or_path(POLICY_LOSS_NAMES))
+
+    @property
+    def estimator(self) -> str:
+        """The advantage estimator in use: the spec's, else gae for ppo and grpo for grpo."""
+        return self.advantage_estimator or ("gae" if self.name == "ppo" else "grpo")
+
+    @property
+    def kl_in_reward(self) -> bool:
+        """Whether the KL penalty shapes the token rewards (ppo with kl.inReward) or enters the loss."""
+        return self.name == "ppo" and self.kl.in_reward
 
 
 class DataSpec(Section):
-    task: Optional[Literal["repeat-letter", "gsm8k-toy"]] = Field(
+    task: Optional[BuiltinTask] = Field(
         None, description="Built-in task (prompts generated locally). Exclusive with files."
     )
     files: list[str] = Field(default_factory=list, description="jsonl or parquet files of prompts.")
@@ -136,22 +182,19 @@ class DataSpec(Section):
         if self.task and self.files:
             raise ValueError("give either task or files, not both")
         if not self.task and not self.files:
-            raise ValueError("give a built-in task (repeat-letter, gsm8k-toy) or a list of files")
+            raise ValueError(f"give a built-in task ({', '.join(BUILTIN_TASKS)}) or a list of files")
         return self
 
 
 class RewardSpec(Section):
     function: Optional[str] = Field(
-        None, description="Rule reward by import path `package.module:function`, returning a float in [0, 1]."
+        None, json_schema_extra=name_or_path_schema(REWARD_FUNCTION_NAMES),
+        description="Rule reward: a built-in (repeat-letter, gsm8k) or an import path `package.module:function`, "
+                    "returning a float in [0, 1].",
     )
     model: Optional[ModelSource] = Field(None, description="Reward model with a sequence-classification head.")
 
-    @field_validator("function")
-    @classmethod
-    def _import_path(cls, v: Optional[str]) -> Optional[str]:
-        if v is not None and not IMPORT_PATH.match(v):
-            raise ValueError(f"{v!r} is not an import path of the form package.module:function")
-        return v
+    _function = field_validator("function")(named_or_path(REWARD_FUNCTION_NAMES))
 
     @model_validator(mode="after")
     def _one_source(self) -> "RewardSpec":
@@ -380,6 +423,13 @@ def cross_field_problems(spec: JobSpec) -> list[tuple[str, str, str]]:
             out.append((f"roles.{role}.replicas", f"{what} must divide the samples per step ({n})", f"choose replicas and gpus for {role} whose product divides {n}"))
         if role in ("actor", "critic") and tr.mini_batch_size % (ranks * tr.micro_batch_size):
             out.append(("trainer.miniBatchSize", f"must be a multiple of the {role}'s ranks x trainer.microBatchSize ({ranks} x {tr.micro_batch_size})", f"set spec.trainer.miniBatchSize to a multiple of {ranks * tr.micro_batch_size}"))
+    estimator = algo.estimator
+    if estimator == "gae" and algo.name != "ppo":
+        out.append(("algorithm.advantageEstimator", "gae needs the critic, which runs for algorithm ppo only",
+                    "use algorithm.name ppo, or another estimator (grpo, rloo, reinforce++)"))
+    elif algo.name == "ppo" and estimator in ADVANTAGE_ESTIMATOR_NAMES and estimator != "gae":
+        out.append(("algorithm.advantageEstimator", f"{estimator} uses no critic, but algorithm ppo trains one",
+                    f"use algorithm.name grpo with advantageEstimator {estimator}, or gae"))
     if spec.algorithm.name == "ppo" and not roles.critic.enabled:
         out.append(("roles.critic.enabled", "ppo needs a critic", "set spec.roles.critic.enabled to true or use algorithm grpo"))
     if not roles.actor.enabled:

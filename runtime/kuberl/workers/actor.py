@@ -72,18 +72,18 @@ class ActorWorker(Worker):
     def update(self, batch: Batch, step: int) -> dict[str, float]:
         """PPO epochs over the batch in mini-batches; returns token-averaged stats from all ranks."""
         spec, algo = self.spec, self.spec.algorithm
-        kl_in_loss = algo.name == "grpo" or not algo.kl.in_reward
+        policy_loss = algos.POLICY_LOSSES.get(algo.policy_loss)
         kl_coef = batch.meta.get("kl_coef", [0.0])[0]
 
         def loss_fn(mb: Batch):
             mask, n = mb["response_mask"], mb["response_mask"].sum()
             logp, ent = self._logprobs_of(mb, with_entropy=True, entropy_grad=algo.entropy_coef > 0)
-            pg, info = algos.policy_loss(logp, mb["old_logprobs"], mb["advantages"], mask, algo.clip_ratio)
+            pg, info = policy_loss(logp, mb["old_logprobs"], mb["advantages"], mask, algo)
             ent_sum = algos.masked_sum(ent, mask)
             loss = pg * n - algo.entropy_coef * ent_sum
             stats = {"pg_loss": pg.detach() * n, "clip_frac": info["clip_frac"] * n,
                      "approx_kl": info["approx_kl"] * n, "entropy": ent_sum.detach()}
-            if kl_in_loss and kl_coef > 0 and "ref_logprobs" in mb.tensors:
+            if not algo.kl_in_reward and kl_coef > 0 and "ref_logprobs" in mb.tensors:
                 kl_sum = algos.masked_sum(algos.kl_penalty(logp, mb["ref_logprobs"], algo.kl.estimator), mask)
                 loss = loss + kl_coef * kl_sum
                 stats["kl_loss"] = kl_sum.detach()

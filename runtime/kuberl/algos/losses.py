@@ -1,0 +1,79 @@
+"""Policy losses (a registry) and the clipped value loss. All inputs [B, T]; losses are token means."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import Tensor
+
+from ..registry import Registry
+from ..spec.model import POLICY_LOSS_NAMES, AlgorithmSpec
+from .kl import LOG_RATIO_CLAMP
+from .stats import masked_mean
+
+# (logprobs, old_logprobs, advantages, mask, algorithm spec) -> (loss scalar, {metric: detached scalar})
+PolicyLoss = Callable[[Tensor, Tensor, Tensor, Tensor, AlgorithmSpec], tuple[Tensor, dict[str, Tensor]]]
+POLICY_LOSSES: Registry[PolicyLoss] = Registry("policy loss", "spec.algorithm.policyLoss", POLICY_LOSS_NAMES)
+
+
+def policy_loss(
+    logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, clip_ratio: float
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """Clipped PPO surrogate (Schulman et al. 2017), token-mean over the mask.
+
+    All inputs [B, T]. Per token: ``max(-A * ratio, -A * clip(ratio, 1 - c, 1 + c))`` with
+    ``ratio = exp(logp - old_logp)`` (log-ratio clamped to [-20, 20]). Returns ``(loss scalar,
+    metrics)``; metrics (detached scalars): ``clip_frac`` (share of tokens where the clipped term is
+    taken), ``approx_kl`` (mean of ``old_logp - logp``), ``ratio_mean``.
+    """
+    log_ratio = (logprobs - old_logprobs).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    ratio = torch.exp(log_ratio)
+    unclipped = -advantages * ratio
+    clipped = -advantages * ratio.clamp(1.0 - clip_ratio, 1.0 + clip_ratio)
+    loss = masked_mean(torch.maximum(unclipped, clipped), mask)
+    with torch.no_grad():
+        metrics = {
+            "clip_frac": masked_mean((clipped > unclipped).float(), mask),
+            "approx_kl": masked_mean(-log_ratio, mask),
+            "ratio_mean": masked_mean(ratio, mask),
+        }
+    return loss, metrics
+
+
+def value_loss(
+    values: Tensor, old_values: Tensor, returns: Tensor, mask: Tensor, clip_range: float
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """Clipped value loss, masked mean over tokens. All inputs [B, T].
+
+    ``0.5 * max((v - R)^2, (clip(v, old - c, old + c) - R)^2)``. Returns ``(loss scalar,
+    {"vf_clip_frac": share of tokens where the clipped term is taken})``.
+    """
+    clipped_values = old_values + (values - old_values).clamp(-clip_range, clip_range)
+    unclipped = (values - returns) ** 2
+    clipped = (clipped_values - returns) ** 2
+    loss = 0.5 * masked_mean(torch.maximum(unclipped, clipped), mask)
+    with torch.no_grad():
+        metrics = {"vf_clip_frac": masked_mean((clipped > unclipped).float(), mask)}
+    return loss, metrics
+
+
+@POLICY_LOSSES.register("clip")
+def clipped_policy_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor,
+                        algo: AlgorithmSpec) -> tuple[Tensor, dict[str, Tensor]]:
+    """`policy_loss` with `spec.algorithm.clipRatio`."""
+    return policy_loss(logprobs, old_logprobs, advantages, mask, algo.clip_ratio)
+
+
+@POLICY_LOSSES.register("reinforce")
+def reinforce_policy_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor,
+                          algo: AlgorithmSpec) -> tuple[Tensor, dict[str, Tensor]]:
+    """Unclipped policy gradient ``-A * ratio`` per token (token mean): on the rollout's own policy
+    (ratio 1) its gradient is REINFORCE's ``-A * grad log p``. Metrics as `policy_loss` (clip_frac 0)."""
+    log_ratio = (logprobs - old_logprobs).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    ratio = torch.exp(log_ratio)
+    loss = masked_mean(-advantages * ratio, mask)
+    with torch.no_grad():
+        metrics = {"clip_frac": torch.zeros((), device=loss.device), "approx_kl": masked_mean(-log_ratio, mask),
+                   "ratio_mean": masked_mean(ratio, mask)}
+    return loss, metrics

@@ -1,0 +1,41 @@
+"""Masked statistics over response tokens. A `mask` is 1 (or True) on real tokens; float or bool."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def masked_sum(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
+    """Sum of ``x * mask`` over ``dim`` (all elements when None). ``x`` and ``mask`` broadcast.
+
+    Masked-out entries contribute exactly 0 even when they hold inf/nan (and pass no gradient).
+    """
+    mask = mask.to(x.dtype)
+    x = torch.where(mask != 0, x * mask, 0.0)
+    return x.sum() if dim is None else x.sum(dim)
+
+
+def masked_mean(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
+    """Mean of ``x`` over entries with mask 1 (a weighted mean for fractional masks), over ``dim``.
+
+    Where the mask sums to 0 the result is 0, not nan.
+    """
+    total = masked_sum(x, mask, dim)
+    count = masked_sum(torch.ones_like(x), mask, dim)
+    return total / torch.where(count == 0, 1.0, count)
+
+
+def masked_whiten(x: Tensor, mask: Tensor, shift_mean: bool = True, eps: float = 1e-8) -> Tensor:
+    """Normalise ``x`` [B, T] to zero mean, unit (unbiased) variance over the masked entries.
+
+    With ``shift_mean=False`` the original mean is added back (only the scale changes).
+    Masked-out positions are 0 in the result.
+    """
+    mean = masked_mean(x, mask)
+    n = masked_sum(torch.ones_like(x), mask)
+    var = masked_sum((x - mean) ** 2, mask) / (n - 1).clamp_min(1.0)
+    whitened = (x - mean) * torch.rsqrt(var + eps)
+    if not shift_mean:
+        whitened = whitened + mean
+    return torch.where(mask.bool(), whitened, 0.0)
