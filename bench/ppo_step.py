@@ -3,7 +3,8 @@
     PYTHONPATH=runtime python bench/ppo_step.py --model qwen2-0.5b          # H200: 0.5B shape, bf16
     PYTHONPATH=runtime python bench/ppo_step.py --model qwen2-1.5b
     PYTHONPATH=runtime python bench/ppo_step.py --model qwen2-0.5b --engine vllm [--no-sleep]   # vLLM rollout
-    PYTHONPATH=runtime python bench/ppo_step.py --model tiny --device cpu --steps 2 --batch 8 --prompt-len 16 --response-len 16   # smoke
+    PYTHONPATH=runtime python bench/ppo_step.py --model tiny --device cpu --steps 2 --batch 8 --prompt-len 16 \
+        --response-len 16   # smoke
 
 Every role (actor with its rollout engine, critic, ref, rule reward) is built by the same worker
 classes as in a real job and driven by `Driver.train_step`: rollout, reward, ref, values, advantage,
@@ -25,7 +26,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import platform
 import statistics
 import sys
 import tempfile
@@ -39,8 +39,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))
 
 from kuberl.batch import Batch  # noqa: E402
 from kuberl.driver import Driver  # noqa: E402
-from kuberl.kernels import KernelOptions  # noqa: E402
 from kuberl.groups import LocalWorkerGroup  # noqa: E402
+from kuberl.kernels import KernelOptions  # noqa: E402
 from kuberl.models import CHARS, builtin_config  # noqa: E402
 from kuberl.spec import JobSpec  # noqa: E402
 
@@ -69,7 +69,8 @@ def build_spec(args, data_file: Path) -> JobSpec:
     return JobSpec.model_validate({
         "model": {"builtin": args.model, "dtype": "bfloat16" if args.device == "cuda" else "float32"},
         "algorithm": {"name": "ppo", "kl": {"coef": 0.01, "estimator": "k1"}},
-        "data": {"files": [str(data_file)], "maxPromptLength": args.prompt_len, "batchSize": args.batch, "shuffle": True},
+        "data": {"files": [str(data_file)], "maxPromptLength": args.prompt_len, "batchSize": args.batch,
+                 "shuffle": True},
         "reward": {"function": "kuberl.rewards.builtin:repeat_letter"},
         "rollout": {"engine": args.engine, "maxNewTokens": args.response_len, "temperature": 1.0, "topP": 1.0,
                     "fixedLength": True, "compile": args.device == "cuda" and not args.no_fast_rollout,
@@ -119,7 +120,8 @@ def train_bench(spec: JobSpec, args, peak: float, n: int) -> dict:
             variants["eager_blocks"] = eager
         variants["eager_blocks_logits_path"] = replace(eager, fused_head=False)
     b, p, r = args.micro, args.prompt_len, args.response_len
-    spec = spec.model_copy(update={"trainer": spec.trainer.model_copy(update={"mini_batch_size": b, "micro_batch_size": b})})
+    trainer = spec.trainer.model_copy(update={"mini_batch_size": b, "micro_batch_size": b})
+    spec = spec.model_copy(update={"trainer": trainer})
     tokens = b * (p + r)
     flops = model_flops(builtin_config(args.model), b, p + r, r)["total"]
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
@@ -184,23 +186,28 @@ def main() -> None:
         write_prompts(data, max(256, args.batch * (args.steps + 1)), args.prompt_len)
         spec = build_spec(args, data)
         t0 = time.perf_counter()
-        driver = Driver(spec, "ppo-bench", Path(tmp) / "out", lambda role: LocalWorkerGroup(role, spec, args.device), progress=False)
+        driver = Driver(spec, "ppo-bench", Path(tmp) / "out", lambda role: LocalWorkerGroup(role, spec, args.device),
+                        progress=False)
         driver.start()
         setup_s = time.perf_counter() - t0
         engine = driver.groups["actor"].worker.engine
         peak = driver.peak_flops
-        print(json.dumps({"model": args.model, "n_params": driver.n_params, "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
-                          "torch": torch.__version__, "matmul_peak_tflops": peak / 1e12, "rollout_path": rollout_path(engine),
+        device = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
+        print(json.dumps({"model": args.model, "n_params": driver.n_params, "device": device,
+                          "torch": torch.__version__, "matmul_peak_tflops": peak / 1e12,
+                          "rollout_path": rollout_path(engine),
                           "kernels": asdict(KernelOptions.for_device(torch.device(args.device))),
                           "setup_s": setup_s, "batch": args.batch, "prompt_len": args.prompt_len,
-                          "response_len": args.response_len, "mini": args.mini or args.batch, "micro": args.micro}), flush=True)
+                          "response_len": args.response_len, "mini": args.mini or args.batch, "micro": args.micro}),
+              flush=True)
         recs = []
         try:
             with PeakSampler() as device_mem:  # every process on the GPU (vLLM's engine runs in its own)
                 for _ in range(args.steps):
                     rec = driver.train_step().flat()
                     recs.append(rec)
-                    keep = {k: v for k, v in rec.items() if k.startswith(("time_", "rollout_tokens", "train_tokens", "mfu", "memory_actor_gpu"))}
+                    shown = ("time_", "rollout_tokens", "train_tokens", "mfu", "memory_actor_gpu")
+                    keep = {k: v for k, v in rec.items() if k.startswith(shown)}
                     print(json.dumps({"step": rec["step"], **keep}), flush=True)
         finally:
             driver.shutdown()
@@ -238,8 +245,10 @@ def main() -> None:
     print("| --- | --- |")
     for p_, s in summary["phases_s"].items():
         print(f"| {p_} | {s:.3f} |")
-    print(f"| **step total** | {summary['step_s']:.3f} (first step, with compile/capture: {summary['first_step_s']:.1f}) |")
-    print(f"rollout tokens/s: {summary['rollout_tokens_per_s']:,.0f}   training tokens/s (actor update): {summary['train_tokens_per_s']:,.0f}")
+    print(f"| **step total** | {summary['step_s']:.3f} (first step, with compile/capture: "
+          f"{summary['first_step_s']:.1f}) |")
+    print(f"rollout tokens/s: {summary['rollout_tokens_per_s']:,.0f}   "
+          f"training tokens/s (actor update): {summary['train_tokens_per_s']:,.0f}")
     print(f"actor update MFU: {summary['mfu_update_actor_6nt']:.1%} (6·N·T, N={driver.n_params / 1e6:.0f}M)   "
           f"{summary['mfu_update_actor_strict']:.1%} (FLOPs actually done)")
     if tb:
@@ -248,11 +257,14 @@ def main() -> None:
         print("| --- | --- | --- | --- | --- |")
         for name, x in tb.items():
             if isinstance(x, dict):
-                print(f"| {name} | {x['seconds_median'] * 1e3:.1f} | {x['tokens_per_s']:,.0f} | {x['mfu_6nt']:.1%} | {x['mfu_strict']:.1%} |")
+                print(f"| {name} | {x['seconds_median'] * 1e3:.1f} | {x['tokens_per_s']:,.0f} | {x['mfu_6nt']:.1%} "
+                      f"| {x['mfu_strict']:.1%} |")
+    device_peak = device_mem.peak_gib if device_mem.peak_gib is not None else "n/a"
     print(f"peak GPU memory (all roles, one process): {gpu_peak:.1f} GiB; whole device during the steps "
-          f"(NVML, every process): {device_mem.peak_gib if device_mem.peak_gib is not None else 'n/a'} GiB")
+          f"(NVML, every process): {device_peak} GiB")
     if args.json:
-        Path(args.json).write_text(json.dumps({"args": vars(args), "records": recs, "summary": summary}, indent=1, default=str))
+        out = {"args": vars(args), "records": recs, "summary": summary}
+        Path(args.json).write_text(json.dumps(out, indent=1, default=str))
 
 
 if __name__ == "__main__":

@@ -29,13 +29,15 @@ SCHEDULE = {"actor": 3, "critic": 5, "ref": 7, "reward": 9}
 
 def one_run(spec, out: Path) -> dict[str, tuple[float, float, float]]:
     faults = [Fault(role, step) for role, step in SCHEDULE.items()]
-    driver = Driver(spec, "recovery-bench", out, lambda r: RayWorkerGroup(r, spec, timeout_s=120), faults, progress=False)
+    driver = Driver(spec, "recovery-bench", out, lambda r: RayWorkerGroup(r, spec, timeout_s=120), faults,
+                    progress=False)
     driver.start()
     try:
         driver.run()
     finally:
         driver.shutdown()
-    return {role: (h.recoveries[0].detect_s, h.recoveries[0].ready_s, h.recoveries[0].replay_s) for role, h in driver.history.items()}
+    return {role: (h.recoveries[0].detect_s, h.recoveries[0].ready_s, h.recoveries[0].replay_s)
+            for role, h in driver.history.items()}
 
 
 def main() -> None:
@@ -57,7 +59,8 @@ def main() -> None:
         parts = list(zip(*[r[role] for r in runs]))
         totals = [sum(x) for x in zip(*parts)]
         med = [statistics.median(p) for p in parts]
-        print(f"| {role} | {med[0]:.3f} | {med[1]:.2f} | {med[2]:.3f} | {statistics.median(totals):.2f} ({min(totals):.2f}-{max(totals):.2f}) |")
+        total = f"{statistics.median(totals):.2f} ({min(totals):.2f}-{max(totals):.2f})"
+        print(f"| {role} | {med[0]:.3f} | {med[1]:.2f} | {med[2]:.3f} | {total} |")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """The actor's training step alone: `ActorWorker.update` (FSDP2, world size 1) on one mini-batch.
 
     PYTHONPATH=runtime python bench/train_step.py --model qwen2-0.5b --profile
-    PYTHONPATH=runtime python bench/train_step.py --model tiny --device cpu --micro 4 --prompt-len 8 --response-len 8   # smoke
+    PYTHONPATH=runtime python bench/train_step.py --model tiny --device cpu --micro 4 --prompt-len 8 --response-len 8
 
 Builds only the actor (through LocalWorkerGroup, as a job does) and times one optimizer step on
 --micro sequences of --prompt-len + --response-len tokens (default 16 x 512): forward, PPO loss,
@@ -101,8 +101,9 @@ def main() -> None:
             sync()
             times.append(time.perf_counter() - t0)
         t = statistics.median(times)
-        rows[name] = {"ms": t * 1e3, "first_call_s": first, "tokens_per_s": tokens / t, "mfu_6nt": 6 * n * tokens / t / peak,
-                      "mfu_strict": flops / t / peak, "ms_all": [x * 1e3 for x in times], "n_params": n,
+        rows[name] = {"ms": t * 1e3, "first_call_s": first, "tokens_per_s": tokens / t,
+                      "mfu_6nt": 6 * n * tokens / t / peak, "mfu_strict": flops / t / peak,
+                      "ms_all": [x * 1e3 for x in times], "n_params": n,
                       "kernels": asdict(kernels[name])}
         print(json.dumps({"variant": name, **rows[name]}), flush=True)
         if args.profile and name == "runtime" and cuda:
@@ -132,9 +133,11 @@ def main() -> None:
     print("| variant | ms | tokens/s | MFU 6·N·T | MFU strict | first call s |")
     print("| --- | --- | --- | --- | --- | --- |")
     for name, x in rows.items():
-        print(f"| {name} | {x['ms']:.1f} | {x['tokens_per_s']:,.0f} | {x['mfu_6nt']:.1%} | {x['mfu_strict']:.1%} | {x['first_call_s']:.1f} |")
+        print(f"| {name} | {x['ms']:.1f} | {x['tokens_per_s']:,.0f} | {x['mfu_6nt']:.1%} | {x['mfu_strict']:.1%} "
+              f"| {x['first_call_s']:.1f} |")
     if args.json:
-        Path(args.json).write_text(json.dumps({"args": vars(args), "peak_tflops": peak / 1e12, "rows": rows, "gpu_peak_gib": gpu_peak}, indent=1))
+        out = {"args": vars(args), "peak_tflops": peak / 1e12, "rows": rows, "gpu_peak_gib": gpu_peak}
+        Path(args.json).write_text(json.dumps(out, indent=1))
     if kdist.dist.is_initialized():
         kdist.dist.destroy_process_group()
 

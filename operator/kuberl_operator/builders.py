@@ -69,7 +69,7 @@ def ray_auth_env(job: str) -> list[dict[str, Any]]:
 
 def uses_dra(job: RLTrainingJob, role: str) -> bool:
     """Whether a role's GPUs come from a ResourceClaimTemplate (spec.placement.mode dra)."""
-    return job.spec.placement.mode == "dra" and getattr(job.spec.roles, role).gpus > 0
+    return job.spec.placement.mode == "dra" and job.spec.roles.get(role).gpus > 0
 
 
 def quantities(role: RoleSpec, device_plugin: bool = True) -> dict[str, Any]:
@@ -137,7 +137,7 @@ def gpu_claim_template(job: RLTrainingJob, role: str, opts: BuildOptions) -> dic
 
     One GPU needs no constraint, and gets none: matchAttribute would also exclude GPUs whose driver
     does not publish the attribute."""
-    spec: RoleSpec = getattr(job.spec.roles, role)
+    spec: RoleSpec = job.spec.roles.get(role)
     placement = job.spec.placement
     name = job.metadata.name
     labels = names.labels(name, "gpu-claim", role)
@@ -161,7 +161,7 @@ def gpu_claim_templates(job: RLTrainingJob, opts: BuildOptions) -> list[dict[str
 
 def worker_group(job: RLTrainingJob, role: str, opts: BuildOptions) -> dict[str, Any]:
     """One KubeRay worker group per role: groupName = role, a fixed size, its own Ray resource."""
-    spec: RoleSpec = getattr(job.spec.roles, role)
+    spec: RoleSpec = job.spec.roles.get(role)
     name = job.metadata.name
     dra = uses_dra(job, role)
     volumes, mounts = checkpoint_storage(job)

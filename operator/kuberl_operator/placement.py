@@ -40,11 +40,11 @@ def static_problems(job: RLTrainingJob, max_gpus_per_node: int) -> list[Infeasib
     if placement.policy != "required":
         return []
     out: list[Infeasible] = []
-    gpus = {role: getattr(roles, role).gpus for role in enabled_roles(job.spec)}
+    gpus = {role: roles.get(role).gpus for role in enabled_roles(job.spec)}
     for role, n in gpus.items():
         if n > max_gpus_per_node:
             out.append(Infeasible(
-                f"spec.roles.{role}.gpus",
+                f"spec.{roles.path(role)}.gpus",
                 f"role {role} needs {n} GPUs per replica, more than any node has (at most {max_gpus_per_node}, "
                 f"the operator's --max-gpus-per-node): its pods can never be scheduled"))
     grouped = [role for role, n in gpus.items() if n >= 2]

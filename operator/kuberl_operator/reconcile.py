@@ -99,11 +99,11 @@ def feasible(ctx: Context, body: kopf.Body, patch: kopf.Patch, job: RLTrainingJo
         raise kopf.PermanentError(f"placement cannot be met: {message}")
 
 
-def runtime_children(name: str) -> list[tuple[Resource, str]]:
+def runtime_children(name: str, extra_roles: Sequence[str] = ()) -> list[tuple[Resource, str]]:
     """What suspend removes (newest first): the driver Job, the RayCluster, the GPU claim templates
-    (any role's: the spec may have changed since they were made)."""
+    (any built-in role's, the spec may have changed since they were made, and the extra roles')."""
     return [(JOBS, names.driver(name)), (RAYCLUSTERS, names.cluster(name)),
-            *((RESOURCECLAIMTEMPLATES, names.claim_template(name, role)) for role in JOB_ROLES)]
+            *((RESOURCECLAIMTEMPLATES, names.claim_template(name, role)) for role in (*JOB_ROLES, *extra_roles))]
 
 
 def children(name: str) -> list[tuple[Resource, str]]:
@@ -174,7 +174,7 @@ async def apply_spec(ctx: Context, body: kopf.Body, patch: kopf.Patch, diff: Seq
         return
     job = validated(body, patch)
     feasible(ctx, body, patch, job)
-    runtime, spec_configmap = runtime_children(name), (CONFIGMAPS, names.spec_configmap(name))
+    runtime, spec_configmap = runtime_children(name, list(job.spec.roles.extra)), (CONFIGMAPS, names.spec_configmap(name))
     created = []
     for obj in builders.all_objects(job, body["spec"], secrets.token_urlsafe(32), ctx.options(namespace)):
         key = (resource_of(obj), obj["metadata"]["name"])

@@ -57,9 +57,10 @@ class RoleOutcome:
     doomed: tuple[str, ...]
 
 
-def role_outcome(role: str, job: RLTrainingJob, old: Mapping[str, Any], seen: Observed, accounting: bool, now: str) -> RoleOutcome:
+def role_outcome(role: str, job: RLTrainingJob, old: Mapping[str, Any], seen: Observed, accounting: bool,
+                 now: str) -> RoleOutcome:
     """One role's status; with ``accounting`` on, new pod failures are counted and its gang doomed."""
-    spec = getattr(job.spec.roles, role)
+    spec = job.spec.roles.get(role)
     prev = (old.get("roles") or {}).get(role) or {}
     pods = [p for p in seen.pods if p.role == role and seen.cluster_uid is not None and p.owner == seen.cluster_uid]
     pod_restarts = int(prev.get("podRestarts", 0))
@@ -90,11 +91,12 @@ def role_outcome(role: str, job: RLTrainingJob, old: Mapping[str, Any], seen: Ob
 def verdict(job: RLTrainingJob, roles: Mapping[str, RoleOutcome], seen: Observed) -> tuple[str, str, str] | None:
     """(phase, reason, message) when the job is over: a spent restart budget, or the driver's outcome."""
     for r, o in roles.items():
-        budget = getattr(job.spec.roles, r).max_restarts
+        budget = job.spec.roles.get(r).max_restarts
         if restart_budget_spent(o.status["restarts"], budget):
             last = f"; last failure {o.status['lastFailure']}" if o.status.get("lastFailure") else ""
-            return FAILED, Reason.REACHED_MAX_RESTARTS.value, (f"role {r} restarted {o.status['restarts']} times, more than "
-                                                  f"spec.roles.{r}.maxRestarts ({budget}){last}")
+            message = (f"role {r} restarted {o.status['restarts']} times, more than "
+                       f"spec.{job.spec.roles.path(r)}.maxRestarts ({budget}){last}")
+            return FAILED, Reason.REACHED_MAX_RESTARTS.value, message
     if job.spec.suspend or seen.driver is None:
         return None  # a driver that ends because the job was suspended does not end the job
     if seen.driver.succeeded:
@@ -135,7 +137,7 @@ def decide(job: RLTrainingJob, generation: int, old: Mapping[str, Any], seen: Ob
     roles = {r: role_outcome(r, job, old, seen, accounting, now) for r in enabled_roles(job.spec)}
     events = [Event("Warning", "RoleRestart",
                     f"role {r}: {'; '.join(o.failures)}; restarting the role's pods "
-                    f"(restart {o.status['restarts']} of at most {getattr(job.spec.roles, r).max_restarts})")
+                    f"(restart {o.status['restarts']} of at most {job.spec.roles.get(r).max_restarts})")
               for r, o in roles.items() if o.failures]
     ended = verdict(job, roles, seen)
     if ended is not None:
@@ -183,7 +185,8 @@ def invalid_spec_status(old: Mapping[str, Any], generation: int, message: str, n
 def infeasible_status(old: Mapping[str, Any], generation: int, message: str, now: str) -> dict[str, Any]:
     """Status of a job whose required placement no cluster can give (nothing was created): Failed
     with reason PlacementDegraded, and the PlacementDegraded condition naming the fields."""
-    conds = cond.set_condition(old.get("conditions", []), PLACEMENT_DEGRADED, True, "Infeasible", message, generation, now)
+    conds = cond.set_condition(old.get("conditions", []), PLACEMENT_DEGRADED, True, "Infeasible", message,
+                               generation, now)
     conds = cond.set_condition(conds, cond.FAILED, True, PLACEMENT_DEGRADED, message, generation, now)
     conds = cond.set_condition(conds, cond.READY, False, PLACEMENT_DEGRADED, message, generation, now)
     return {"phase": FAILED, "message": message, "conditions": conds, "observedGeneration": generation}

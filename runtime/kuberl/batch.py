@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 
@@ -25,15 +26,17 @@ class Batch:
     def __getitem__(self, key: str) -> torch.Tensor:
         return self.tensors[key]
 
-    def index(self, idx: slice | torch.Tensor) -> "Batch":
+    def index(self, idx: slice | torch.Tensor) -> Batch:
         """Rows `idx` (a slice or a LongTensor of row indices)."""
         if isinstance(idx, slice):
             rows = range(len(self))[idx]
-            return Batch({k: v[idx] for k, v in self.tensors.items()}, {k: [v[i] for i in rows] for k, v in self.meta.items()})
+            return Batch({k: v[idx] for k, v in self.tensors.items()},
+                         {k: [v[i] for i in rows] for k, v in self.meta.items()})
         ids = idx.tolist()
-        return Batch({k: v[idx] for k, v in self.tensors.items()}, {k: [v[i] for i in ids] for k, v in self.meta.items()})
+        return Batch({k: v[idx] for k, v in self.tensors.items()},
+                     {k: [v[i] for i in ids] for k, v in self.meta.items()})
 
-    def split(self, n: int) -> list["Batch"]:
+    def split(self, n: int) -> list[Batch]:
         """n contiguous, equal chunks (len must be divisible by n)."""
         size = len(self)
         if size % n:
@@ -41,26 +44,27 @@ class Batch:
         step = size // n
         return [self.index(slice(i * step, (i + 1) * step)) for i in range(n)]
 
-    def minibatches(self, size: int, generator: torch.Generator | None = None) -> Iterator["Batch"]:
+    def minibatches(self, size: int, generator: torch.Generator | None = None) -> Iterator[Batch]:
         """Shuffled (when a generator is given) chunks of `size` rows."""
         order = torch.randperm(len(self), generator=generator) if generator is not None else torch.arange(len(self))
         for start in range(0, len(self), size):
             yield self.index(order[start : start + size])
 
-    def select(self, *keys: str) -> "Batch":
+    def select(self, *keys: str) -> Batch:
         """Only the named tensors/meta keys (what a worker needs; keeps Ray transfers small)."""
-        return Batch({k: v for k, v in self.tensors.items() if k in keys}, {k: v for k, v in self.meta.items() if k in keys})
+        return Batch({k: v for k, v in self.tensors.items() if k in keys},
+                     {k: v for k, v in self.meta.items() if k in keys})
 
-    def update(self, other: "Batch") -> "Batch":
+    def update(self, other: Batch) -> Batch:
         self.tensors.update(other.tensors)
         self.meta.update(other.meta)
         return self
 
-    def to(self, device: torch.device | str) -> "Batch":
+    def to(self, device: torch.device | str) -> Batch:
         return Batch({k: v.to(device) for k, v in self.tensors.items()}, dict(self.meta))
 
     @staticmethod
-    def concat(parts: list["Batch"]) -> "Batch":
+    def concat(parts: list[Batch]) -> Batch:
         if not parts:
             return Batch()
         tensors = {k: torch.cat([p.tensors[k] for p in parts]) for k in parts[0].tensors}

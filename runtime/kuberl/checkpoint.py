@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from torch import nn
 from torch.optim import Optimizer
@@ -29,7 +29,7 @@ def complete_steps(root: Path) -> list[int]:
     return sorted(int(p.name[5:]) for p in root.glob("step_*") if (p / STATE_FILE).is_file() and p.name[5:].isdigit())
 
 
-def latest(root: Path) -> Optional[int]:
+def latest(root: Path) -> int | None:
     steps = complete_steps(root)
     return steps[-1] if steps else None
 

@@ -14,8 +14,9 @@ on the worker method with `@register(Dispatch.X)`.
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, TypeVar
+from typing import Any, TypeVar
 
 from .batch import Batch
 
@@ -49,7 +50,8 @@ def register(dispatch: Dispatch, *, faults: bool = True) -> Callable[[F], F]:
 def method_info(fn: Callable[..., Any]) -> MethodInfo:
     info = getattr(fn, _ATTR, None)
     if info is None:
-        raise TypeError(f"{getattr(fn, '__qualname__', fn)} is not a role method: decorate it with @register(Dispatch...)")
+        name = getattr(fn, "__qualname__", fn)
+        raise TypeError(f"{name} is not a role method: decorate it with @register(Dispatch...)")
     return info
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import socket
-from typing import Optional
 
 import torch
 import torch.distributed as dist
@@ -38,7 +37,7 @@ def mesh_for(device: torch.device) -> DeviceMesh:
     return init_device_mesh(device.type, (dist.get_world_size(),))
 
 
-def shard(model: nn.Module, device: torch.device, dtype: torch.dtype, mesh: Optional[DeviceMesh] = None,
+def shard(model: nn.Module, device: torch.device, dtype: torch.dtype, mesh: DeviceMesh | None = None,
           compile_blocks: bool = False) -> nn.Module:
     """FSDP2: shard each transformer block, then the root. bf16 compute keeps fp32 master weights
     (param_dtype bf16, reduce_dtype fp32).
@@ -51,7 +50,9 @@ def shard(model: nn.Module, device: torch.device, dtype: torch.dtype, mesh: Opti
     not one per layer.
     """
     mesh = mesh or mesh_for(device)
-    mp = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32) if dtype != torch.float32 else MixedPrecisionPolicy()
+    mp = MixedPrecisionPolicy()
+    if dtype != torch.float32:
+        mp = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
     single = device.type == "cuda" and mesh.size() == 1
     model.to(device)
     blocks = transformer_blocks(model)

@@ -17,20 +17,16 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator, Optional
-
-import torch
 
 from . import algos, checkpoint
 from .batch import Batch
 from .groups import WorkerGroup
-from .library import STATEFUL, Fault, JobFailed, PlacementDegraded, RoleHistory, Roles
+from .library import STATEFUL, Fault, JobFailed, PlacementDegraded, Prompts, RoleHistory, Roles
 from .metrics import MetricsSink, mfu
-from .models import load_tokenizer
 from .record import RoleStep, StepRecord
 from .spec import JobSpec
-from .tasks import PromptLoader, load_rows
 
 __all__ = ["Driver", "Fault", "JobFailed", "PlacementDegraded"]
 SEQ = ("input_ids", "attention_mask", "responses", "response_mask")
@@ -38,21 +34,20 @@ SEQ = ("input_ids", "attention_mask", "responses", "response_mask")
 
 class Driver:
     def __init__(self, spec: JobSpec, name: str, out_dir: Path, make_group: Callable[[str], WorkerGroup],
-                 faults: Optional[list[Fault]] = None, progress: bool = True,
-                 on_step: Optional[Callable[[StepRecord], None]] = None):
+                 faults: list[Fault] | None = None, progress: bool = True,
+                 on_step: Callable[[StepRecord], None] | None = None):
         self.spec, self.name, self.out = spec, name, out_dir
         self.progress, self.on_step = progress, on_step
         tr = spec.trainer
         self.ckpt_root = Path(tr.checkpoint.path) if tr.checkpoint.path else out_dir / "checkpoints"
         self.roles = Roles(spec, make_group, faults, self.ckpt_root, name)
         self.roles.on_budget_spent.append(self._final_checkpoint)
-        self.tokenizer = load_tokenizer(spec.model)
-        self.tokenizer.truncation_side = "left"
-        self.loader = PromptLoader(load_rows(spec.data), spec.data.batch_size, tr.seed, spec.data.shuffle)
+        self.prompts = Prompts(spec)
+        self.loader = self.prompts.loader
         a = spec.algorithm
         self.kl_ctl = algos.make_kl_controller(a.kl.controller, a.kl.coef, a.kl.target, a.kl.horizon)
         self.loader_at_step_start = self.loader.state_dict()
-        self.metrics_port: Optional[int] = None
+        self.metrics_port: int | None = None
 
     # -- what the roles hold -----------------------------------------------------------------------
     @property
@@ -69,7 +64,7 @@ class Driver:
         return self.roles.history
 
     @property
-    def worst_links(self) -> dict[str, Optional[str]]:
+    def worst_links(self) -> dict[str, str | None]:
         return self.roles.worst_links
 
     # -- setup and state ---------------------------------------------------------------------------
@@ -93,12 +88,13 @@ class Driver:
         for f in self.roles.faults:
             f.fired = f.fired or f.step <= self.step
 
-    def save_checkpoint(self, data_state: Optional[dict[str, int]] = None) -> None:
+    def save_checkpoint(self, data_state: dict[str, int] | None = None) -> None:
         """Checkpoint the completed step `self.step`. `data_state` is the data position after that
         step (default: the loader's position now, which is right between steps)."""
         self.roles.save_checkpoint(self.step)
         state = {"step": self.step, "data": data_state or self.loader.state_dict(),
-                 "kl_controller": self.kl_ctl.state_dict(), "restarts": {r: h.restarts for r, h in self.history.items()}}
+                 "kl_controller": self.kl_ctl.state_dict(),
+                 "restarts": {r: h.restarts for r, h in self.history.items()}}
         checkpoint.write_state(self.ckpt_root, self.step, state, self.spec.trainer.checkpoint.keep)
         self.roles.last_checkpoint = self.step
 
@@ -120,20 +116,13 @@ class Driver:
         times[phase] = times.get(phase, 0.0) + time.perf_counter() - t0
 
     def make_prompts(self) -> Batch:
-        rows = self.loader.next_batch()
-        n = self.spec.samples_per_prompt
-        rows = [r for r in rows for _ in range(n)]
-        enc = self.tokenizer([r["prompt"] for r in rows], padding=True, truncation=True,
-                             max_length=self.spec.data.max_prompt_length, return_tensors="pt")
-        group = torch.arange(len(rows)) // n
-        return Batch({"prompt_ids": enc["input_ids"], "prompt_mask": enc["attention_mask"], "group_index": group},
-                     {"prompt": [r["prompt"] for r in rows], "answer": [r.get("answer") for r in rows]})
+        return self.prompts.next_batch()
 
     def train_step(self) -> StepRecord:
         roles, times = self.roles, {}
         actor, critic, ref, reward = roles.actor, roles.critic, roles.ref, roles.reward
         t_step = time.perf_counter()
-        recoveries_before = {r: len(h.recoveries) for r, h in self.history.items()}
+        since = roles.mark()
         roles.begin_step(self.step + 1)
         self.loader_at_step_start = self.loader.state_dict()
         batch = self.make_prompts()
@@ -153,14 +142,15 @@ class Driver:
         if critic is not None:
             with self._timed("update_critic", times):
                 stats.update(critic.update(batch.select(*SEQ, "values", "returns"), step=self.step))
-        actor_keys = (*SEQ, "old_logprobs", "advantages", *(("ref_logprobs",) if "ref_logprobs" in batch.tensors else ()))
+        ref_keys = ("ref_logprobs",) if "ref_logprobs" in batch.tensors else ()
+        actor_keys = (*SEQ, "old_logprobs", "advantages", *ref_keys)
         with self._timed("update_actor", times):
             stats.update(actor.update(batch.select(*actor_keys, "kl_coef"), step=self.step))
         with self._timed("weight_sync", times):
             sync = max(actor.sync_weights())
-        memory = {role: proxy.memory() for role, proxy in roles.proxies.items()}
+        memory = roles.memory()
         roles.end_step()
-        rec = self.record(batch, stats, times, sync, memory, recoveries_before)
+        rec = self.record(batch, stats, times, sync, roles.role_steps(since, memory))
         rec.step_s = time.perf_counter() - t_step
         return rec
 
@@ -193,17 +183,13 @@ class Driver:
         return stats
 
     def record(self, batch: Batch, stats: dict[str, float], times: dict[str, float], sync_s: float,
-               memory: dict[str, dict[str, int]], recoveries_before: dict[str, int]) -> StepRecord:
+               roles: dict[str, RoleStep]) -> StepRecord:
         mask, scores = batch["response_mask"], batch["scores"]
         resp_tokens = float(mask.sum())
         seq_tokens = float(batch["attention_mask"].sum())
         gen_s = max(batch.meta["gen_seconds"]) if batch.meta.get("gen_seconds") else times["rollout"]
         train_tokens = seq_tokens * self.spec.trainer.ppo_epochs
         upd = times.get("update_actor", 0.0)
-        roles = {role: RoleStep(restarts=h.restarts, recoveries=h.recoveries[recoveries_before.get(role, 0):],
-                                memory=memory.get(role, {}), worst_link=self.worst_links.get(role),
-                                topology_source=self.roles.topology_sources.get(role))
-                 for role, h in self.history.items()}
         return StepRecord(
             step=self.step,
             reward_mean=float(scores.mean()),

@@ -12,8 +12,9 @@ from __future__ import annotations
 import os
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any
 
 from .dispatch import MethodInfo, gather, method_info, scatter
 from .kernels import KernelOptions
@@ -66,7 +67,7 @@ class GroupCall:
     info: MethodInfo
     generation: int  # the group's generation it was sent to (a restart starts a new one)
     refs: list[Any]  # Ray object refs, or the in-process results
-    error: Optional[BaseException] = None  # in-process: what the call raised
+    error: BaseException | None = None  # in-process: what the call raised
 
 
 class WorkerGroup(ABC):
@@ -74,8 +75,8 @@ class WorkerGroup(ABC):
     world_size: int
     generation: int = 0  # bumped by every (re)start: a call sent to an older generation died with it
 
-    def submit(self, fn: Callable[..., Any], args: tuple[Any, ...] = (), kwargs: Optional[dict[str, Any]] = None,
-               fault: Optional[str] = None) -> GroupCall:
+    def submit(self, fn: Callable[..., Any], args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None,
+               fault: str | None = None) -> GroupCall:
         """Start `fn` (a worker method) on every rank; `fault` ("kill", "hang") hits the last rank."""
         info = method_info(fn)
         return self._submit(fn, info, scatter(info, self.world_size, args), kwargs or {}, fault)
@@ -86,7 +87,7 @@ class WorkerGroup(ABC):
 
     @abstractmethod
     def _submit(self, fn: Callable[..., Any], info: MethodInfo, per_rank: list[tuple[Any, ...]],
-                kwargs: dict[str, Any], fault: Optional[str]) -> GroupCall: ...
+                kwargs: dict[str, Any], fault: str | None) -> GroupCall: ...
 
     @abstractmethod
     def collect(self, call: GroupCall) -> Any:
@@ -119,13 +120,13 @@ class LocalWorkerGroup(WorkerGroup):
     """One in-process worker (world size 1), no Ray: the GPU benchmark path. Faults are not supported;
     a call runs to its end when submitted."""
 
-    def __init__(self, role: str, spec: JobSpec, device: str = "auto", worker_cls: Optional[type[Worker]] = None,
-                 kernels: Optional[KernelOptions] = None):
+    def __init__(self, role: str, spec: JobSpec, device: str = "auto", worker_cls: type[Worker] | None = None,
+                 kernels: KernelOptions | None = None):
         """`kernels`: the training kernels the worker uses (default: what a job uses on its device)."""
         self.role, self.spec, self.device, self.world_size = role, spec, device, 1
         self.worker_cls = worker_cls or worker_class(spec, role)
         self.kernels = kernels
-        self.worker: Optional[Worker] = None
+        self.worker: Worker | None = None
 
     def launch(self) -> None:
         """In-process: nothing to launch ahead of time."""
@@ -162,8 +163,8 @@ class LocalWorkerGroup(WorkerGroup):
 class RayWorkerGroup(WorkerGroup):
     """`world_size` Ray actors of one role in the role's own placement group (one bundle per rank)."""
 
-    def __init__(self, role: str, spec: JobSpec, device: str = "auto", timeout_s: Optional[float] = None,
-                 ready_timeout_s: Optional[float] = None, worker_cls: Optional[type[Worker]] = None):
+    def __init__(self, role: str, spec: JobSpec, device: str = "auto", timeout_s: float | None = None,
+                 ready_timeout_s: float | None = None, worker_cls: type[Worker] | None = None):
         """Timeouts default to spec.resilience.callTimeoutSeconds / startTimeoutSeconds."""
         self.role, self.spec, self.device = role, spec, device
         self.worker_cls = worker_cls or worker_class(spec, role)
@@ -214,15 +215,15 @@ class RayWorkerGroup(WorkerGroup):
             ray.get(self.pg.ready(), timeout=self.ready_timeout_s)
         except ray.exceptions.GetTimeoutError:
             raise WorkerFailure(self.role, Reason.WORKER_FAILURE,
-                                f"no capacity for {self.world_size} x {self.bundle()} within {self.ready_timeout_s:.0f}s "
-                                "(spec.resilience.startTimeoutSeconds)") from None
+                                f"no capacity for {self.world_size} x {self.bundle()} within "
+                                f"{self.ready_timeout_s:.0f}s (spec.resilience.startTimeoutSeconds)") from None
         up = max(self.ready_timeout_s, self.timeout_s)
         addr, port = self._get([self.actors[0].rendezvous.remote()], up)[0]
         nodes = self._get([a.node_gpus.remote() for a in self.actors], up)
         self._get([a.init.remote(addr, port, *local) for a, local in zip(self.actors, local_ranks(nodes))], up)
         self.generation += 1
 
-    def _get(self, refs: list[Any], timeout: Optional[float] = None) -> list[Any]:
+    def _get(self, refs: list[Any], timeout: float | None = None) -> list[Any]:
         """Results in rank order. The first rank to fail decides: a dead process (or a peer's error
         while another rank is dead, e.g. a broken collective) is a WorkerFailure; an exception raised
         by the role's code with every rank alive is a RoleError (deterministic: no restart)."""
@@ -245,7 +246,8 @@ class RayWorkerGroup(WorkerGroup):
                 raise WorkerFailure(self.role, Reason.WORKER_DIED,
                                     f"a rank died ({type(cause).__name__} on a peer: {text})") from None
             raise RoleError(self.role, f"{type(cause).__name__}: {text}") from None
-        except (ray.exceptions.RayActorError, ray.exceptions.ActorDiedError, ray.exceptions.ActorUnavailableError) as exc:
+        except (ray.exceptions.RayActorError, ray.exceptions.ActorDiedError,
+                ray.exceptions.ActorUnavailableError) as exc:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise WorkerFailure(self.role, Reason.WORKER_DIED, f"worker died ({type(exc).__name__}: {first})") from None
 

@@ -24,14 +24,16 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional, TypeVar
+from typing import Any, TypeVar
 
 from . import checkpoint
+from .batch import Batch
 from .groups import WorkerFailure, WorkerGroup
 from .proxies import PROXIES, ActorProxy, CriticProxy, RefProxy, RewardProxy, RoleProxy
-from .record import Recovery
+from .record import Recovery, RoleStep
 from .spec import JobSpec, enabled_roles
 from .spec.contract import Reason, restart_budget_spent
 
@@ -72,8 +74,8 @@ class RoleHistory:
 class Roles:
     """The running roles of one job: WorkerGroups behind typed proxies, with per-role recovery."""
 
-    def __init__(self, spec: JobSpec, make_group: Callable[[str], WorkerGroup], faults: Optional[list[Fault]] = None,
-                 checkpoint_root: Optional[Path] = None, name: str = "job"):
+    def __init__(self, spec: JobSpec, make_group: Callable[[str], WorkerGroup], faults: list[Fault] | None = None,
+                 checkpoint_root: Path | None = None, name: str = "job"):
         self.spec, self.make_group, self.name = spec, make_group, name
         self.roles = enabled_roles(spec)
         self.faults = faults or []
@@ -81,7 +83,7 @@ class Roles:
         self.groups: dict[str, WorkerGroup] = {}
         self.proxies: dict[str, RoleProxy] = {}
         self.history = {r: RoleHistory() for r in self.roles}
-        self.worst_links: dict[str, Optional[str]] = {}
+        self.worst_links: dict[str, str | None] = {}
         self.topology_sources: dict[str, str] = {}  # role -> where its ranks read the links (nvml, nvidia-smi, none)
         self.step = 0  # completed steps: the step in progress is step + 1
         self.last_checkpoint = 0  # the newest complete checkpoint's step (0: none)
@@ -104,7 +106,7 @@ class Roles:
         for group in self.groups.values():
             group.shutdown()
 
-    def __enter__(self) -> "Roles":
+    def __enter__(self) -> Roles:
         self.start()
         return self
 
@@ -117,11 +119,11 @@ class Roles:
         return self.proxy("actor", ActorProxy)
 
     @property
-    def critic(self) -> Optional[CriticProxy]:
+    def critic(self) -> CriticProxy | None:
         return self.proxy("critic", CriticProxy) if "critic" in self.proxies else None
 
     @property
-    def ref(self) -> Optional[RefProxy]:
+    def ref(self) -> RefProxy | None:
         return self.proxy("ref", RefProxy) if "ref" in self.proxies else None
 
     @property
@@ -152,6 +154,22 @@ class Roles:
         finally:
             self._phase = before
 
+    def mark(self) -> dict[str, int]:
+        """Where each role's recoveries stand now (pass it to `role_steps` at the end of the step)."""
+        return {r: len(h.recoveries) for r, h in self.history.items()}
+
+    def role_steps(self, since: dict[str, int], memory: dict[str, dict[str, int]] | None = None) -> dict[str, RoleStep]:
+        """Each role's part of a step record: restarts, the recoveries since `mark()`, memory, worst link."""
+        return {role: RoleStep(restarts=h.restarts, recoveries=h.recoveries[since.get(role, 0):],
+                               memory=(memory or {}).get(role, {}), worst_link=self.worst_links.get(role),
+                               topology_source=self.topology_sources.get(role))
+                for role, h in self.history.items()}
+
+    def memory(self) -> dict[str, dict[str, int]]:
+        """Every role's peak memory now (rank 0's), by kind: one call per role, which also checks the
+        role is alive (a dead one is recovered here)."""
+        return {role: proxy.memory() for role, proxy in self.proxies.items()}
+
     # -- checkpoints -------------------------------------------------------------------------------
     def save_checkpoint(self, step: int) -> Path:
         """Save the stateful roles' state for completed step `step`; returns the step's folder. The
@@ -176,7 +194,7 @@ class Roles:
         return self.checkpoint_root
 
     # -- placement ---------------------------------------------------------------------------------
-    def check_placement(self, roles: Optional[list[str]] = None) -> None:
+    def check_placement(self, roles: list[str] | None = None) -> None:
         """Record each role's worst GPU link; under `required`, refuse to train below minLink."""
         from .placement import placement_problem, worst_link
 
@@ -195,7 +213,7 @@ class Roles:
     def current_phase(self) -> str:
         return self._phase
 
-    def fault_for(self, role: str, fn: Callable[..., Any]) -> Optional[str]:
+    def fault_for(self, role: str, fn: Callable[..., Any]) -> str | None:
         for f in self.faults:
             if f.role == role and f.step == self.step + 1 and not f.fired:
                 f.fired = True
@@ -214,8 +232,9 @@ class Roles:
             if restart_budget_spent(history.restarts + 1, budget):
                 for hook in self.on_budget_spent:
                     hook(role)
-                raise JobFailed(f"role {role} failed at step {rec.step} ({rec.detail}) and reached maxRestarts={budget} "
-                                f"(spec.roles.{role}.maxRestarts); last checkpoint: step {self.last_checkpoint}")
+                field = f"spec.{self.spec.roles.path(role)}.maxRestarts"
+                raise JobFailed(f"role {role} failed at step {rec.step} ({rec.detail}) and reached "
+                                f"maxRestarts={budget} ({field}); last checkpoint: step {self.last_checkpoint}")
             history.restarts += 1
             print(f"[{self.name}] role {role} failed in phase {rec.phase} of step {rec.step}: {rec.detail}; "
                   f"restarting {role} only ({history.restarts}/{budget})", flush=True)
@@ -248,3 +267,37 @@ class Roles:
             return "model path (checkpoint not visible to the new ranks)"
         proxy.load(path)
         return f"checkpoint step {self.last_checkpoint}"
+
+
+class Prompts:
+    """The job's prompts as tokenized batches, in the seeded, resumable order of `spec.data`.
+
+    `next_batch()` -> Batch: prompt_ids [N, P] and prompt_mask [N, P] (left-padded), group_index [N]
+    (equal for the samples of one prompt), meta prompt and answer; N = data.batchSize x samples per
+    prompt, each prompt repeated that many times in a row."""
+
+    def __init__(self, spec: JobSpec):
+        from .models import load_tokenizer
+        from .tasks import PromptLoader, load_rows
+
+        self.spec = spec
+        self.tokenizer = load_tokenizer(spec.model)
+        self.tokenizer.truncation_side = "left"
+        self.loader = PromptLoader(load_rows(spec.data), spec.data.batch_size, spec.trainer.seed, spec.data.shuffle)
+
+    def next_batch(self) -> Batch:
+        import torch
+
+        n = self.spec.samples_per_prompt
+        rows = [r for r in self.loader.next_batch() for _ in range(n)]
+        enc = self.tokenizer([r["prompt"] for r in rows], padding=True, truncation=True,
+                             max_length=self.spec.data.max_prompt_length, return_tensors="pt")
+        group = torch.arange(len(rows)) // n
+        return Batch({"prompt_ids": enc["input_ids"], "prompt_mask": enc["attention_mask"], "group_index": group},
+                     {"prompt": [r["prompt"] for r in rows], "answer": [r.get("answer") for r in rows]})
+
+    def state_dict(self) -> dict[str, int]:
+        return self.loader.state_dict()
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.loader.load_state_dict(state)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
-from typing import Optional
 
 from .spec import JobSpec
 from .topology import LinkMatrix, link_class, meets, nccl_p2p_level, pin_devices, plan_groups
@@ -47,14 +46,14 @@ def place_ranks(matrix: LinkMatrix, node_gpus: list[int], k: int) -> list[RankPl
     return out
 
 
-def worst_link(links: list[str]) -> Optional[str]:
+def worst_link(links: list[str]) -> str | None:
     """The worst of the ranks' worst links (an unknown link counts as worst); None when there are none."""
     from .topology import link_score
 
     return min(links, key=lambda level: -1.0 if level == "unknown" else link_score(level)) if links else None
 
 
-def placement_problem(spec: JobSpec, role: str, worst_link: Optional[str]) -> Optional[str]:
+def placement_problem(spec: JobSpec, role: str, worst_link: str | None) -> str | None:
     """A message when `required` placement is violated for `role`, else None."""
     p = spec.placement
     if worst_link is None or worst_link == "X" or p.policy != "required":

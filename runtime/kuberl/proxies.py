@@ -19,7 +19,8 @@ failed group replays without a second restart.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Concatenate, Generic, Optional, ParamSpec, Protocol, TypeVar, overload
+from collections.abc import Callable
+from typing import Any, Concatenate, Generic, ParamSpec, Protocol, TypeVar, overload
 
 from .dispatch import Dispatch, method_info
 from .groups import GroupCall, WorkerFailure, WorkerGroup
@@ -33,7 +34,7 @@ R_co = TypeVar("R_co", covariant=True)
 class Supervisor(Protocol):
     """What a proxy asks of whoever keeps its role alive (see `kuberl.library.Roles`)."""
 
-    def fault_for(self, role: str, fn: Callable[..., Any]) -> Optional[str]:
+    def fault_for(self, role: str, fn: Callable[..., Any]) -> str | None:
         """An injected fault ("kill", "hang") for this call, or None."""
 
     def current_phase(self) -> str:
@@ -48,7 +49,7 @@ class RoleFuture(Generic[R_co]):
     """A call in flight on every rank of one role. `result()` waits; a role failure seen while
     waiting is recovered by the proxy's supervisor and the call replayed, for this call only."""
 
-    def __init__(self, proxy: "RoleProxy", fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]):
+    def __init__(self, proxy: RoleProxy, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]):
         self.proxy, self.fn, self.args, self.kwargs = proxy, fn, args, kwargs
         sup = proxy.supervisor
         self.phase = sup.current_phase() if sup is not None else ""
@@ -85,7 +86,7 @@ class RoleFuture(Generic[R_co]):
 class BoundRemote(Generic[P, R]):
     """A worker method bound to a role proxy: call it to wait for the result, `submit` for a future."""
 
-    def __init__(self, proxy: "RoleProxy", fn: Callable[..., Any]):
+    def __init__(self, proxy: RoleProxy, fn: Callable[..., Any]):
         self.proxy, self.fn = proxy, fn
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
@@ -103,10 +104,10 @@ class RemoteMethod(Generic[P, R]):
         self.fn = fn
 
     @overload
-    def __get__(self, proxy: None, owner: type) -> "RemoteMethod[P, R]": ...
+    def __get__(self, proxy: None, owner: type) -> RemoteMethod[P, R]: ...
 
     @overload
-    def __get__(self, proxy: "RoleProxy", owner: type) -> BoundRemote[P, R]: ...
+    def __get__(self, proxy: RoleProxy, owner: type) -> BoundRemote[P, R]: ...
 
     def __get__(self, proxy, owner):
         return self if proxy is None else BoundRemote(proxy, self.fn)
@@ -138,7 +139,7 @@ class RoleProxy:
     load = remote(Worker.load)
     has_checkpoint = remote_all(Worker.has_checkpoint)
 
-    def __init__(self, group: WorkerGroup, supervisor: Optional[Supervisor] = None):
+    def __init__(self, group: WorkerGroup, supervisor: Supervisor | None = None):
         self.group, self.supervisor = group, supervisor
 
     @property

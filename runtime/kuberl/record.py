@@ -12,7 +12,7 @@ flat per-role keys summarise them: seconds are summed over the step's recoveries
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 from .spec.contract import Reason
 
@@ -53,8 +53,8 @@ class RoleStep:
     restarts: int = 0  # since the job began
     recoveries: list[Recovery] = field(default_factory=list)  # this step's, in order
     memory: dict[str, int] = field(default_factory=dict)  # rank 0's peak bytes by kind (gpu_peak, rss_peak)
-    worst_link: Optional[str] = None  # worst GPU link inside the role's groups (NV#, PIX, ..., SYS)
-    topology_source: Optional[str] = None  # where its ranks read the links: nvml, nvidia-smi (comma-joined), none
+    worst_link: str | None = None  # worst GPU link inside the role's groups (NV#, PIX, ..., SYS)
+    topology_source: str | None = None  # where its ranks read the links: nvml, nvidia-smi (comma-joined), none
 
     def recovery_seconds(self, part: str) -> float:
         return sum(r.seconds(part) for r in self.recoveries)
@@ -69,18 +69,18 @@ class StepRecord:
     """What one step did. Unset (None) fields are left out of `flat()`."""
 
     step: int
-    reward_mean: Optional[float] = None
-    reward_std: Optional[float] = None
-    response_length_mean: Optional[float] = None  # tokens
+    reward_mean: float | None = None
+    reward_std: float | None = None
+    response_length_mean: float | None = None  # tokens
     stats: dict[str, float] = field(default_factory=dict)  # algorithm and update statistics: kl, pg_loss, ...
     phases: dict[str, float] = field(default_factory=dict)  # seconds per phase (rollout, reward, ...)
-    step_s: Optional[float] = None
-    weight_sync_worker_s: Optional[float] = None  # the slowest rank's copy into its rollout engine
-    rollout_tokens_per_s: Optional[float] = None  # generated tokens per second of generation
-    train_tokens_per_s: Optional[float] = None  # actor training tokens per second of update
-    mfu: Optional[float] = None
-    mfu_peak_tflops: Optional[float] = None
-    n_params: Optional[int] = None
+    step_s: float | None = None
+    weight_sync_worker_s: float | None = None  # the slowest rank's copy into its rollout engine
+    rollout_tokens_per_s: float | None = None  # generated tokens per second of generation
+    train_tokens_per_s: float | None = None  # actor training tokens per second of update
+    mfu: float | None = None
+    mfu_peak_tflops: float | None = None
+    n_params: int | None = None
     roles: dict[str, RoleStep] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)  # what hooks add (e.g. eval_reward_mean)
 

@@ -16,7 +16,8 @@ cannot be resolved raises one line naming the spec field and the fix.
 from __future__ import annotations
 
 import importlib
-from typing import Callable, Generic, Optional, TypeVar
+from collections.abc import Callable
+from typing import Generic, TypeVar
 
 T = TypeVar("T")
 
@@ -70,7 +71,7 @@ class Registry(Generic[T]):
             raise ValueError(f"{name!r} is not a built-in {self.kind} of the spec ({', '.join(self.names)})")
         self._paths[name] = path
 
-    def get(self, key: str, field: Optional[str] = None) -> T:
+    def get(self, key: str, field: str | None = None) -> T:
         """A built-in by name, or user code by import path `package.module:name`."""
         if key in self._entries:
             return self._entries[key]

@@ -47,9 +47,11 @@ def apply_overrides(job: RLTrainingJob, steps: Optional[int], faults: list[str],
 
 def preflight(spec: JobSpec) -> None:
     """Fail fast, before any worker starts: data must load, and every name or import path of an
-    extension point (reward function, advantage estimator, policy loss, KL estimator) must resolve."""
+    extension point (reward function, advantage estimator, policy loss, KL estimator, an extra role's
+    worker class) must resolve."""
     from .algos import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, POLICY_LOSSES
     from .rewards import load_reward_fn
+    from .workers import worker_class
     from .tasks import load_rows
 
     load_rows(spec.data)
@@ -58,6 +60,8 @@ def preflight(spec: JobSpec) -> None:
     ADVANTAGE_ESTIMATORS.get(spec.algorithm.estimator)
     POLICY_LOSSES.get(spec.algorithm.policy_loss)
     KL_ESTIMATORS.get(spec.algorithm.kl.estimator)
+    for role in spec.roles.extra:
+        worker_class(spec, role)
     check_model_source(spec.model, "spec.model")
     if spec.reward.model is not None and spec.reward.model.is_set():
         check_model_source(spec.reward.model, "spec.reward.model")

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from .algos import entropy_from_logits, logprobs_from_logits
-from .kernels.lm_head import fused_head, fusable
+from .kernels.lm_head import fusable, fused_head
 
 
 def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -19,7 +19,8 @@ def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
-def response_logits(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, resp_len: int) -> torch.Tensor:
+def response_logits(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                    resp_len: int) -> torch.Tensor:
     """Logits predicting each response token: [B, R, V]. Only R+1 positions go through the LM head."""
     out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids(attention_mask),
                 logits_to_keep=resp_len + 1, use_cache=False)
@@ -58,7 +59,8 @@ def response_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask:
     return logp, ent
 
 
-def response_values(critic: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, resp_len: int) -> torch.Tensor:
+def response_values(critic: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                    resp_len: int) -> torch.Tensor:
     """Critic values of the state before each response token: [B, R] (float32)."""
     values = critic(input_ids=input_ids, attention_mask=attention_mask)
     return values[:, -resp_len - 1 : -1]
@@ -71,3 +73,10 @@ def response_mask(responses: torch.Tensor, eos_id: int | None, pad_id: int) -> t
     is_eos = (responses == eos_id).long()
     before_or_at_eos = (is_eos.cumsum(-1) - is_eos) == 0
     return before_or_at_eos.float()
+
+
+def decode_responses(tokenizer, responses: torch.Tensor, mask: torch.Tensor) -> list[str]:
+    """Response text [B] up to (not including) EOS, from responses [B, R] and their mask [B, R]."""
+    eos = tokenizer.eos_token_id
+    kept = [[t for t, keep in zip(ids, m) if keep and t != eos] for ids, m in zip(responses.tolist(), mask.tolist())]
+    return tokenizer.batch_decode(kept, skip_special_tokens=True)

@@ -11,6 +11,7 @@ import yaml
 from kuberl.spec import RLTrainingJob, validate_manifest
 
 REPO = Path(__file__).resolve().parents[2]
+EXTRA_ROLES = ("rules",)  # the extra roles of the examples (examples/remax.yaml)
 
 
 @pytest.fixture(scope="session")
@@ -20,7 +21,7 @@ def ray_session(netns):
     from kuberl.spec import ROLES, role_resource
 
     ray.init(_node_ip_address="127.0.0.1", num_cpus=8, include_dashboard=False, configure_logging=False,
-             resources={role_resource(r): 16.0 for r in ROLES})
+             resources={role_resource(r): 16.0 for r in (*ROLES, *EXTRA_ROLES)})
     yield ray
     ray.shutdown()
 

@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
@@ -45,8 +44,9 @@ class ProbingDriver(Driver):
 
     def probe(self, rec) -> None:
         group = self.groups[rec.role]
-        self.after_restart = {"digest": group.call(Probes.weights_digest) if rec.role in ("actor", "critic") else None,
-                              "rollout_match": group.call(Probes.rollout_weights_match) if rec.role == "actor" else None}
+        trained, actor = rec.role in ("actor", "critic"), rec.role == "actor"
+        self.after_restart = {"digest": group.call(Probes.weights_digest) if trained else None,
+                              "rollout_match": group.call(Probes.rollout_weights_match) if actor else None}
 
 
 def spec_for(**overrides):
@@ -110,7 +110,8 @@ def test_killed_role_recovers_alone(ray_session, tmp_path, role):
 
 def test_hung_worker_counts_as_failed(ray_session, tmp_path):
     spec = spec_for(**{"resilience.callTimeoutSeconds": 5, "trainer.steps": 4})
-    driver = Driver(spec, "hang", tmp_path, lambda r: RayWorkerGroup(r, spec, timeout_s=5), faults=[Fault("ref", 2, "hang")], progress=False)
+    driver = Driver(spec, "hang", tmp_path, lambda r: RayWorkerGroup(r, spec, timeout_s=5),
+                    faults=[Fault("ref", 2, "hang")], progress=False)
     driver.start()
     try:
         t0 = time.perf_counter()
@@ -127,7 +128,8 @@ def test_hung_worker_counts_as_failed(ray_session, tmp_path):
 def test_restart_budget_exhausted_fails_with_role_and_reason(ray_session, tmp_path, role, fault_step, final_ckpt):
     """maxRestarts=0: the first failure ends the job with an error naming the role, after a final checkpoint."""
     spec = spec_for(**{f"roles.{role}.maxRestarts": 0, "trainer.checkpoint.interval": 3})
-    driver = Driver(spec, "budget", tmp_path, lambda r: RayWorkerGroup(r, spec, timeout_s=120), faults=[Fault(role, fault_step)], progress=False)
+    driver = Driver(spec, "budget", tmp_path, lambda r: RayWorkerGroup(r, spec, timeout_s=120),
+                    faults=[Fault(role, fault_step)], progress=False)
     driver.start()
     try:
         with pytest.raises(JobFailed) as info:
@@ -135,7 +137,8 @@ def test_restart_budget_exhausted_fails_with_role_and_reason(ray_session, tmp_pa
     finally:
         driver.shutdown()
     msg = str(info.value)
-    assert f"role {role}" in msg and "maxRestarts=0" in msg and f"spec.roles.{role}.maxRestarts" in msg and "died" in msg
+    assert f"role {role}" in msg and "maxRestarts=0" in msg and f"spec.roles.{role}.maxRestarts" in msg
+    assert "died" in msg
     assert checkpoint.latest(tmp_path / "checkpoints") == final_ckpt
     assert [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == list(range(1, fault_step))
 
@@ -146,7 +149,8 @@ def test_killed_driver_resumes_from_last_checkpoint(netns, tmp_path):
     cmd = [sys.executable, "-m", "kuberl.cli", "run", "examples/quickstart.yaml", "--out", str(out), "--steps", "30",
            "--backend", "local", "--no-progress"]
     job = tmp_path / "job.yaml"
-    job.write_text((REPO / "examples" / "quickstart.yaml").read_text().replace("checkpoint: {interval: 2}", f"checkpoint: {{interval: {interval}}}"))
+    quickstart = (REPO / "examples" / "quickstart.yaml").read_text()
+    job.write_text(quickstart.replace("checkpoint: {interval: 2}", f"checkpoint: {{interval: {interval}}}"))
     cmd[4] = str(job)
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.time() + 120
@@ -178,10 +182,12 @@ def test_raising_reward_function_fails_the_job_with_the_error_not_a_restart_loop
     """A bug in user code is deterministic: the job stops with the role and the exception, exit 3."""
     (tmp_path / "badreward.py").write_text("def score(prompt, response, answer):\n    return 1 / 0\n")
     job = tmp_path / "job.yaml"
-    job.write_text((REPO / "examples" / "quickstart.yaml").read_text().replace("kuberl.rewards.builtin:repeat_letter", "badreward:score"))
+    quickstart = (REPO / "examples" / "quickstart.yaml").read_text()
+    job.write_text(quickstart.replace("kuberl.rewards.builtin:repeat_letter", "badreward:score"))
     env = {**os.environ, "PYTHONPATH": f"{tmp_path}:{os.environ.get('PYTHONPATH', '')}"}
-    proc = subprocess.run([sys.executable, "-m", "kuberl.cli", "run", str(job), "--out", str(tmp_path / "out"), "--steps", "3",
-                           "--no-progress"], cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
+    proc = subprocess.run([sys.executable, "-m", "kuberl.cli", "run", str(job), "--out", str(tmp_path / "out"),
+                           "--steps", "3", "--no-progress"], cwd=REPO, capture_output=True, text=True, timeout=300,
+                          env=env)
     assert proc.returncode == 3, proc.stderr[-2000:]
     assert "error: job failed: role reward raised ZeroDivisionError: division by zero" in proc.stderr
     assert "Traceback" not in proc.stderr.split("error: job failed")[-1]
@@ -191,7 +197,8 @@ def test_killing_one_rank_of_a_two_rank_role_restarts_that_role(ray_session, tmp
     """The fault hits the critic's last rank while rank 0 is in the same FSDP forward: the role restarts
     as a gang (a peer's collective error is not mistaken for a bug in the role's code)."""
     spec = spec_for(**{"roles.critic.replicas": 2, "trainer.microBatchSize": 8})
-    driver = Driver(spec, "two-ranks", tmp_path, lambda r: RayWorkerGroup(r, spec, timeout_s=120), faults=[Fault("critic", 3)], progress=False)
+    driver = Driver(spec, "two-ranks", tmp_path, lambda r: RayWorkerGroup(r, spec, timeout_s=120),
+                    faults=[Fault("critic", 3)], progress=False)
     before, records, after = run_observed(driver)
     assert driver.step == 8 and records[-1].flat()["restarts_critic"] == 1
     assert len(after["critic"]) == 2 and not set(after["critic"]) & set(before["critic"])
@@ -204,7 +211,8 @@ def test_restarted_critic_loses_the_steps_since_its_checkpoint(ray_session, tmp_
     """Killed in step 4 with the last checkpoint at step 2: the critic is back at step 2's state, so it
     lost step 3's update (steps_lost_critic = 1); the actor kept its own."""
     spec = spec_for()
-    driver = Driver(spec, "lost", tmp_path, lambda r: RayWorkerGroup(r, spec, timeout_s=120), faults=[Fault("critic", 4)], progress=False)
+    driver = Driver(spec, "lost", tmp_path, lambda r: RayWorkerGroup(r, spec, timeout_s=120),
+                    faults=[Fault("critic", 4)], progress=False)
     _, records, _ = run_observed(driver)
     (rec,) = driver.history["critic"].recoveries
     assert rec.step == 4 and rec.restored_from == "checkpoint step 2" and rec.steps_lost == 1

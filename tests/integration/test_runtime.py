@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -20,7 +19,7 @@ from kuberl.run import run_job
 from kuberl.spec import JobSpec
 
 from .conftest import REPO, load_example
-from .probes import Probes, ProbedActor
+from .probes import ProbedActor, Probes
 
 PHASES = ("rollout", "reward", "ref", "values", "advantage", "update_actor", "update_critic", "weight_sync")
 
@@ -129,7 +128,8 @@ def test_prometheus_endpoint_serves_step_metrics(netns, tmp_path):
         port = driver.metrics_port
         scraped.append(urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode())
 
-    driver = Driver(spec, "prom", tmp_path, lambda role: LocalWorkerGroup(role, spec, "cpu"), progress=False, on_step=scrape)
+    driver = Driver(spec, "prom", tmp_path, lambda role: LocalWorkerGroup(role, spec, "cpu"), progress=False,
+                    on_step=scrape)
     driver.start()
     try:
         driver.run()
@@ -155,11 +155,13 @@ def test_reward_model_worker_scores_sequences(netns, tmp_path):
 
 
 def kuberl(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "kuberl.cli", *args], capture_output=True, text=True, cwd=cwd, timeout=300)
+    return subprocess.run([sys.executable, "-m", "kuberl.cli", *args], capture_output=True, text=True, cwd=cwd,
+                          timeout=300)
 
 
 def test_run_steps_override_local_backend(netns, tmp_path):
-    proc = kuberl("run", "examples/quickstart.yaml", "--out", str(tmp_path), "--steps", "3", "--backend", "local", "--no-progress")
+    proc = kuberl("run", "examples/quickstart.yaml", "--out", str(tmp_path), "--steps", "3", "--backend", "local",
+                  "--no-progress")
     assert proc.returncode == 0, proc.stderr
     assert [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == [1, 2, 3]
     assert "step 3/3" in proc.stdout and "reward=" in proc.stdout and "tok/s=" in proc.stdout

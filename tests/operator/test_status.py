@@ -6,7 +6,6 @@ from typing import Any
 
 from kuberl.spec import validate_manifest
 from kuberl.spec.contract import RoleProgress
-
 from kuberl_operator import conditions
 from kuberl_operator.health import PodView
 from kuberl_operator.progress import DriverOutcome, Progress, driver_outcome, parse_progress
@@ -69,7 +68,8 @@ def test_a_failure_restarts_the_role_once_and_only_its_pods_go() -> None:
     assert again.status["roles"]["critic"]["restarts"] == 1 and again.events == () and again.delete_pods == ("c0", "c1")
     # Replacements come up: Running again, still one restart.
     fresh = tuple(p for p in pods() if p.role != "critic") + (
-        PodView("c2", "u-c2", "critic", "rc", True, None, False), PodView("c3", "u-c3", "critic", "rc", True, None, False))
+        PodView("c2", "u-c2", "critic", "rc", True, None, False),
+        PodView("c3", "u-c3", "critic", "rc", True, None, False))
     back = run(again.status, Observed("rc", fresh)).status
     assert back["phase"] == "Running" and back["roles"]["critic"]["restarts"] == 1
 
@@ -88,7 +88,8 @@ def test_the_budget_is_the_number_of_restarts_allowed() -> None:
     st = run(st, Observed("rc", ())).status
     fresh = tuple(p for p in pods() if p.role != "critic") + (PodView("c9", "u-c9", "critic", "rc", True, None, False),)
     st = run(st, Observed("rc", fresh)).status
-    decision = run(st, Observed("rc", fresh[:-1] + (PodView("c9", "u-c9", "critic", "rc", False, "pod failed", False),)))
+    failed = PodView("c9", "u-c9", "critic", "rc", False, "pod failed", False)
+    decision = run(st, Observed("rc", (*fresh[:-1], failed)))
     assert decision.status["phase"] == "Failed" and cond(decision.status, "Failed")["reason"] == "ReachedMaxRestarts"
     assert "spec.roles.critic.maxRestarts (1)" in cond(decision.status, "Failed")["message"]
     assert decision.teardown and decision.delete_pods == ()
@@ -134,7 +135,8 @@ def test_driver_outcome_and_progress() -> None:
     broke = run(st, Observed("rc", pods(), driver=DriverOutcome(False, "the driver Job failed: boom")), critic_budget=3)
     assert broke.status["phase"] == "Failed" and cond(broke.status, "Failed")["reason"] == "DriverFailed"
     # A driver that ends because the job was suspended does not end the job.
-    assert run(st, Observed(None, driver=DriverOutcome(False, "x")), suspend=True, critic_budget=3).status["phase"] == "Suspended"
+    suspended = run(st, Observed(None, driver=DriverOutcome(False, "x")), suspend=True, critic_budget=3)
+    assert suspended.status["phase"] == "Suspended"
 
 
 def test_the_drivers_account_of_a_failure_names_the_reason() -> None:
@@ -195,7 +197,6 @@ def test_driver_outcome_from_job_conditions() -> None:
 def test_every_status_field_written_is_declared_in_the_crd() -> None:
     """A real API server prunes undeclared status fields: the CRD must declare all that decide writes."""
     from kuberl.spec import generate_crd
-
     from kuberl_operator.status import infeasible_status
 
     from .schemas import CrdSchema

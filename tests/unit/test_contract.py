@@ -34,7 +34,8 @@ def test_exit_codes_the_driver_job_fails_on():
 
 def test_progress_document_round_trip_and_wire_names():
     doc = ProgressDocument(step=3, total_steps=9, tokens_per_sec=1.5, phase="Failed", message="m",
-                           reason=Reason.PLACEMENT_DEGRADED.value, roles={"actor": RoleProgress(restarts=1, worst_link="PIX")})
+                           reason=Reason.PLACEMENT_DEGRADED.value,
+                           roles={"actor": RoleProgress(restarts=1, worst_link="PIX")})
     wire = json.loads(doc.to_json())
     assert wire == {"step": 3, "totalSteps": 9, "tokensPerSec": 1.5, "phase": "Failed", "message": "m",
                     "reason": "PlacementDegraded", "roles": {"actor": {"restarts": 1, "worstLink": "PIX"}}}
@@ -43,5 +44,6 @@ def test_progress_document_round_trip_and_wire_names():
 
 
 def test_progress_parse_drops_each_bad_field_alone():
-    got = ProgressDocument.parse('{"step": true, "totalSteps": 5, "roles": {"a": {"restarts": "1", "worstLink": "SYS"}}}')
+    text = '{"step": true, "totalSteps": 5, "roles": {"a": {"restarts": "1", "worstLink": "SYS"}}}'
+    got = ProgressDocument.parse(text)
     assert got == ProgressDocument(total_steps=5, roles={"a": RoleProgress(worst_link="SYS")})

@@ -16,6 +16,7 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
+from kuberl.kernels.lm_head import linear_logprobs
 from kuberl.models import char_tokenizer
 from kuberl.rollout import fast
 from kuberl.rollout.fast import SamplingParams, StaticDecoder, unsupported_reason
@@ -283,7 +284,8 @@ def test_one_state_serves_prompts_of_nearby_lengths() -> None:
 
 
 def spec(**rollout) -> JobSpec:
-    return JobSpec.model_validate({"data": {"task": "repeat-letter"}, "reward": {"function": "kuberl.rewards.builtin:repeat_letter"},
+    return JobSpec.model_validate({"data": {"task": "repeat-letter"},
+                                   "reward": {"function": "kuberl.rewards.builtin:repeat_letter"},
                                    "rollout": {"maxNewTokens": 12, **rollout}})
 
 
@@ -419,9 +421,11 @@ def test_local_shard_clip_and_fused_adamw_equal_torch_on_fsdp2(one_rank_group) -
         # the local clip: same norm (to float rounding: a different summation order) and same scaling
         grads_b = [p.grad.full_tensor().clone() for p in b.parameters()]
         got = clip_grad_norm_local(b.parameters(), 0.5)
-        torch.testing.assert_close(got, torch.linalg.vector_norm(torch.stack([g.norm() for g in grads_b])), rtol=1e-6, atol=0)
+        want = torch.linalg.vector_norm(torch.stack([g.norm() for g in grads_b]))
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=0)
         for p, g in zip(b.parameters(), grads_b):
-            torch.testing.assert_close(p.grad.full_tensor(), g * min(1.0, 0.5 / (float(got) + 1e-6)), rtol=1e-6, atol=1e-9)
+            scaled = g * min(1.0, 0.5 / (float(got) + 1e-6))
+            torch.testing.assert_close(p.grad.full_tensor(), scaled, rtol=1e-6, atol=1e-9)
         # the local fused AdamW step on identical gradients: bit-for-bit torch's fused AdamW
         for pa, pb in zip(a.parameters(), b.parameters()):
             pa.grad = pb.grad.detach().clone()
@@ -432,7 +436,8 @@ def test_local_shard_clip_and_fused_adamw_equal_torch_on_fsdp2(one_rank_group) -
     for (name, pa), pb in zip(a.named_parameters(), b.parameters()):
         assert torch.equal(pa.full_tensor(), pb.full_tensor()), name
         sa, sb = opt_a.state[pa], opt_b.state[pb]
-        assert torch.equal(sa["step"], sb["step"]) and torch.equal(sa["exp_avg_sq"].full_tensor(), sb["exp_avg_sq"].full_tensor())
+        assert torch.equal(sa["step"], sb["step"])
+        assert torch.equal(sa["exp_avg_sq"].full_tensor(), sb["exp_avg_sq"].full_tensor())
 
 
 def test_fused_head_is_an_fsdp2_forward_method_and_matches_the_logits_path(one_rank_group) -> None:

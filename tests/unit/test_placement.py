@@ -20,7 +20,8 @@ def spec(**extra):
     base = {"data": {"task": "repeat-letter"}, "reward": {"function": "kuberl.rewards.builtin:repeat_letter"},
             "roles": {"actor": {"gpus": 4}}, "trainer": {"microBatchSize": 4}}
     base.update(extra)
-    return validate_manifest({"apiVersion": "kuberl.io/v1alpha1", "kind": "RLTrainingJob", "metadata": {"name": "p"}, "spec": base}).spec
+    manifest = {"apiVersion": "kuberl.io/v1alpha1", "kind": "RLTrainingJob", "metadata": {"name": "p"}, "spec": base}
+    return validate_manifest(manifest).spec
 
 
 @pytest.fixture
@@ -55,7 +56,8 @@ def test_plx_box_pins_ranks_to_pix_pairs_and_reports_sys_when_forced(topo):
 def test_required_min_link_names_the_field():
     s = spec(placement={"policy": "required", "minLink": "PIX"})
     msg = placement_problem(s, "actor", "SYS")
-    assert msg.startswith("role actor: worst GPU link SYS (SYS)") and "spec.placement.minLink PIX" in msg and "fix:" in msg
+    assert msg.startswith("role actor: worst GPU link SYS (SYS)")
+    assert "spec.placement.minLink PIX" in msg and "fix:" in msg
     assert placement_problem(s, "actor", "NV4") is None and placement_problem(s, "actor", "PIX") is None
     assert placement_problem(s, "actor", "unknown") is not None  # unknown never passes `required`
     assert placement_problem(spec(placement={"minLink": "PIX"}), "actor", "SYS") is None  # preferred: report only

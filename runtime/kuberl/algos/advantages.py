@@ -7,8 +7,8 @@ returns are the critic's regression targets (GAE only). The sequence reward of r
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Optional
 
 import torch
 from torch import Tensor
@@ -23,13 +23,13 @@ class AdvantageInputs:
     token_rewards: Tensor  # [B, T]: the score on the last valid token, minus kl_coef * kl per token if shaped
     mask: Tensor  # [B, T] response mask
     group_index: Tensor  # [B] long: equal ids answer the same prompt
-    values: Optional[Tensor] = None  # [B, T] critic values (ppo)
+    values: Tensor | None = None  # [B, T] critic values (ppo)
     gamma: float = 1.0
     lam: float = 0.95
     whiten: bool = True  # spec.algorithm.normalizeAdvantages
 
 
-AdvantageEstimator = Callable[[AdvantageInputs], tuple[Tensor, Optional[Tensor]]]
+AdvantageEstimator = Callable[[AdvantageInputs], tuple[Tensor, Tensor | None]]
 ADVANTAGE_ESTIMATORS: Registry[AdvantageEstimator] = Registry(
     "advantage estimator", "spec.algorithm.advantageEstimator", ADVANTAGE_ESTIMATOR_NAMES)
 
@@ -111,7 +111,7 @@ def reinforce_pp_advantages(token_rewards: Tensor, mask: Tensor, gamma: float = 
 
 
 @ADVANTAGE_ESTIMATORS.register("gae")
-def gae(x: AdvantageInputs) -> tuple[Tensor, Optional[Tensor]]:
+def gae(x: AdvantageInputs) -> tuple[Tensor, Tensor | None]:
     """GAE over the critic's values (whitened when `whiten`), and the critic's returns."""
     if x.values is None:
         raise ValueError("the gae advantage estimator needs critic values (spec.algorithm.name ppo)")
@@ -120,18 +120,18 @@ def gae(x: AdvantageInputs) -> tuple[Tensor, Optional[Tensor]]:
 
 
 @ADVANTAGE_ESTIMATORS.register("grpo")
-def grpo(x: AdvantageInputs) -> tuple[Tensor, Optional[Tensor]]:
+def grpo(x: AdvantageInputs) -> tuple[Tensor, Tensor | None]:
     """Group-normalised sequence rewards, on every token of the response."""
     return broadcast_to_tokens(grpo_advantages(x.token_rewards.sum(-1), x.group_index), x.mask), None
 
 
 @ADVANTAGE_ESTIMATORS.register("rloo")
-def rloo(x: AdvantageInputs) -> tuple[Tensor, Optional[Tensor]]:
+def rloo(x: AdvantageInputs) -> tuple[Tensor, Tensor | None]:
     """Leave-one-out baselined sequence rewards, on every token of the response."""
     return broadcast_to_tokens(rloo_advantages(x.token_rewards.sum(-1), x.group_index), x.mask), None
 
 
 @ADVANTAGE_ESTIMATORS.register("reinforce++")
-def reinforce_pp(x: AdvantageInputs) -> tuple[Tensor, Optional[Tensor]]:
+def reinforce_pp(x: AdvantageInputs) -> tuple[Tensor, Tensor | None]:
     """Whitened returns-to-go of the token rewards."""
     return reinforce_pp_advantages(x.token_rewards, x.mask, x.gamma), None

@@ -7,7 +7,7 @@
 from __future__ import annotations
 
 import types
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F

@@ -4,7 +4,7 @@ dispatch over hundreds of tensors, and an AdamW that uses them where it can."""
 from __future__ import annotations
 
 import logging
-from typing import Iterable
+from collections.abc import Iterable
 
 import torch
 from torch import nn

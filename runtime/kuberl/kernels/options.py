@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping, Optional
 
 import torch
 
@@ -23,7 +23,7 @@ class KernelOptions:
     chunk_rows: int = 0
 
     @classmethod
-    def for_device(cls, device: torch.device, env: Optional[Mapping[str, str]] = None) -> "KernelOptions":
+    def for_device(cls, device: torch.device, env: Mapping[str, str] | None = None) -> KernelOptions:
         """What a job uses: on CUDA the fused head in 4096-row chunks, and both compilations unless
         Env.COMPILE is "0"; on CPU none of them (the plain logits path)."""
         if device.type != "cuda":

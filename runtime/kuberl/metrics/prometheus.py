@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import threading
 import time
-from typing import Any, Optional
+from typing import Any
 
 from ..record import RECOVERY_PARTS, StepRecord
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional, Protocol
+from typing import Protocol
 
 from ..record import StepRecord
 from .console import Console
@@ -21,11 +21,11 @@ class StepWriter(Protocol):
 
 class MetricsSink:
     def __init__(self, out_dir: Path, job: str, total_steps: int, start_step: int = 0, progress: bool = True,
-                 prometheus_port: Optional[int] = None, prometheus_address: str = "127.0.0.1"):
+                 prometheus_port: int | None = None, prometheus_address: str = "127.0.0.1"):
         self.path = out_dir / "metrics.jsonl"
         self.prometheus = serve(job, prometheus_port, prometheus_address)
-        self.port: Optional[int] = self.prometheus.port if self.prometheus is not None else None
-        writers: list[Optional[StepWriter]] = [JsonlWriter(self.path, start_step), self.prometheus,
+        self.port: int | None = self.prometheus.port if self.prometheus is not None else None
+        writers: list[StepWriter | None] = [JsonlWriter(self.path, start_step), self.prometheus,
                                                Console(job, total_steps, start_step, progress)]
         self.writers: list[StepWriter] = [w for w in writers if w is not None]
 

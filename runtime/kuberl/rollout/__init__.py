@@ -15,8 +15,10 @@ class RolloutEngine(Protocol):
     def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
         """Replace the engine's weights with the actor's (full, unsharded names as in HF)."""
 
-    def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, seed: int) -> torch.Tensor:
-        """Prompts [B, P] (left-padded) -> responses [B, R] (right-padded with pad, R = maxNewTokens)."""
+    def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, seed: int,
+                 greedy: bool = False) -> torch.Tensor:
+        """Prompts [B, P] (left-padded) -> responses [B, R] (right-padded with pad, R = maxNewTokens);
+        sampled, or with `greedy` the most likely token at each step."""
 
 
 def make_engine(spec: JobSpec, device: torch.device, dtype: torch.dtype, tokenizer) -> RolloutEngine:

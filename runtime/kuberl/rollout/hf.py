@@ -63,17 +63,18 @@ class HFRollout:
             if name in params:
                 params[name].copy_(value.to(params[name].dtype), non_blocking=True)
 
-    def sampling(self) -> SamplingParams:
+    def sampling(self, greedy: bool = False) -> SamplingParams:
         r = self.spec.rollout
-        return SamplingParams(greedy=False, temperature=r.temperature, top_p=r.top_p, suppress_eos=r.fixed_length)
+        return SamplingParams(greedy=greedy, temperature=r.temperature, top_p=r.top_p, suppress_eos=r.fixed_length)
 
     @torch.no_grad()
-    def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, seed: int) -> torch.Tensor:
+    def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, seed: int,
+                 greedy: bool = False) -> torch.Tensor:
         r = self.spec.rollout
         torch.manual_seed(seed)
         if self.fast is not None:
             try:
-                return self.fast.generate(input_ids, attention_mask, r.max_new_tokens, self.sampling())
+                return self.fast.generate(input_ids, attention_mask, r.max_new_tokens, self.sampling(greedy))
             except Exception as exc:  # inductor/Triton problems on an unusual setup: keep the graphs, drop compile
                 if not self.fast.compiled:
                     raise
@@ -81,14 +82,13 @@ class HFRollout:
                             type(exc).__name__, exc)
                 self.fast.disable_compile()
                 torch.manual_seed(seed)
-                return self.fast.generate(input_ids, attention_mask, r.max_new_tokens, self.sampling())
+                return self.fast.generate(input_ids, attention_mask, r.max_new_tokens, self.sampling(greedy))
+        sampling = {} if greedy else {"temperature": r.temperature, "top_p": r.top_p, "top_k": 0}
         out = self.model.generate(
             input_ids=input_ids.to(self.device),
             attention_mask=attention_mask.to(self.device),
-            do_sample=True,
-            temperature=r.temperature,
-            top_p=r.top_p,
-            top_k=0,
+            do_sample=not greedy,
+            **sampling,
             max_new_tokens=r.max_new_tokens,
             min_new_tokens=r.max_new_tokens if r.fixed_length else 0,
             pad_token_id=self.tok.pad_token_id,

@@ -156,11 +156,11 @@ class VLLMRollout:
                           "wake_kv_and_reset_s": t1 - t_load, "woke": float(was_asleep)}
 
     # -- generation --------------------------------------------------------------------------------
-    def _sampling_params(self, seed: int):
+    def _sampling_params(self, seed: int, greedy: bool = False):
         r = self.spec.rollout
         return self._SamplingParams(
             n=1,
-            temperature=r.temperature,
+            temperature=0.0 if greedy else r.temperature,
             top_p=r.top_p,
             max_tokens=r.max_new_tokens,
             ignore_eos=r.fixed_length,
@@ -175,7 +175,8 @@ class VLLMRollout:
             self.llm.sleep(level=2)
             self._asleep = True
 
-    def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, seed: int) -> torch.Tensor:
+    def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, seed: int,
+                 greedy: bool = False) -> torch.Tensor:
         if self._asleep:
             raise RuntimeError("vllm rollout: the engine's weights were released after the last rollout "
                                "(sleep mode); load_weights must run before the next generate")
@@ -187,7 +188,7 @@ class VLLMRollout:
         # consecutive steps (seed, seed + 1) do not reuse each other's per-sample streams.
         gen = torch.Generator().manual_seed(seed)
         seeds = torch.randint(0, 2**31 - 1, (len(prompts),), generator=gen).tolist()
-        outputs = self.llm.generate(prompts, [self._sampling_params(s) for s in seeds], use_tqdm=False)
+        outputs = self.llm.generate(prompts, [self._sampling_params(s, greedy) for s in seeds], use_tqdm=False)
         self.last_cached_tokens = sum(o.num_cached_tokens or 0 for o in outputs)  # prefix-cache hits (prompt tokens)
         if self.sleep_after_generate:
             self.sleep()

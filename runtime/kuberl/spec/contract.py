@@ -12,7 +12,7 @@ from __future__ import annotations
 import enum
 import json
 import re
-from typing import Any, Optional
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -74,8 +74,8 @@ class _Doc(BaseModel):
 
 
 class RoleProgress(_Doc):
-    restarts: Optional[int] = Field(None, ge=0, description="Restarts of the role's WorkerGroup the driver made.")
-    worst_link: Optional[str] = Field(None, alias="worstLink", description="Worst GPU link inside the role's groups.")
+    restarts: int | None = Field(None, ge=0, description="Restarts of the role's WorkerGroup the driver made.")
+    worst_link: str | None = Field(None, alias="worstLink", description="Worst GPU link inside the role's groups.")
 
 
 class ProgressDocument(_Doc):
@@ -85,19 +85,19 @@ class ProgressDocument(_Doc):
          "reason": "PlacementDegraded", "roles": {"critic": {"restarts": 1, "worstLink": "PIX"}}}
     """
 
-    step: Optional[int] = Field(None, ge=0)
-    total_steps: Optional[int] = Field(None, alias="totalSteps", ge=0)
-    tokens_per_sec: Optional[float] = Field(None, alias="tokensPerSec")
-    phase: Optional[str] = None
-    message: Optional[str] = None
-    reason: Optional[str] = Field(None, pattern=REASON_PATTERN.pattern, description="A Reason code.")
+    step: int | None = Field(None, ge=0)
+    total_steps: int | None = Field(None, alias="totalSteps", ge=0)
+    tokens_per_sec: float | None = Field(None, alias="tokensPerSec")
+    phase: str | None = None
+    message: str | None = None
+    reason: str | None = Field(None, pattern=REASON_PATTERN.pattern, description="A Reason code.")
     roles: dict[str, RoleProgress] = Field(default_factory=dict)
 
     def restarts_of(self, role: str) -> int:
         entry = self.roles.get(role)
         return entry.restarts or 0 if entry is not None else 0
 
-    def link_of(self, role: str) -> Optional[str]:
+    def link_of(self, role: str) -> str | None:
         entry = self.roles.get(role)
         return entry.worst_link if entry is not None else None
 
@@ -105,7 +105,7 @@ class ProgressDocument(_Doc):
         return json.dumps(self.model_dump(by_alias=True, exclude_none=True, mode="json"))
 
     @classmethod
-    def parse(cls, text: Optional[str]) -> "ProgressDocument":
+    def parse(cls, text: str | None) -> ProgressDocument:
         """The reader's side: anything malformed (a whole document, one field, one role) is dropped
         rather than trusted, and what is well-formed is kept."""
         try:

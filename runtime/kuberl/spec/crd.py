@@ -71,7 +71,7 @@ PRINTER_COLUMNS = [
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
 
-_DROP = {"title", "$defs", "additionalProperties"}
+_DROP = {"title", "$defs"}
 
 
 def structural(node: Any, defs: dict[str, Any]) -> Any:
@@ -97,6 +97,10 @@ def structural(node: Any, defs: dict[str, Any]) -> Any:
     out: dict[str, Any] = {}
     for key, value in node.items():
         if key in _DROP:
+            continue
+        if key == "additionalProperties":  # a map's value schema is kept; `false` (extra="forbid") is not structural
+            if isinstance(value, dict) and "properties" not in node:
+                out[key] = structural(value, defs)
             continue
         if key == "const":
             out["enum"] = [value]

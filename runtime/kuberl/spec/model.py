@@ -8,7 +8,7 @@ on `JobSpec` and report the full field path.
 from __future__ import annotations
 
 import re
-from typing import Literal, Optional, get_args
+from typing import Any, Literal, Optional, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
@@ -22,7 +22,8 @@ PLURAL = "rltrainingjobs"
 SHORT_NAME = "rltj"
 API_VERSION = f"{GROUP}/{VERSION}"
 
-ROLES: tuple[str, ...] = ("actor", "critic", "ref", "reward")
+ROLES: tuple[str, ...] = ("actor", "critic", "ref", "reward")  # the built-in roles (spec.roles.<role>)
+ROLE_NAME = re.compile(r"^[a-z]([-a-z0-9]{0,18}[a-z0-9])?$")  # an extra role's name: a short DNS label
 
 
 def role_resource(role: str) -> str:
@@ -129,18 +130,21 @@ class KLSpec(Section):
 
 
 class AlgorithmSpec(Section):
-    name: Literal["ppo", "grpo"] = Field("ppo", description="ppo (critic + GAE) or grpo (group-normalised, no critic).")
+    name: Literal["ppo", "grpo", "reinforce"] = Field(
+        "ppo", description="ppo (critic + GAE), grpo (group-normalised, no critic) or reinforce (no critic, "
+                           "advantageEstimator's advantages, groups of groupSize >= 1).")
     gamma: float = Field(1.0, ge=0, le=1, description="Discount factor.")
     lam: float = Field(0.95, ge=0, le=1, description="GAE lambda.")
     clip_ratio: float = Field(0.2, gt=0, lt=1, description="PPO policy clip ratio epsilon.")
     value_clip: float = Field(0.2, gt=0, description="Critic value clip range.")
     kl: KLSpec = Field(default_factory=KLSpec)
     entropy_coef: float = Field(0.0, ge=0, description="Entropy bonus coefficient.")
-    group_size: int = Field(1, ge=1, description="GRPO: responses sampled per prompt (>= 2).")
+    group_size: int = Field(1, ge=1, description="grpo, reinforce: responses sampled per prompt (grpo: >= 2).")
     normalize_advantages: bool = Field(True, description="PPO: whiten advantages over the batch.")
     advantage_estimator: Optional[str] = Field(
         None, json_schema_extra=name_or_path_schema(ADVANTAGE_ESTIMATOR_NAMES),
-        description="gae (ppo's default), grpo (grpo's default), rloo, reinforce++, or package.module:function.")
+        description="gae (ppo's default), grpo (grpo's default), rloo, reinforce++ (reinforce's default), or "
+                    "package.module:function.")
     policy_loss: str = Field("clip", json_schema_extra=name_or_path_schema(POLICY_LOSS_NAMES),
                              description="clip (PPO's clipped surrogate), reinforce (unclipped), or package.module:function.")
 
@@ -150,7 +154,7 @@ class AlgorithmSpec(Section):
     @property
     def estimator(self) -> str:
         """The advantage estimator in use: the spec's, else gae for ppo and grpo for grpo."""
-        return self.advantage_estimator or ("gae" if self.name == "ppo" else "grpo")
+        return self.advantage_estimator or {"ppo": "gae", "grpo": "grpo", "reinforce": "reinforce++"}[self.name]
 
     @property
     def kl_in_reward(self) -> bool:
@@ -278,23 +282,58 @@ class RoleSpec(Section):
     max_restarts: int = Field(3, ge=0, description="Restarts of this role before the job fails.")
 
 
+class ExtraRoleSpec(RoleSpec):
+    """A role of one's own: a worker class, run like the built-in roles (its own WorkerGroup, placement
+    group, restarts and status; on Kubernetes its own worker group) and called from a program."""
+
+    worker: str = Field(..., json_schema_extra={"pattern": IMPORT_PATH.pattern},
+                        description="Import path package.module:Class of the worker class (a kuberl.workers.Worker).")
+    config: dict[str, Any] = Field(default_factory=dict, json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
+                                   description="Settings for the worker, as it defines them (self.role_spec.config).")
+
+    @field_validator("worker")
+    @classmethod
+    def _import_path(cls, v: str) -> str:
+        if not IMPORT_PATH.match(v):
+            raise ValueError(f"{v!r} is not an import path of the form package.module:Class")
+        return v
+
+
 class RolesSpec(Section):
     actor: RoleSpec = Field(default_factory=RoleSpec)
     critic: RoleSpec = Field(default_factory=RoleSpec)
     ref: RoleSpec = Field(default_factory=RoleSpec)
     reward: RoleSpec = Field(default_factory=RoleSpec)
+    extra: dict[str, ExtraRoleSpec] = Field(
+        default_factory=dict, description="Roles of one's own, by name (lowercase letters, digits, '-'; at most 20).")
+
+    @field_validator("extra")
+    @classmethod
+    def _names(cls, extra: dict[str, ExtraRoleSpec]) -> dict[str, ExtraRoleSpec]:
+        for name in extra:
+            if name in ROLES:
+                raise ValueError(f"{name!r} is a built-in role: configure it as spec.roles.{name}")
+            if not ROLE_NAME.match(name):
+                raise ValueError(f"role name {name!r} must be lowercase letters, digits and '-', at most 20 characters")
+        return extra
+
+    def path(self, role: str) -> str:
+        """A role's field path under spec: roles.<role>, or roles.extra.<role> for an extra role."""
+        return f"roles.{role}" if role in ROLES else f"roles.extra.{role}"
 
     def get(self, role: str) -> RoleSpec:
-        """A role's spec by name."""
-        if role not in ROLES:
-            raise KeyError(f"no role {role!r} in spec.roles")
-        return getattr(self, role)
+        """A role's spec by name: a built-in role or an extra one."""
+        if role in ROLES:
+            return getattr(self, role)
+        if role in self.extra:
+            return self.extra[role]
+        raise KeyError(f"no role {role!r} in spec.roles")
 
 
 class FaultSpec(Section):
     """Fault injection for demos and tests: kill ROLE's worker process at STEP."""
 
-    role: Literal["actor", "critic", "ref", "reward"]
+    role: str = Field(..., min_length=1, description="A role of the job (built-in or extra).")
     step: int = Field(..., ge=1)
 
 
@@ -344,7 +383,7 @@ class JobSpec(Section):
     def samples_per_prompt(self) -> int:
         if self.rollout.n is not None:
             return self.rollout.n
-        return self.algorithm.group_size if self.algorithm.name == "grpo" else 1
+        return self.algorithm.group_size if self.algorithm.name != "ppo" else 1
 
     @property
     def samples_per_step(self) -> int:
@@ -382,14 +421,13 @@ class CrossFieldError(ValueError):
 
 
 def enabled_roles(spec: JobSpec) -> list[str]:
-    """Roles that run for this spec: the critic is off for GRPO; a role can be disabled with `enabled: false`
-    (only critic and ref may be)."""
+    """Roles that run for this spec, built-in ones first, then extra ones: the critic runs for ppo only;
+    a role can be disabled with `enabled: false` (actor and reward cannot be)."""
     roles = []
-    for role in ROLES:
-        rs: RoleSpec = getattr(spec.roles, role)
-        if not rs.enabled:
+    for role in (*ROLES, *spec.roles.extra):
+        if not spec.roles.get(role).enabled:
             continue
-        if role == "critic" and spec.algorithm.name == "grpo":
+        if role == "critic" and spec.algorithm.name != "ppo":
             continue
         roles.append(role)
     return roles
@@ -401,8 +439,9 @@ def cross_field_problems(spec: JobSpec) -> list[tuple[str, str, str]]:
     algo, roll, tr, roles = spec.algorithm, spec.rollout, spec.trainer, spec.roles
     if algo.name == "grpo" and algo.group_size < 2:
         out.append(("algorithm.groupSize", "must be >= 2 for grpo", "set spec.algorithm.groupSize to 2 or more, e.g. 4"))
-    if algo.name == "grpo" and roll.n is not None and roll.n != algo.group_size:
-        out.append(("rollout.n", f"must equal algorithm.groupSize ({algo.group_size}) for grpo", "remove spec.rollout.n or set it to spec.algorithm.groupSize"))
+    if algo.name != "ppo" and roll.n is not None and roll.n != algo.group_size:
+        out.append(("rollout.n", f"must equal algorithm.groupSize ({algo.group_size}) for {algo.name}",
+                    "remove spec.rollout.n or set it to spec.algorithm.groupSize"))
     if algo.kl.controller == "adaptive" and algo.kl.target is None:
         out.append(("algorithm.kl.target", "is required when controller is adaptive", "set spec.algorithm.kl.target, e.g. 0.1"))
     actor_gpus = roles.actor.gpus
@@ -416,27 +455,31 @@ def cross_field_problems(spec: JobSpec) -> list[tuple[str, str, str]]:
     if n % tr.mini_batch_size:
         out.append(("trainer.miniBatchSize", f"must divide the samples per step ({n} = data.batchSize x samples per prompt)", f"set spec.trainer.miniBatchSize to a divisor of {n}"))
     for role in enabled_roles(spec):
-        rs = getattr(roles, role)
+        rs = roles.get(role)
         ranks = rs.replicas * max(rs.gpus, 1)
-        what = f"{ranks} ranks = spec.roles.{role}.replicas x gpus" if rs.gpus else f"spec.roles.{role}.replicas ({ranks})"
+        at = roles.path(role)
+        what = f"{ranks} ranks = spec.{at}.replicas x gpus" if rs.gpus else f"spec.{at}.replicas ({ranks})"
         if n % ranks:
-            out.append((f"roles.{role}.replicas", f"{what} must divide the samples per step ({n})", f"choose replicas and gpus for {role} whose product divides {n}"))
+            out.append((f"{at}.replicas", f"{what} must divide the samples per step ({n})", f"choose replicas and gpus for {role} whose product divides {n}"))
         if role in ("actor", "critic") and tr.mini_batch_size % (ranks * tr.micro_batch_size):
             out.append(("trainer.miniBatchSize", f"must be a multiple of the {role}'s ranks x trainer.microBatchSize ({ranks} x {tr.micro_batch_size})", f"set spec.trainer.miniBatchSize to a multiple of {ranks * tr.micro_batch_size}"))
     estimator = algo.estimator
+    if algo.name == "reinforce" and estimator in ("grpo", "rloo") and algo.group_size < 2:
+        out.append(("algorithm.groupSize", f"must be >= 2 for the {estimator} estimator (it compares samples of a group)",
+                    "set spec.algorithm.groupSize to 2 or more, e.g. 4"))
     if estimator == "gae" and algo.name != "ppo":
         out.append(("algorithm.advantageEstimator", "gae needs the critic, which runs for algorithm ppo only",
                     "use algorithm.name ppo, or another estimator (grpo, rloo, reinforce++)"))
     elif algo.name == "ppo" and estimator in ADVANTAGE_ESTIMATOR_NAMES and estimator != "gae":
         out.append(("algorithm.advantageEstimator", f"{estimator} uses no critic, but algorithm ppo trains one",
-                    f"use algorithm.name grpo with advantageEstimator {estimator}, or gae"))
+                    f"use algorithm.name reinforce or grpo with advantageEstimator {estimator}, or gae"))
     if spec.algorithm.name == "ppo" and not roles.critic.enabled:
         out.append(("roles.critic.enabled", "ppo needs a critic", "set spec.roles.critic.enabled to true or use algorithm grpo"))
     if not roles.actor.enabled:
         out.append(("roles.actor.enabled", "the actor cannot be disabled", "remove spec.roles.actor.enabled"))
     if not roles.reward.enabled:
         out.append(("roles.reward.enabled", "the reward role cannot be disabled", "remove spec.roles.reward.enabled"))
-    if spec.placement.mode == "dra" and not any(getattr(roles, r).gpus for r in enabled_roles(spec)):
+    if spec.placement.mode == "dra" and not any(roles.get(r).gpus for r in enabled_roles(spec)):
         out.append(("placement.mode", "dra needs at least one role with GPUs", "set spec.placement.mode to device-plugin or give a role gpus"))
     ckpt = tr.checkpoint
     if ckpt.volume_claim and ckpt.path is not None and not ckpt.path.startswith("/"):

@@ -8,10 +8,10 @@ import torch
 
 from .. import algos
 from ..batch import Batch
+from ..dispatch import Dispatch, register
 from ..models import load_causal_lm
 from ..rollout import make_engine
 from ..sequence import response_logprobs, response_mask
-from ..dispatch import Dispatch, register
 from .base import Worker
 from .train import FSDPTrainer
 
@@ -38,19 +38,22 @@ class ActorWorker(Worker):
 
     @register(Dispatch.SPLIT)
     @torch.no_grad()
-    def generate(self, batch: Batch, seed: int) -> Batch:
+    def generate(self, batch: Batch, seed: int, greedy: bool = False) -> Batch:
         """Prompts -> responses, masks and old log-probs. Adds: responses [B,R], response_mask [B,R],
-        input_ids/attention_mask [B,P+R], old_logprobs [B,R]; meta gen_seconds."""
+        input_ids/attention_mask [B,P+R], old_logprobs [B,R]; meta gen_seconds. `greedy`: the most
+        likely token at every step instead of sampling (e.g. ReMax's baseline)."""
         t0 = time.perf_counter()
         prompts, pmask = batch["prompt_ids"], batch["prompt_mask"]
-        responses = self.engine.generate(prompts, pmask, seed=seed + self.rank).to(self.device)
+        responses = self.engine.generate(prompts, pmask, seed=seed + self.rank, greedy=greedy).to(self.device)
         if self.device.type == "cuda":
             torch.cuda.synchronize()
         gen_s = time.perf_counter() - t0
-        rmask = response_mask(responses, None if self.spec.rollout.fixed_length else self.tokenizer.eos_token_id, self.tokenizer.pad_token_id)
+        eos = None if self.spec.rollout.fixed_length else self.tokenizer.eos_token_id
+        rmask = response_mask(responses, eos, self.tokenizer.pad_token_id)
         input_ids = torch.cat([prompts, responses], dim=1)
         attention_mask = torch.cat([pmask.float(), rmask], dim=1).long()
-        out = Batch({"responses": responses, "response_mask": rmask, "input_ids": input_ids, "attention_mask": attention_mask})
+        out = Batch({"responses": responses, "response_mask": rmask, "input_ids": input_ids,
+                     "attention_mask": attention_mask})
         out.tensors["old_logprobs"] = self._logprobs(out)
         return Batch({k: v.cpu() for k, v in out.tensors.items()}, {"gen_seconds": [gen_s] * len(out)})
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 import os
 import signal
 import time
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -33,10 +34,10 @@ class Worker:
     `@register(Dispatch...)`. `role` is the role's name in the spec (an extra role's class may serve
     any name)."""
 
-    trainer: Optional[FSDPTrainer] = None
+    trainer: FSDPTrainer | None = None
 
     def __init__(self, spec_json: str, role: str, rank: int, world_size: int, device: str = "auto", threads: int = 0,
-                 kernels: Optional[KernelOptions] = None):
+                 kernels: KernelOptions | None = None):
         """`kernels` defaults to what a job uses on this worker's device (`KernelOptions.for_device`)."""
         self.spec = JobSpec.model_validate_json(spec_json)
         self.role, self.rank, self.world_size = role, rank, world_size
@@ -92,7 +93,7 @@ class Worker:
             return "", []
         return ray.get_runtime_context().get_node_id(), [int(g) for g in ray.get_gpu_ids()]
 
-    def init(self, addr: str, port: int, local_rank: int = 0, node_gpus: Optional[list[int]] = None) -> None:
+    def init(self, addr: str, port: int, local_rank: int = 0, node_gpus: list[int] | None = None) -> None:
         """Pin to a GPU by topology (when this rank shares a node's GPUs with its group), then join
         the role's process group and build the models."""
         self.placement = None
@@ -126,7 +127,7 @@ class Worker:
             self.trainer.load(path)
 
     def execute(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
-                fault: Optional[str] = None) -> Any:
+                fault: str | None = None) -> Any:
         """Run the role method `fn` on this rank (this worker's own override of it, if it has one),
         Batches moved to the device first; `fault` = "kill" ends this process now, "hang" stops
         answering."""
@@ -140,7 +141,7 @@ class Worker:
         return bound(*(a.to(self.device) if isinstance(a, Batch) else a for a in args), **kwargs)
 
 
-def _ray_node_ip() -> Optional[str]:
+def _ray_node_ip() -> str | None:
     try:
         import ray
     except ImportError:

@@ -6,9 +6,9 @@ import torch
 
 from .. import algos
 from ..batch import Batch
+from ..dispatch import Dispatch, register
 from ..models import load_value_model
 from ..sequence import response_values
-from ..dispatch import Dispatch, register
 from .base import Worker
 from .train import FSDPTrainer
 

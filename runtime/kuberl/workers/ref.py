@@ -6,9 +6,9 @@ import torch
 
 from .. import dist as kdist
 from ..batch import Batch
+from ..dispatch import Dispatch, register
 from ..models import load_causal_lm
 from ..sequence import response_logprobs
-from ..dispatch import Dispatch, register
 from .base import Worker
 
 

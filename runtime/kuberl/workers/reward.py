@@ -6,9 +6,10 @@ import torch
 
 from .. import dist as kdist
 from ..batch import Batch
+from ..dispatch import Dispatch, register
 from ..models import load_reward_model, load_tokenizer
 from ..rewards import load_reward_fn
-from ..dispatch import Dispatch, register
+from ..sequence import decode_responses
 from .base import Worker
 
 
@@ -27,7 +28,7 @@ class RewardWorker(Worker):
     @torch.no_grad()
     def compute_scores(self, batch: Batch) -> Batch:
         """scores [B] (float32): one scalar per sequence."""
-        texts = self.decode(batch["responses"], batch["response_mask"])
+        texts = decode_responses(self.tokenizer, batch["responses"], batch["response_mask"])
         if self.fn is not None:
             scores = [float(self.fn(p, r, a)) for p, r, a in zip(batch.meta["prompt"], texts, batch.meta["answer"])]
             return Batch({"scores": torch.tensor(scores, dtype=torch.float32)})
@@ -38,9 +39,3 @@ class RewardWorker(Worker):
             mask = enc["attention_mask"][i : i + self.spec.trainer.micro_batch_size].to(self.device)
             parts.append(self.model(input_ids=ids, attention_mask=mask).logits[:, 0].float())
         return Batch({"scores": torch.cat(parts).cpu()})
-
-    def decode(self, responses: torch.Tensor, mask: torch.Tensor) -> list[str]:
-        """Response text up to (not including) EOS."""
-        eos = self.tokenizer.eos_token_id
-        kept = [[t for t, keep in zip(ids, m) if keep and t != eos] for ids, m in zip(responses.tolist(), mask.tolist())]
-        return self.tokenizer.batch_decode(kept, skip_special_tokens=True)

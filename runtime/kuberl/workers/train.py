@@ -4,7 +4,7 @@ losses, clip, step. The optimiser kernels are in `kuberl.kernels.optim`, checkpo
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -26,7 +26,9 @@ class FSDPTrainer:
 
     def __init__(self, model: nn.Module, device: torch.device, dtype: torch.dtype, lr: float,
                  weight_decay: float, grad_clip: float, warmup_steps: int = 0,
-                 kernels: KernelOptions = KernelOptions()):
+                 kernels: KernelOptions | None = None):
+        """`kernels`: which training kernels to use (default: none of the compiled or fused ones)."""
+        kernels = kernels or KernelOptions()
         self.model = kdist.shard(model, device, dtype, compile_blocks=kernels.compile_blocks)
         self.optimizer = ShardedAdamW(self.model.parameters(), lr=lr, weight_decay=weight_decay)
         self.base_lr, self.warmup_steps, self.grad_clip = lr, warmup_steps, grad_clip
@@ -51,7 +53,9 @@ class FSDPTrainer:
         self.optimizer.step()
         self.optimizer.zero_grad()
         keys = sorted(sums)
-        totals = kdist.all_reduce_sum(torch.stack([sums[k].reshape(()) for k in keys]).cpu()) if keys else torch.zeros(0)
+        totals = torch.zeros(0)
+        if keys:
+            totals = kdist.all_reduce_sum(torch.stack([sums[k].reshape(()) for k in keys]).cpu())
         out = {k: float(totals[i] / global_tokens.cpu()) for i, k in enumerate(keys)}
         out["grad_norm"] = float(grad_norm)
         return out
