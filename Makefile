@@ -68,7 +68,8 @@ test: venv helm ## the test suite (runs inside a loopback-only network namespace
 test-all: venv helm ## the test suite including slow tests
 	$(BIN)/python -m pytest -q -m 'not e2e' $(PYTEST_ARGS)
 
-lint: venv helm ## compile check, helm lint --strict, and the chart/image checks
+lint: venv helm ## ruff (pyproject.toml [tool.ruff]), compile check, helm lint --strict, and the chart/image checks
+	$(BIN)/ruff check .
 	$(BIN)/python -m compileall -q runtime operator bench tests
 	$(HELM) lint --strict charts/kuberl
 	$(BIN)/python -m pytest -q tests/chart tests/images
