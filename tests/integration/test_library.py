@@ -49,3 +49,25 @@ def test_kuberl_run_gives_an_extra_role_its_own_group_placement_group_and_status
     assert records[-1].flat()["restarts_rules"] == 0 and "memory_rules_rss_peak_bytes" in records[-1].flat()
     doc = json.loads(progress_of(records[-1], 2).to_json())
     assert doc["roles"]["rules"] == {"restarts": 0}
+
+
+def test_two_calls_in_flight_to_a_failed_role_cost_one_restart(ray_session, tmp_path):
+    """Both futures see the dead rule engine; the first one waited on restarts it, the second replays
+    on the new ranks without restarting it again."""
+    import torch
+
+    from kuberl.batch import Batch
+    from kuberl.library import Roles
+
+    from examples.rule_engine import RuleEngine
+
+    spec = load_example("remax.yaml")
+    responses = torch.randint(3, 20, (spec.samples_per_step, 4))
+    batch = Batch({"responses": responses, "response_mask": torch.ones_like(responses, dtype=torch.float)})
+    with Roles(spec, lambda role: RayWorkerGroup(role, spec, timeout_s=120), [Fault("rules", 1)]) as roles:
+        rules = roles.proxy("rules", RuleEngine)
+        roles.begin_step(1)
+        first, second = rules.penalties.submit(batch), rules.penalties.submit(batch)  # the first one kills it
+        a, b = first.result(), second.result()
+    assert torch.equal(a["penalties"], b["penalties"]) and len(a) == len(batch)
+    assert roles.history["rules"].restarts == 1 and len(first.recoveries) == 1 and second.recoveries == []
