@@ -56,10 +56,9 @@ def test_two_calls_in_flight_to_a_failed_role_cost_one_restart(ray_session, tmp_
     on the new ranks without restarting it again."""
     import torch
 
+    from examples.rule_engine import RuleEngine
     from kuberl.batch import Batch
     from kuberl.library import Roles
-
-    from examples.rule_engine import RuleEngine
 
     spec = load_example("remax.yaml")
     responses = torch.randint(3, 20, (spec.samples_per_step, 4))
