@@ -202,7 +202,8 @@ class Roles:
         for role in roles or list(self.groups):
             infos = RoleProxy(self.groups[role]).placement_info()
             self.worst_links[role] = worst_link([p["worst_link"] for p in infos if p["worst_link"]])
-            self.topology_sources[role] = ",".join(sorted({p["topology_source"] for p in infos if p["topology_source"]}))
+            sources = {p["topology_source"] for p in infos if p["topology_source"]}
+            self.topology_sources[role] = ",".join(sorted(sources))
             problem = placement_problem(self.spec, role, self.worst_links[role])
             if problem:
                 problems.append(problem)

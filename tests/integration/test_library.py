@@ -20,7 +20,7 @@ def mean(records):
 
 
 def test_remax_program_learns_and_a_killed_rule_engine_restarts_alone(ray_session, tmp_path):
-    spec = load_example("remax.yaml")
+    spec = load_example("remax.yaml").spec
     records = remax(spec, lambda role: RayWorkerGroup(role, spec, timeout_s=120), tmp_path, faults=[Fault("rules", 5)])
     first, last = mean(records[:10]), mean(records[-10:])
     print(f"remax reward first10={first:.3f} last10={last:.3f} gain={last - first:.3f}")
@@ -35,7 +35,7 @@ def test_remax_program_learns_and_a_killed_rule_engine_restarts_alone(ray_sessio
 
 
 def test_kuberl_run_gives_an_extra_role_its_own_group_placement_group_and_status(ray_session, tmp_path):
-    spec = load_example("remax.yaml", **{"trainer.steps": 2})
+    spec = load_example("remax.yaml", **{"trainer.steps": 2}).spec
     driver = Driver(spec, "extra", tmp_path, lambda role: RayWorkerGroup(role, spec), progress=False)
     driver.start()
     try:
@@ -60,7 +60,7 @@ def test_two_calls_in_flight_to_a_failed_role_cost_one_restart(ray_session, tmp_
     from kuberl.batch import Batch
     from kuberl.library import Roles
 
-    spec = load_example("remax.yaml")
+    spec = load_example("remax.yaml").spec
     responses = torch.randint(3, 20, (spec.samples_per_step, 4))
     batch = Batch({"responses": responses, "response_mask": torch.ones_like(responses, dtype=torch.float)})
     with Roles(spec, lambda role: RayWorkerGroup(role, spec, timeout_s=120), [Fault("rules", 1)]) as roles:

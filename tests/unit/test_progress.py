@@ -9,7 +9,6 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
-from typing import Optional
 
 import pytest
 
@@ -21,7 +20,7 @@ from kuberl.spec.contract import ProgressDocument
 class ScriptedServer:
     """A real HTTP server that answers PATCHes with the scripted statuses, then 200; it records each request."""
 
-    def __init__(self, statuses: tuple[int, ...] = (), retry_after: Optional[str] = None, host: str = "127.0.0.1",
+    def __init__(self, statuses: tuple[int, ...] = (), retry_after: str | None = None, host: str = "127.0.0.1",
                  port: int = 0):
         self.statuses, self.seen = list(statuses), []
         outer = self
