@@ -355,29 +355,47 @@ def test_linear_logprobs_entropy_without_grad_leaves_gradient_to_logp() -> None:
     torch.testing.assert_close(g, rg)
 
 
-@pytest.mark.parametrize("entropy_grad", [False, True])
-def test_fused_response_logprobs_match_unfused_with_gradients(entropy_grad: bool) -> None:
-    """The model-level fused path (HF forward with the head doing chunked log-softmax) equals the
-    logits path in values and in every parameter's gradient, tied embeddings included."""
+def full(t: torch.Tensor) -> torch.Tensor:
+    """The whole tensor of an FSDP2 (DTensor) gradient, or the tensor itself."""
+    from torch.distributed.tensor import DTensor
+
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+def both_paths(prepare=lambda model: model, entropy_grad: bool = False) -> list[tuple]:
+    """(model, log-probs, entropy, every parameter's gradient) of the logits path, then of the fused
+    path, each on a fresh copy of one small LM (`prepare` may shard it)."""
     base = small_lm()
     ids, mask = prompts(batch=3, length=12)
     responses = ids[:, -5:]
     results = []
     for fused in (False, True):
-        model = copy.deepcopy(base)
+        model = prepare(copy.deepcopy(base))
         logp, ent = response_logprobs(model, ids, mask, responses, 0.9, chunk_size=4, with_entropy=True,
                                       entropy_grad=entropy_grad, fused=fused)
         loss = (logp * torch.linspace(-1, 1, logp.numel()).view_as(logp)).sum()
         if entropy_grad:
             loss = loss + 0.3 * ent.sum()
         loss.backward()
-        results.append((logp.detach(), ent.detach(), {k: p.grad.clone() for k, p in model.named_parameters()}))
-    (lp0, e0, g0), (lp1, e1, g1) = results
+        grads = {k: full(p.grad).clone() for k, p in model.named_parameters()}
+        results.append((model, logp.detach(), ent.detach(), grads))
+    return results
+
+
+def assert_same_values_and_gradients(results: list[tuple]) -> None:
+    (_, lp0, e0, g0), (_, lp1, e1, g1) = results
     torch.testing.assert_close(lp1, lp0, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(e1, e0, rtol=1e-5, atol=1e-5)
     for k in g0:
         torch.testing.assert_close(g1[k], g0[k], rtol=1e-4, atol=1e-4 * float(g0[k].abs().max()), msg=k)
     assert not math.isnan(float(lp1.sum()))
+
+
+@pytest.mark.parametrize("entropy_grad", [False, True])
+def test_fused_response_logprobs_match_unfused_with_gradients(entropy_grad: bool) -> None:
+    """The model-level fused path (the trunk, then the head doing chunked log-softmax) equals the
+    logits path in values and in every parameter's gradient, tied embeddings included."""
+    assert_same_values_and_gradients(both_paths(entropy_grad=entropy_grad))
 
 
 # --------------------------------------------------------------------------- training fast paths (FSDP2, gloo)
@@ -449,20 +467,13 @@ def test_fused_head_is_an_fsdp2_forward_method_and_matches_the_logits_path(one_r
     from kuberl.kernels.lm_head import FUSED_METHOD
 
     mesh = init_device_mesh("cpu", (1,))
-    base = small_lm()
-    ids, mask = prompts(batch=3, length=12)
-    responses = ids[:, -5:]
-    results = []
-    for fused in (False, True):
-        model = copy.deepcopy(base)
+
+    def shard(model):
         for layer in model.model.layers:
             fully_shard(layer, mesh=mesh)
-        fully_shard(model, mesh=mesh)
-        logp, _ = response_logprobs(model, ids, mask, responses, 1.0, chunk_size=4, fused=fused)
-        (logp * torch.linspace(-1, 1, logp.numel()).view_as(logp)).sum().backward()
-        results.append((logp.detach(), {k: p.grad.full_tensor().clone() for k, p in model.named_parameters()}))
+        return fully_shard(model, mesh=mesh)
+
+    results = both_paths(shard, entropy_grad=True)
+    assert_same_values_and_gradients(results)
+    for (model, *_), fused in zip(results, (False, True)):
         assert "forward" not in model.__dict__ and hasattr(model, FUSED_METHOD) == fused
-    (lp0, g0), (lp1, g1) = results
-    torch.testing.assert_close(lp1, lp0, rtol=1e-5, atol=1e-5)
-    for k in g0:
-        torch.testing.assert_close(g1[k], g0[k], rtol=1e-4, atol=1e-4 * float(g0[k].abs().max()), msg=k)
