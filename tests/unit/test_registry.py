@@ -85,3 +85,12 @@ def test_reinforce_policy_loss_is_minus_advantage_on_policy():
     assert float(metrics["clip_frac"]) == 0.0 and float(metrics["ratio_mean"]) == 1.0
     clip, _ = algos.POLICY_LOSSES.get("clip")(logp.detach(), logp.detach(), adv, mask, AlgorithmSpec())
     assert float(clip) == pytest.approx(0.5)  # at ratio 1 the clipped surrogate is the same
+
+
+def test_built_in_models_and_tasks_have_one_list_of_names_the_spec():
+    from kuberl.models import BUILTIN_SHAPES
+    from kuberl.spec.model import BUILTIN_MODELS, BUILTIN_TASKS, ROLES, RolesSpec
+    from kuberl.tasks import BUILTIN_TASKS as TASK_BUILDERS
+
+    assert tuple(BUILTIN_SHAPES) == BUILTIN_MODELS and tuple(TASK_BUILDERS) == BUILTIN_TASKS
+    assert tuple(f for f in RolesSpec.model_fields if f != "extra") == ROLES
