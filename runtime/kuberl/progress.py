@@ -20,7 +20,6 @@ import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
-from typing import Optional
 
 from .record import StepRecord
 from .spec.contract import Env, ProgressDocument, RoleProgress
@@ -36,7 +35,7 @@ def api_url(host: str, port: str) -> str:
     return f"https://{host}:{port}"
 
 
-def retry_after_s(value: Optional[str], now: Optional[float] = None) -> Optional[float]:
+def retry_after_s(value: str | None, now: float | None = None) -> float | None:
     """Seconds a Retry-After header asks for (delta-seconds or an HTTP date); None if absent or unreadable."""
     if not value:
         return None
@@ -54,17 +53,17 @@ class ProgressReporter:
     api_url: str  # e.g. https://10.0.0.1:443 or https://[fd00::1]:443
     namespace: str
     configmap: str
-    token: Optional[str] = None  # a fixed token; token_file wins when both are given
-    ca_file: Optional[str] = None
+    token: str | None = None  # a fixed token; token_file wins when both are given
+    ca_file: str | None = None
     timeout_s: float = 5.0  # per attempt
-    token_file: Optional[str] = None  # read before every request (no Authorization header while it is missing)
+    token_file: str | None = None  # read before every request (no Authorization header while it is missing)
     step_attempts: int = 2  # a per-step report: the next step reports again soon
     final_attempts: int = 8  # the final report (phase Succeeded/Failed): 0.5+1+2+4+8+10+10 s of waiting
     backoff_s: float = 0.5  # the first wait; doubled after each failed attempt
     max_wait_s: float = 10.0  # no wait is longer, Retry-After included
 
     @classmethod
-    def from_env(cls) -> Optional["ProgressReporter"]:
+    def from_env(cls) -> ProgressReporter | None:
         """In a driver pod the operator sets Env.PROGRESS_CONFIGMAP and Env.NAMESPACE; else None."""
         name = os.environ.get(Env.PROGRESS_CONFIGMAP)
         if not name:
@@ -78,7 +77,7 @@ class ProgressReporter:
         return cls(url, os.environ.get(Env.NAMESPACE, "default"), name,
                    ca_file=ca if os.path.exists(ca) else None, token_file=token)
 
-    def _bearer(self) -> Optional[str]:
+    def _bearer(self) -> str | None:
         if self.token_file:
             try:
                 with open(self.token_file) as f:
@@ -99,7 +98,7 @@ class ProgressReporter:
         with urllib.request.urlopen(req, timeout=self.timeout_s, context=ctx):
             pass
 
-    def report(self, progress: ProgressDocument, final: Optional[bool] = None) -> bool:
+    def report(self, progress: ProgressDocument, final: bool | None = None) -> bool:
         """Merge-patch `data.progress`, retrying transient failures; returns False (and logs one line) when
         every attempt failed or the API refused for good (a 4xx other than 429). `final` defaults to
         whether the document's phase is Succeeded or Failed."""
@@ -126,8 +125,8 @@ class ProgressReporter:
         return min(self.max_wait_s, asked if asked is not None else self.backoff_s * 2 ** (attempt - 1))
 
 
-def progress_of(rec: Optional[StepRecord], total_steps: int, phase: str = "Running", message: str = "",
-                reason: Optional[str] = None, worst_links: Optional[dict[str, Optional[str]]] = None) -> ProgressDocument:
+def progress_of(rec: StepRecord | None, total_steps: int, phase: str = "Running", message: str = "",
+                reason: str | None = None, worst_links: dict[str, str | None] | None = None) -> ProgressDocument:
     """The progress document after step record `rec` (None: no step done yet); `worst_links` add links
     known without a step (a placement refused at start). The operator reads it with ProgressDocument.parse."""
     steps = rec.roles if rec is not None else {}

@@ -8,7 +8,7 @@ on `JobSpec` and report the full field path.
 from __future__ import annotations
 
 import re
-from typing import Any, Literal, Optional, get_args
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
@@ -57,7 +57,7 @@ DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
 def named_or_path(names: tuple[str, ...], what: str = "function"):
     """A field validator: one of `names`, or an import path `package.module:name`."""
 
-    def check(cls, v: Optional[str]) -> Optional[str]:
+    def check(cls, v: str | None) -> str | None:
         if v is not None and v not in names and not IMPORT_PATH.match(v):
             raise ValueError(f"{v!r} is neither one of {', '.join(names)} nor an import path of the form "
                              f"package.module:{what}")
@@ -85,14 +85,14 @@ class ModelSource(Section):
     `tiny` (CPU quickstart), `qwen2-0.5b` and `qwen2-1.5b` (GPU benchmarks).
     """
 
-    hub: Optional[str] = Field(None, description="Hugging Face hub id, e.g. Qwen/Qwen2-0.5B.")
-    path: Optional[str] = Field(None, description="Local directory with config, weights and tokenizer.")
-    builtin: Optional[BuiltinModel] = Field(
+    hub: str | None = Field(None, description="Hugging Face hub id, e.g. Qwen/Qwen2-0.5B.")
+    path: str | None = Field(None, description="Local directory with config, weights and tokenizer.")
+    builtin: BuiltinModel | None = Field(
         None, description="Built-in small config plus a locally built tokenizer; no download."
     )
 
     @model_validator(mode="after")
-    def _one_source(self) -> "ModelSource":
+    def _one_source(self) -> ModelSource:
         given = [k for k in ("hub", "path", "builtin") if getattr(self, k)]
         if len(given) > 1:
             raise ValueError(f"give only one of hub, path, builtin (got {', '.join(given)})")
@@ -109,7 +109,7 @@ class ModelSpec(ModelSource):
     gradient_checkpointing: bool = Field(False, description="Recompute activations in backward.")
 
     @model_validator(mode="after")
-    def _default_builtin(self) -> "ModelSpec":
+    def _default_builtin(self) -> ModelSpec:
         if not self.is_set():
             self.builtin = "tiny"
         return self
@@ -121,10 +121,12 @@ class KLSpec(Section):
     coef: float = Field(0.01, ge=0, description="Initial KL coefficient (beta).")
     estimator: str = Field("k1", json_schema_extra=name_or_path_schema(KL_ESTIMATOR_NAMES),
                            description="k1 = log-ratio; k3 = Schulman's unbiased, >= 0; or package.module:function.")
-    controller: Literal["fixed", "adaptive"] = Field("fixed", description="Fixed or adaptive (Ziegler 2019) coefficient.")
-    target: Optional[float] = Field(None, gt=0, description="Target KL for the adaptive controller.")
+    controller: Literal["fixed", "adaptive"] = Field("fixed",
+                                                     description="Fixed or adaptive (Ziegler 2019) coefficient.")
+    target: float | None = Field(None, gt=0, description="Target KL for the adaptive controller.")
     horizon: int = Field(10000, ge=1, description="Adaptive controller horizon, in samples.")
-    in_reward: bool = Field(True, description="PPO: subtract the KL from token rewards; GRPO always adds it to the loss.")
+    in_reward: bool = Field(True, description="PPO: subtract the KL from token rewards; GRPO always adds it to the "
+                                              "loss.")
 
     _estimator = field_validator("estimator")(named_or_path(KL_ESTIMATOR_NAMES))
 
@@ -141,12 +143,13 @@ class AlgorithmSpec(Section):
     entropy_coef: float = Field(0.0, ge=0, description="Entropy bonus coefficient.")
     group_size: int = Field(1, ge=1, description="grpo, reinforce: responses sampled per prompt (grpo: >= 2).")
     normalize_advantages: bool = Field(True, description="PPO: whiten advantages over the batch.")
-    advantage_estimator: Optional[str] = Field(
+    advantage_estimator: str | None = Field(
         None, json_schema_extra=name_or_path_schema(ADVANTAGE_ESTIMATOR_NAMES),
         description="gae (ppo's default), grpo (grpo's default), rloo, reinforce++ (reinforce's default), or "
                     "package.module:function.")
     policy_loss: str = Field("clip", json_schema_extra=name_or_path_schema(POLICY_LOSS_NAMES),
-                             description="clip (PPO's clipped surrogate), reinforce (unclipped), or package.module:function.")
+                             description="clip (PPO's clipped surrogate), reinforce (unclipped), or "
+                                         "package.module:function.")
 
     _named = field_validator("advantage_estimator")(named_or_path(ADVANTAGE_ESTIMATOR_NAMES))
     _loss = field_validator("policy_loss")(named_or_path(POLICY_LOSS_NAMES))
@@ -163,7 +166,7 @@ class AlgorithmSpec(Section):
 
 
 class DataSpec(Section):
-    task: Optional[BuiltinTask] = Field(
+    task: BuiltinTask | None = Field(
         None, description="Built-in task (prompts generated locally). Exclusive with files."
     )
     files: list[str] = Field(default_factory=list, description="jsonl or parquet files of prompts.")
@@ -182,7 +185,7 @@ class DataSpec(Section):
         return files
 
     @model_validator(mode="after")
-    def _one_source(self) -> "DataSpec":
+    def _one_source(self) -> DataSpec:
         if self.task and self.files:
             raise ValueError("give either task or files, not both")
         if not self.task and not self.files:
@@ -191,17 +194,17 @@ class DataSpec(Section):
 
 
 class RewardSpec(Section):
-    function: Optional[str] = Field(
+    function: str | None = Field(
         None, json_schema_extra=name_or_path_schema(REWARD_FUNCTION_NAMES),
         description="Rule reward: a built-in (repeat-letter, gsm8k) or an import path `package.module:function`, "
                     "returning a float in [0, 1].",
     )
-    model: Optional[ModelSource] = Field(None, description="Reward model with a sequence-classification head.")
+    model: ModelSource | None = Field(None, description="Reward model with a sequence-classification head.")
 
     _function = field_validator("function")(named_or_path(REWARD_FUNCTION_NAMES))
 
     @model_validator(mode="after")
-    def _one_source(self) -> "RewardSpec":
+    def _one_source(self) -> RewardSpec:
         has_model = self.model is not None and self.model.is_set()
         if bool(self.function) == has_model:
             raise ValueError("give exactly one of function (import path) or model")
@@ -213,7 +216,7 @@ class RolloutSpec(Section):
     max_new_tokens: int = Field(16, ge=1, description="Response length limit, in tokens.")
     temperature: float = Field(1.0, gt=0, description="Sampling temperature.")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass.")
-    n: Optional[int] = Field(None, ge=1, description="Samples per prompt; defaults to algorithm.groupSize.")
+    n: int | None = Field(None, ge=1, description="Samples per prompt; defaults to algorithm.groupSize.")
     tensor_parallel_size: int = Field(1, ge=1, description="vLLM tensor-parallel size; must divide actor GPUs.")
     gpu_memory_utilization: float = Field(0.4, gt=0, le=1, description="vLLM KV-cache share of GPU memory.")
     fixed_length: bool = Field(False, description="Ignore EOS and always emit maxNewTokens (benchmarks).")
@@ -223,10 +226,12 @@ class RolloutSpec(Section):
 
 
 class CheckpointSpec(Section):
-    path: Optional[str] = Field(None, description="Directory for checkpoints; defaults to <out>/checkpoints (on Kubernetes: /checkpoints).")
-    volume_claim: Optional[str] = Field(
+    path: str | None = Field(None, description="Directory for checkpoints; defaults to <out>/checkpoints "
+                                               "(on Kubernetes: /checkpoints).")
+    volume_claim: str | None = Field(
         None, pattern=DNS_SUBDOMAIN, max_length=253,
-        description="Kubernetes: a ReadWriteMany PersistentVolumeClaim mounted at the checkpoint path in the driver and every worker pod. "
+        description="Kubernetes: a ReadWriteMany PersistentVolumeClaim mounted at the checkpoint path in the driver "
+                    "and every worker pod. "
                     "Unset: checkpoints are written inside the pods and do not survive a pod restart.",
     )
     interval: int = Field(10, ge=1, description="Steps between checkpoints.")
@@ -234,7 +239,7 @@ class CheckpointSpec(Section):
 
 
 class MetricsSpec(Section):
-    prometheus_port: Optional[int] = Field(None, ge=0, le=65535, description="Serve /metrics on this port (0 = any).")
+    prometheus_port: int | None = Field(None, ge=0, le=65535, description="Serve /metrics on this port (0 = any).")
     prometheus_address: str = Field("127.0.0.1", description="Bind address for /metrics.")
 
 
@@ -242,7 +247,8 @@ class TrainerSpec(Section):
     steps: int = Field(60, ge=1, description="Training steps (one rollout batch each).")
     ppo_epochs: int = Field(1, ge=1, description="Passes over each rollout batch.")
     mini_batch_size: int = Field(16, ge=1, description="Samples per optimizer step.")
-    micro_batch_size: int = Field(8, ge=1, description="Samples per forward/backward on one rank (gradient accumulation).")
+    micro_batch_size: int = Field(8, ge=1,
+                                  description="Samples per forward/backward on one rank (gradient accumulation).")
     actor_lr: float = Field(1e-3, gt=0)
     critic_lr: float = Field(1e-3, gt=0)
     weight_decay: float = Field(0.0, ge=0)
@@ -288,7 +294,8 @@ class ExtraRoleSpec(RoleSpec):
 
     worker: str = Field(..., json_schema_extra={"pattern": IMPORT_PATH.pattern},
                         description="Import path package.module:Class of the worker class (a kuberl.workers.Worker).")
-    config: dict[str, Any] = Field(default_factory=dict, json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
+    config: dict[str, Any] = Field(default_factory=dict,
+                                   json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
                                    description="Settings for the worker, as it defines them (self.role_spec.config).")
 
     @field_validator("worker")
@@ -340,7 +347,8 @@ class FaultSpec(Section):
 class ResilienceSpec(Section):
     call_timeout_seconds: float = Field(600.0, gt=0, description="A worker call slower than this counts as hung.")
     start_timeout_seconds: float = Field(
-        1800.0, gt=0, description="How long a role's group may wait for capacity and start (pods scheduled, image pulled, models built)."
+        1800.0, gt=0, description="How long a role's group may wait for capacity and start (pods scheduled, image "
+                                  "pulled, models built)."
     )
     faults: list[FaultSpec] = Field(default_factory=list, description="Injected faults (testing/demo).")
 
@@ -349,13 +357,15 @@ class PlacementSpec(Section):
     """GPU placement with respect to PCIe/NVLink topology (docs/placement.md)."""
 
     policy: Literal["preferred", "required"] = Field(
-        "preferred", description="required: a role whose GPU groups cannot meet minLink is not started (PlacementDegraded)."
+        "preferred",
+        description="required: a role whose GPU groups cannot meet minLink is not started (PlacementDegraded).",
     )
     min_link: Literal["NV", "PIX", "PXB", "PHB", "NODE", "SYS"] = Field(
         "SYS", description="Worst acceptable link inside a GPU group: NV > PIX > PXB > PHB > NODE > SYS."
     )
     mode: Literal["device-plugin", "dra"] = Field(
-        "device-plugin", description="device-plugin: nvidia.com/gpu limits; dra: a ResourceClaimTemplate per role (resource.k8s.io/v1)."
+        "device-plugin",
+        description="device-plugin: nvidia.com/gpu limits; dra: a ResourceClaimTemplate per role (resource.k8s.io/v1).",
     )
     dra_constraint: Literal["pcieRoot", "numaNode"] = Field(
         "pcieRoot", description="dra: keep each replica's GPUs on one PCIe root or one NUMA node (matchAttribute)."
@@ -374,8 +384,9 @@ class JobSpec(Section):
     roles: RolesSpec = Field(default_factory=RolesSpec)
     resilience: ResilienceSpec = Field(default_factory=ResilienceSpec)
     placement: PlacementSpec = Field(default_factory=PlacementSpec)
-    image: Optional[str] = Field(
-        None, min_length=1, description="Kubernetes: runtime image of the Ray pods and the driver; defaults to the operator's --image."
+    image: str | None = Field(
+        None, min_length=1,
+        description="Kubernetes: runtime image of the Ray pods and the driver; defaults to the operator's --image.",
     )
     suspend: bool = Field(False, description="Stop the job's pods and keep its state; false resumes.")
 
@@ -390,7 +401,7 @@ class JobSpec(Section):
         return self.data.batch_size * self.samples_per_prompt
 
     @model_validator(mode="after")
-    def _cross_field(self) -> "JobSpec":
+    def _cross_field(self) -> JobSpec:
         problems = cross_field_problems(self)
         if problems:
             raise CrossFieldError(problems)
@@ -400,7 +411,7 @@ class JobSpec(Section):
 class ObjectMeta(BaseModel):
     model_config = ConfigDict(extra="allow")
     name: str = Field("job", pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=53)
-    namespace: Optional[str] = None
+    namespace: str | None = None
 
 
 class RLTrainingJob(BaseModel):
@@ -409,7 +420,7 @@ class RLTrainingJob(BaseModel):
     kind: Literal["RLTrainingJob"] = KIND
     metadata: ObjectMeta = Field(default_factory=ObjectMeta)
     spec: JobSpec
-    status: Optional[dict] = None
+    status: dict | None = None
 
 
 class CrossFieldError(ValueError):
@@ -438,34 +449,45 @@ def cross_field_problems(spec: JobSpec) -> list[tuple[str, str, str]]:
     out: list[tuple[str, str, str]] = []
     algo, roll, tr, roles = spec.algorithm, spec.rollout, spec.trainer, spec.roles
     if algo.name == "grpo" and algo.group_size < 2:
-        out.append(("algorithm.groupSize", "must be >= 2 for grpo", "set spec.algorithm.groupSize to 2 or more, e.g. 4"))
+        out.append(("algorithm.groupSize", "must be >= 2 for grpo",
+                    "set spec.algorithm.groupSize to 2 or more, e.g. 4"))
     if algo.name != "ppo" and roll.n is not None and roll.n != algo.group_size:
         out.append(("rollout.n", f"must equal algorithm.groupSize ({algo.group_size}) for {algo.name}",
                     "remove spec.rollout.n or set it to spec.algorithm.groupSize"))
     if algo.kl.controller == "adaptive" and algo.kl.target is None:
-        out.append(("algorithm.kl.target", "is required when controller is adaptive", "set spec.algorithm.kl.target, e.g. 0.1"))
+        out.append(("algorithm.kl.target", "is required when controller is adaptive",
+                    "set spec.algorithm.kl.target, e.g. 0.1"))
     actor_gpus = roles.actor.gpus
     if actor_gpus == 0 and roll.tensor_parallel_size > 1:
-        out.append(("rollout.tensorParallelSize", "must be 1 when the actor has no GPUs", "set spec.rollout.tensorParallelSize to 1 or give spec.roles.actor.gpus"))
+        out.append(("rollout.tensorParallelSize", "must be 1 when the actor has no GPUs",
+                    "set spec.rollout.tensorParallelSize to 1 or give spec.roles.actor.gpus"))
     elif actor_gpus > 0 and actor_gpus % roll.tensor_parallel_size:
-        out.append(("rollout.tensorParallelSize", f"must divide spec.roles.actor.gpus ({actor_gpus})", f"set spec.rollout.tensorParallelSize to a divisor of {actor_gpus}"))
+        out.append(("rollout.tensorParallelSize", f"must divide spec.roles.actor.gpus ({actor_gpus})",
+                    f"set spec.rollout.tensorParallelSize to a divisor of {actor_gpus}"))
     if roll.engine == "vllm" and actor_gpus == 0:
         out.append(("rollout.engine", "vllm needs GPUs", "set spec.roles.actor.gpus >= 1 or use engine hf"))
     n = spec.samples_per_step
     if n % tr.mini_batch_size:
-        out.append(("trainer.miniBatchSize", f"must divide the samples per step ({n} = data.batchSize x samples per prompt)", f"set spec.trainer.miniBatchSize to a divisor of {n}"))
+        out.append(("trainer.miniBatchSize",
+                    f"must divide the samples per step ({n} = data.batchSize x samples per prompt)",
+                    f"set spec.trainer.miniBatchSize to a divisor of {n}"))
     for role in enabled_roles(spec):
         rs = roles.get(role)
         ranks = rs.replicas * max(rs.gpus, 1)
         at = roles.path(role)
         what = f"{ranks} ranks = spec.{at}.replicas x gpus" if rs.gpus else f"spec.{at}.replicas ({ranks})"
         if n % ranks:
-            out.append((f"{at}.replicas", f"{what} must divide the samples per step ({n})", f"choose replicas and gpus for {role} whose product divides {n}"))
+            out.append((f"{at}.replicas", f"{what} must divide the samples per step ({n})",
+                        f"choose replicas and gpus for {role} whose product divides {n}"))
         if role in ("actor", "critic") and tr.mini_batch_size % (ranks * tr.micro_batch_size):
-            out.append(("trainer.miniBatchSize", f"must be a multiple of the {role}'s ranks x trainer.microBatchSize ({ranks} x {tr.micro_batch_size})", f"set spec.trainer.miniBatchSize to a multiple of {ranks * tr.micro_batch_size}"))
+            out.append(("trainer.miniBatchSize",
+                        f"must be a multiple of the {role}'s ranks x trainer.microBatchSize "
+                        f"({ranks} x {tr.micro_batch_size})",
+                        f"set spec.trainer.miniBatchSize to a multiple of {ranks * tr.micro_batch_size}"))
     estimator = algo.estimator
     if algo.name == "reinforce" and estimator in ("grpo", "rloo") and algo.group_size < 2:
-        out.append(("algorithm.groupSize", f"must be >= 2 for the {estimator} estimator (it compares samples of a group)",
+        out.append(("algorithm.groupSize",
+                    f"must be >= 2 for the {estimator} estimator (it compares samples of a group)",
                     "set spec.algorithm.groupSize to 2 or more, e.g. 4"))
     if estimator == "gae" and algo.name != "ppo":
         out.append(("algorithm.advantageEstimator", "gae needs the critic, which runs for algorithm ppo only",
@@ -474,20 +496,25 @@ def cross_field_problems(spec: JobSpec) -> list[tuple[str, str, str]]:
         out.append(("algorithm.advantageEstimator", f"{estimator} uses no critic, but algorithm ppo trains one",
                     f"use algorithm.name reinforce or grpo with advantageEstimator {estimator}, or gae"))
     if spec.algorithm.name == "ppo" and not roles.critic.enabled:
-        out.append(("roles.critic.enabled", "ppo needs a critic", "set spec.roles.critic.enabled to true or use algorithm grpo"))
+        out.append(("roles.critic.enabled", "ppo needs a critic",
+                    "set spec.roles.critic.enabled to true or use algorithm grpo"))
     if not roles.actor.enabled:
         out.append(("roles.actor.enabled", "the actor cannot be disabled", "remove spec.roles.actor.enabled"))
     if not roles.reward.enabled:
         out.append(("roles.reward.enabled", "the reward role cannot be disabled", "remove spec.roles.reward.enabled"))
     if spec.placement.mode == "dra" and not any(roles.get(r).gpus for r in enabled_roles(spec)):
-        out.append(("placement.mode", "dra needs at least one role with GPUs", "set spec.placement.mode to device-plugin or give a role gpus"))
+        out.append(("placement.mode", "dra needs at least one role with GPUs",
+                    "set spec.placement.mode to device-plugin or give a role gpus"))
     ckpt = tr.checkpoint
     if ckpt.volume_claim and ckpt.path is not None and not ckpt.path.startswith("/"):
-        out.append(("trainer.checkpoint.path", "must be an absolute path when volumeClaim is set (it is the mount path)",
+        out.append(("trainer.checkpoint.path",
+                    "must be an absolute path when volumeClaim is set (it is the mount path)",
                     "set spec.trainer.checkpoint.path to an absolute path such as /checkpoints, or remove it"))
     for i, fault in enumerate(spec.resilience.faults):
         if fault.step > tr.steps:
-            out.append((f"resilience.faults[{i}].step", f"must be <= trainer.steps ({tr.steps})", "inject the fault at a step the job reaches"))
+            out.append((f"resilience.faults[{i}].step", f"must be <= trainer.steps ({tr.steps})",
+                        "inject the fault at a step the job reaches"))
         if fault.role not in enabled_roles(spec):
-            out.append((f"resilience.faults[{i}].role", f"role {fault.role} is not running in this job", f"pick one of {', '.join(enabled_roles(spec))}"))
+            out.append((f"resilience.faults[{i}].role", f"role {fault.role} is not running in this job",
+                        f"pick one of {', '.join(enabled_roles(spec))}"))
     return out
