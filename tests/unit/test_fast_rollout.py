@@ -21,7 +21,6 @@ from kuberl.models import char_tokenizer
 from kuberl.rollout import fast
 from kuberl.rollout.fast import SamplingParams, StaticDecoder, unsupported_reason
 from kuberl.rollout.hf import HFRollout
-from kuberl.kernels.lm_head import linear_logprobs
 from kuberl.rollout.sampling import _nucleus, gumbel, nucleus_rounds, sample
 from kuberl.sequence import response_logprobs
 from kuberl.spec import JobSpec
