@@ -15,5 +15,7 @@ from .prometheus import (
 )
 from .sink import MetricsSink, StepWriter
 
-__all__ = ["ALIASES_REMOVED_IN", "PROM_ALIASES", "PROM_COUNTERS", "PROM_FAMILIES", "PromSeries", "JsonlWriter", "MetricsSink", "PrometheusExporter", "StepWriter", "mfu",
-           "plot_reward_curve", "prom_samples", "read_jsonl"]
+__all__ = [
+    "ALIASES_REMOVED_IN", "PROM_ALIASES", "PROM_COUNTERS", "PROM_FAMILIES", "JsonlWriter", "MetricsSink",
+    "PromSeries", "PrometheusExporter", "StepWriter", "mfu", "plot_reward_curve", "prom_samples", "read_jsonl",
+]
