@@ -4,6 +4,8 @@
     <root>/step_000010/critic/
     <root>/step_000010/trainer_state.json   step, data position, KL controller, restarts — written last,
                                             so a directory without it is incomplete and ignored.
+    <root>/job.json                         the job's name, its trained fields and their hash, its spec
+                                            (kuberl.identity): written before the first step
 """
 
 from __future__ import annotations
@@ -14,6 +16,12 @@ from pathlib import Path
 from typing import Any, Optional
 
 STATE_FILE = "trainer_state.json"
+
+
+def root_for(spec: Any, out: Path) -> Path:
+    """A job's checkpoint folder: spec.trainer.checkpoint.path, else <out>/checkpoints."""
+    path = spec.trainer.checkpoint.path
+    return Path(path) if path else out / "checkpoints"
 
 
 def step_dir(root: Path, step: int) -> Path:

@@ -19,15 +19,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-import torch
-
 from . import algos, checkpoint
 from .batch import Batch
-from .groups import WorkerFailure, WorkerGroup
+from .evaluation import Evaluator, common_ranks
+from .groups import WorkerFailure, WorkerGroup, world_size
 from .metrics import MetricsSink, mfu
+from .tracking import make_trackers
 from .models import load_tokenizer
 from .spec import JobSpec, enabled_roles
-from .tasks import PromptLoader, load_rows
+from .tasks import META_KEYS, PromptLoader, load_rows, prompt_batch
 
 STATEFUL = ("actor", "critic")
 
@@ -80,10 +80,11 @@ class Driver:
         self.roles = enabled_roles(spec)
         self.faults = faults or []
         self.progress, self.on_step = progress, on_step
-        self.ckpt_root = Path(spec.trainer.checkpoint.path) if spec.trainer.checkpoint.path else out_dir / "checkpoints"
+        self.ckpt_root = checkpoint.root_for(spec, out_dir)
         self.tokenizer = load_tokenizer(spec.model)
         self.tokenizer.truncation_side = "left"
         self.loader = PromptLoader(load_rows(spec.data), spec.data.batch_size, spec.trainer.seed, spec.data.shuffle)
+        self.evaluator = Evaluator.for_spec(spec, self.tokenizer, common_ranks([world_size(spec, r) for r in ("actor", "reward")]))
         a = spec.algorithm
         self.kl_ctl = algos.make_kl_controller(a.kl.controller, a.kl.coef, a.kl.target, a.kl.horizon)
         self.health = {r: RoleHealth() for r in self.roles}
@@ -235,14 +236,7 @@ class Driver:
         return out
 
     def make_prompts(self) -> Batch:
-        rows = self.loader.next_batch()
-        n = self.spec.samples_per_prompt
-        rows = [r for r in rows for _ in range(n)]
-        enc = self.tokenizer([r["prompt"] for r in rows], padding=True, truncation=True,
-                             max_length=self.spec.data.max_prompt_length, return_tensors="pt")
-        group = torch.arange(len(rows)) // n
-        return Batch({"prompt_ids": enc["input_ids"], "prompt_mask": enc["attention_mask"], "group_index": group},
-                     {"prompt": [r["prompt"] for r in rows], "answer": [r.get("answer") for r in rows]})
+        return prompt_batch(self.loader.next_batch(), self.tokenizer, self.spec.samples_per_prompt, self.spec.data.max_prompt_length)
 
     def train_step(self) -> dict[str, Any]:
         spec = self.spec
@@ -254,7 +248,7 @@ class Driver:
         seed = spec.trainer.seed * 100_003 + self.step
         batch.update(self._timed("rollout", times, lambda: self._call("actor", "generate", batch.select("prompt_ids", "prompt_mask"), seed=seed)))
         seq = ("input_ids", "attention_mask", "responses", "response_mask")
-        batch.update(self._timed("reward", times, lambda: self._call("reward", "compute_scores", batch.select(*seq, "prompt", "answer"))))
+        batch.update(self._timed("reward", times, lambda: self._call("reward", "compute_scores", batch.select(*seq, *META_KEYS))))
         if "ref" in self.groups:
             batch.update(self._timed("ref", times, lambda: self._call("ref", "compute_ref_logprobs", batch.select(*seq))))
         if "critic" in self.groups:
@@ -266,6 +260,8 @@ class Driver:
         actor_batch = batch.select(*actor_keys, "kl_coef")
         stats.update(self._timed("update_actor", times, lambda: self._call("actor", "update", actor_batch, step=self.step)[0]))
         sync = self._timed("weight_sync", times, lambda: self._call("actor", "sync_weights"))
+        if self.evaluator is not None and self.evaluator.due(self.step + 1):
+            stats.update(self._timed("eval", times, lambda: self.evaluator.run(self._call)))
         for role in self.groups:
             for kind, value in self._call(role, "memory")[0].items():
                 stats[f"memory_{role}_{kind}_bytes"] = value
@@ -344,7 +340,8 @@ class Driver:
         """Train to spec.trainer.steps, checkpointing every interval; returns this run's records."""
         tr = self.spec.trainer
         sink = MetricsSink(self.out, self.name, tr.steps, self.step, self.progress,
-                           tr.metrics.prometheus_port, tr.metrics.prometheus_address)
+                           tr.metrics.prometheus_port, tr.metrics.prometheus_address,
+                           make_trackers(self.spec, self.out, self.name, self.step))
         self.metrics_port = sink.port
         records = []
         try:

@@ -13,7 +13,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 # family -> (help, labels besides `job`); every family is a gauge unless PROM_COUNTERS names it.
 PROM_FAMILIES: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -140,8 +140,10 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 class MetricsSink:
     def __init__(self, out_dir: Path, job: str, total_steps: int, start_step: int = 0, progress: bool = True,
-                 prometheus_port: Optional[int] = None, prometheus_address: str = "127.0.0.1"):
+                 prometheus_port: Optional[int] = None, prometheus_address: str = "127.0.0.1", trackers: Sequence[Any] = ()):
+        """`trackers`: kuberl.tracking sinks (TensorBoard, MLflow, W&B), each given every record too."""
         self.path = out_dir / "metrics.jsonl"
+        self.trackers = list(trackers)
         self.job, self.total = job, total_steps
         self._truncate_after(start_step)
         self.bar = None
@@ -176,6 +178,8 @@ class MetricsSink:
     def log(self, record: dict[str, Any]) -> None:
         with self.path.open("a") as fh:
             fh.write(json.dumps(record) + "\n")
+        for tracker in self.trackers:
+            tracker.log(record)
         if self.registry is not None:
             for family, labels, value in prom_samples(record):
                 self.series.set(family, {"job": self.job, **labels}, value)
@@ -189,6 +193,8 @@ class MetricsSink:
             print(f"[{self.job}] step {record['step']}/{self.total} {parts} step_s={record.get('time_step_s', 0):.2f}", flush=True)
 
     def close(self) -> None:
+        for tracker in self.trackers:
+            tracker.close()
         if self.bar is not None:
             self.bar.close()
         if self.registry is not None:
@@ -210,6 +216,9 @@ def plot_reward_curve(jsonl: Path, png: Path, key: str = "reward_mean") -> Path:
     if len(values) >= 10:
         avg = [sum(values[max(0, i - 9) : i + 1]) / len(values[max(0, i - 9) : i + 1]) for i in range(len(values))]
         ax.plot(steps, avg, lw=2, label="10-step mean")
+    evals = [r for r in read_jsonl(jsonl) if "eval_reward_mean" in r]
+    if evals:
+        ax.plot([r["step"] for r in evals], [r["eval_reward_mean"] for r in evals], "o-", lw=1.5, label="eval (greedy)")
     ax.set_xlabel("step")
     ax.set_ylabel("reward")
     ax.set_title(jsonl.parent.name)

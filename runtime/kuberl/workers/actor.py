@@ -8,6 +8,7 @@ import torch
 
 from .. import algos
 from ..batch import Batch
+from ..evaluation import eval_batch
 from ..models import load_causal_lm
 from ..rollout import make_engine
 from ..sequence import response_logprobs, response_mask
@@ -59,6 +60,11 @@ class ActorWorker(Worker):
         out = Batch({"responses": responses, "response_mask": rmask, "input_ids": input_ids, "attention_mask": attention_mask})
         out.tensors["old_logprobs"] = self._logprobs(out)
         return Batch({k: v.cpu() for k, v in out.tensors.items()}, {"gen_seconds": [gen_s] * len(out)})
+
+    @torch.no_grad()
+    def evaluate(self, batch: Batch) -> Batch:
+        """Greedy answers to held-out prompts with the rollout engine's model (kuberl.evaluation)."""
+        return eval_batch(self.engine.model, self.tokenizer, batch, self.spec.rollout.max_new_tokens)
 
     @torch.no_grad()
     def _logprobs(self, b: Batch) -> torch.Tensor:

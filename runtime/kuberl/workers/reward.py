@@ -29,7 +29,8 @@ class RewardWorker(Worker):
         """scores [B] (float32): one scalar per sequence."""
         texts = self.decode(batch["responses"], batch["response_mask"])
         if self.fn is not None:
-            scores = [float(self.fn(p, r, a)) for p, r, a in zip(batch.meta["prompt"], texts, batch.meta["answer"])]
+            m = batch.meta
+            scores = [self.fn.score(*sample) for sample in zip(m["prompt"], texts, m["answer"], m["row"], m["origin"])]
             return Batch({"scores": torch.tensor(scores, dtype=torch.float32)})
         enc = self.rm_tokenizer([p + r for p, r in zip(batch.meta["prompt"], texts)], return_tensors="pt", padding=True)
         parts = []
