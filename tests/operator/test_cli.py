@@ -93,3 +93,14 @@ def test_broken_input_exits_non_zero_without_a_traceback(tmp_path: Path, text: s
 def test_operator_command_refuses_two_scopes(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["operator", "--namespace", "a", "--all-namespaces"]) == 2
     assert "error:" in capsys.readouterr().err
+
+
+def test_render_is_deterministic_and_prints_no_secret_value(capsys: pytest.CaptureFixture[str]) -> None:
+    """Two renders of one file are identical: the Ray token is made by the operator when it creates the Secret."""
+    outs = []
+    for _ in range(2):
+        assert main(["render", str(EXAMPLE)]) == 0
+        outs.append(capsys.readouterr().out)
+    assert outs[0] == outs[1]
+    (secret,) = [o for o in yaml.safe_load_all(outs[0]) if o["kind"] == "Secret"]
+    assert "data" not in secret and "stringData" not in secret
