@@ -107,34 +107,27 @@ def test_bad_jobs_fail_in_about_a_second_before_ray(netns, tmp_path: Path, chang
     assert not (tmp_path / "out").exists()  # nothing half-created
 
 
-def test_byo_reward_next_to_manifest_gets_the_row_and_its_errors_name_the_line(ray_session, tmp_path: Path) -> None:
-    """The manifest's folder is importable (also by the Ray workers); the reward sees extra fields; a raise
-    in it names the user's file, line and sample."""
-    from kuberl.run import run_job
-    from kuberl.preflight import check_job
-    from kuberl.groups import RoleError
-
-    (tmp_path / "myreward.py").write_text(
+def test_byo_reward_next_to_manifest_gets_the_row_and_its_errors_name_the_line(netns, tmp_path: Path) -> None:
+    """`kuberl run` on Ray from another folder: the manifest's folder is importable (by the Ray workers
+    too), the reward sees the row's extra fields, and a raise in it names the user's file, line and sample."""
+    job_dir = tmp_path / "myjob"
+    job_dir.mkdir()
+    (job_dir / "myreward.py").write_text(
         "def score(response, row):\n"
         "    if row['level'] == 'boom':\n"
         "        raise KeyError('no judge for ' + row['level'])\n"
         "    return response.count(row['want']) / max(len(response), 1)\n")
-    rows = [{"prompt": f"Say {c}:", "want": c, "level": "easy"} for c in "abcd"]
-    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    job = load_example("quickstart.yaml", **{"data": {"files": [str(tmp_path / "train.jsonl")], "batchSize": 4},
-                                             "reward": {"function": "myreward:score"}, "trainer.steps": 1,
-                                             "trainer.miniBatchSize": 4, "trainer.microBatchSize": 4})
-    check_job(job.spec, tmp_path)
-    run_job(job, tmp_path / "ok", backend="ray", progress=False)
-    assert read_jsonl(tmp_path / "ok" / "metrics.jsonl")[0]["reward_mean"] >= 0.0
-
-    rows[2]["level"] = "boom"
-    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    with pytest.raises(RoleError) as info:
-        run_job(job, tmp_path / "boom", backend="ray", progress=False)
-    msg = str(info.value)
-    assert "myreward:score raised KeyError: 'no judge for boom'" in msg and "\n" not in msg
-    assert f"at {tmp_path / 'myreward.py'}:3 (in score)" in msg and f"on sample {tmp_path / 'train.jsonl'}:3" in msg
+    rows = [{"prompt": f"Say {c}:", "want": c, "level": "boom" if i == 6 else "easy"} for i, c in enumerate("abcdabcd")]
+    (job_dir / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    job = write_job(job_dir / "job.yaml", spec__data={"files": [str(job_dir / "train.jsonl")], "batchSize": 4, "shuffle": False},
+                    spec__reward={"function": "myreward:score"},
+                    spec__trainer={"steps": 2, "miniBatchSize": 4, "microBatchSize": 4})
+    proc = kuberl("run", str(job), "--no-progress", "--out", str(tmp_path / "out"))  # from the repository root
+    assert proc.returncode == 3, proc.stderr
+    assert [r["step"] for r in read_jsonl(tmp_path / "out" / "metrics.jsonl")] == [1]  # step 1 scored every row
+    (line,) = [ln for ln in proc.stderr.splitlines() if ln.startswith("error: ")]
+    assert "myreward:score raised KeyError: 'no judge for boom'" in line and "Traceback" not in proc.stderr
+    assert f"at {job_dir / 'myreward.py'}:3 (in score)" in line and f"on sample {job_dir / 'train.jsonl'}:7" in line
 
 
 def actor_logits(state: dict[str, torch.Tensor], ids: torch.Tensor) -> torch.Tensor:
@@ -156,7 +149,7 @@ def test_export_of_a_two_rank_checkpoint_loads_with_transformers(ray_session, tm
     from kuberl.groups import RayWorkerGroup
     from kuberl.identity import Identity
 
-    job = load_example("quickstart.yaml", **{"trainer.steps": 2, "roles.actor.replicas": 2})
+    job = load_example("quickstart.yaml", **{"trainer.steps": 2, "roles.actor.replicas": 2, "trainer.microBatchSize": 8})
     out = tmp_path / "run"
     Identity.of("two-ranks", job.spec).write(out / "checkpoints")
     driver = Driver(job.spec, "two-ranks", out, lambda role: RayWorkerGroup(role, job.spec), progress=False)
