@@ -28,6 +28,18 @@ def step_dir(root: Path, step: int) -> Path:
     return root / f"step_{step:06d}"
 
 
+def fresh_step_dir(root: Path, step: int) -> Path:
+    """An empty folder for checkpointing `step`. A folder already there is left over from a save that
+    did not complete (a complete one is never saved again): it goes, so DCP writes into a clean folder
+    and no stale shard can mix with the new ones."""
+    d = step_dir(root, step)
+    if d.exists():
+        print(f"removing {d}: an incomplete checkpoint left by an interrupted save", flush=True)
+        shutil.rmtree(d)
+    d.mkdir(parents=True)
+    return d
+
+
 def complete_steps(root: Path) -> list[int]:
     if not root.is_dir():
         return []

@@ -144,8 +144,7 @@ class Driver:
     def save_checkpoint(self, data_state: Optional[dict[str, int]] = None) -> None:
         """Checkpoint the completed step `self.step`. `data_state` is the data position after that
         step (default: the loader's position now, which is right between steps)."""
-        d = checkpoint.step_dir(self.ckpt_root, self.step)
-        d.mkdir(parents=True, exist_ok=True)
+        d = checkpoint.fresh_step_dir(self.ckpt_root, self.step)
         for role in STATEFUL:
             if role in self.groups:
                 self._call(role, "save", path=str(d / role))
