@@ -85,7 +85,7 @@ BAD_INPUTS = [  # (spec changes, the field the one error line names)
     ({"spec__reward": {"function": "no_such_pkg.rewards:score"}}, "spec.reward.function"),
     ({"spec__reward": {"function": "kuberl.rewards.builtin:no_such_fn"}}, "spec.reward.function"),
     ({"spec__data__batch_size": 4}, "spec.data.batch_size"),
-    ({"spec__tracking": {"mlflow": {}}}, "spec.tracking.mlflow"),
+    ({"spec__tracking": {"wandb": {"project": "p"}}}, "spec.tracking.wandb"),
 ]
 
 
@@ -93,8 +93,8 @@ BAD_INPUTS = [  # (spec changes, the field the one error line names)
 def test_bad_jobs_fail_in_about_a_second_before_ray(netns, tmp_path: Path, changes: dict, field: str) -> None:
     import importlib.util
 
-    if field == "spec.tracking.mlflow" and importlib.util.find_spec("mlflow") is not None:
-        pytest.skip("mlflow is installed here: its absence cannot be shown")
+    if field == "spec.tracking.wandb" and importlib.util.find_spec("wandb") is not None:
+        pytest.skip("wandb is installed here: its absence cannot be shown")
     job = write_job(tmp_path / "job.yaml", **changes)
     for cmd in (["validate", str(job)], ["run", str(job), "--out", str(tmp_path / "out")]):
         t0 = time.perf_counter()
