@@ -383,7 +383,8 @@ def runtime_objects(job: RLTrainingJob, opts: BuildOptions) -> list[dict[str, An
     return [*gpu_claim_templates(job, opts), ray_cluster(job, opts), driver_job(job, opts)]
 
 
-def all_objects(job: RLTrainingJob, raw_spec: Mapping[str, Any], token: Optional[str], opts: BuildOptions) -> list[dict[str, Any]]:
+def all_objects(job: RLTrainingJob, raw_spec: Mapping[str, Any], token: Optional[str],
+                opts: BuildOptions) -> list[dict[str, Any]]:
     """Every object of a running job, in creation order (what `kuberl render` prints)."""
     return [
         *driver_rbac(job, opts),

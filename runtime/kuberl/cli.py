@@ -30,8 +30,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
         except PreflightFailed as exc:
             return exc.report()
         checked = "manifest, data, reward and model"
-    print(f"{args.job}: valid {job.kind} {job.metadata.name!r} ({job.spec.algorithm.name}, {job.spec.trainer.steps} steps; "
-          f"checked {checked})")
+    print(f"{args.job}: valid {job.kind} {job.metadata.name!r} ({job.spec.algorithm.name}, "
+          f"{job.spec.trainer.steps} steps; checked {checked})")
     return 0
 
 

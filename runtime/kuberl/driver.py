@@ -84,7 +84,8 @@ class Driver:
         self.tokenizer = load_tokenizer(spec.model)
         self.tokenizer.truncation_side = "left"
         self.loader = PromptLoader(load_rows(spec.data), spec.data.batch_size, spec.trainer.seed, spec.data.shuffle)
-        self.evaluator = Evaluator.for_spec(spec, self.tokenizer, common_ranks([world_size(spec, r) for r in ("actor", "reward")]))
+        ranks = common_ranks([world_size(spec, r) for r in ("actor", "reward")])
+        self.evaluator = Evaluator.for_spec(spec, self.tokenizer, ranks)
         a = spec.algorithm
         self.kl_ctl = algos.make_kl_controller(a.kl.controller, a.kl.coef, a.kl.target, a.kl.horizon)
         self.health = {r: RoleHealth() for r in self.roles}
@@ -235,7 +236,8 @@ class Driver:
         return out
 
     def make_prompts(self) -> Batch:
-        return prompt_batch(self.loader.next_batch(), self.tokenizer, self.spec.samples_per_prompt, self.spec.data.max_prompt_length)
+        spec = self.spec
+        return prompt_batch(self.loader.next_batch(), self.tokenizer, spec.samples_per_prompt, spec.data.max_prompt_length)
 
     def train_step(self) -> dict[str, Any]:
         spec = self.spec
@@ -247,7 +249,8 @@ class Driver:
         seed = spec.trainer.seed * 100_003 + self.step
         batch.update(self._timed("rollout", times, lambda: self._call("actor", "generate", batch.select("prompt_ids", "prompt_mask"), seed=seed)))
         seq = ("input_ids", "attention_mask", "responses", "response_mask")
-        batch.update(self._timed("reward", times, lambda: self._call("reward", "compute_scores", batch.select(*seq, *META_KEYS))))
+        scoring = batch.select(*seq, *META_KEYS)
+        batch.update(self._timed("reward", times, lambda: self._call("reward", "compute_scores", scoring)))
         if "ref" in self.groups:
             batch.update(self._timed("ref", times, lambda: self._call("ref", "compute_ref_logprobs", batch.select(*seq))))
         if "critic" in self.groups:

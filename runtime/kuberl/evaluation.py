@@ -42,8 +42,10 @@ class Evaluator:
         batch.update(call("actor", "evaluate", batch.select("prompt_ids", "prompt_mask")))
         scores = call("reward", "compute_scores", batch.select(*SEQ_KEYS, *META_KEYS))["scores"]
         n = len(self.rows)
-        return {"eval_reward_mean": float(scores[:n].mean()),
-                "eval_response_length_mean": float(batch["response_mask"][:n].sum()) / n}
+        return {
+            "eval_reward_mean": float(scores[:n].mean()),
+            "eval_response_length_mean": float(batch["response_mask"][:n].sum()) / n,
+        }
 
 
 def common_ranks(sizes: list[int]) -> int:
@@ -60,10 +62,15 @@ def greedy_responses(model: Any, tokenizer: Any, prompt_ids, prompt_mask, max_ne
     import torch
 
     device = next(model.parameters()).device
-    out = model.generate(input_ids=prompt_ids.to(device), attention_mask=prompt_mask.to(device), do_sample=False,
-                         max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id,
-                         eos_token_id=tokenizer.eos_token_id)
-    resp = out[:, prompt_ids.shape[1]:]
+    out = model.generate(
+        input_ids=prompt_ids.to(device),
+        attention_mask=prompt_mask.to(device),
+        do_sample=False,
+        max_new_tokens=max_new_tokens,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    resp = out[:, prompt_ids.shape[1] :]
     if resp.shape[1] < max_new_tokens:
         pad = resp.new_full((resp.shape[0], max_new_tokens - resp.shape[1]), tokenizer.pad_token_id)
         resp = torch.cat([resp, pad], dim=1)
@@ -79,5 +86,11 @@ def eval_batch(model: Any, tokenizer: Any, batch: Batch, max_new_tokens: int) ->
     prompts, pmask = batch["prompt_ids"], batch["prompt_mask"]
     responses = greedy_responses(model, tokenizer, prompts, pmask, max_new_tokens).cpu()
     rmask = response_mask(responses, tokenizer.eos_token_id, tokenizer.pad_token_id)
-    return Batch({"responses": responses, "response_mask": rmask, "input_ids": torch.cat([prompts.cpu(), responses], 1),
-                  "attention_mask": torch.cat([pmask.cpu().float(), rmask], 1).long()})
+    return Batch(
+        {
+            "responses": responses,
+            "response_mask": rmask,
+            "input_ids": torch.cat([prompts.cpu(), responses], 1),
+            "attention_mask": torch.cat([pmask.cpu().float(), rmask], 1).long(),
+        }
+    )

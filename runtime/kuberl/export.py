@@ -36,8 +36,10 @@ def checkpoint_root(run_dir: Path) -> Path:
     for root in (run_dir, run_dir / "checkpoints"):
         if (root / IDENTITY_FILE).is_file():
             return root
-    raise ExportError(f"{run_dir}: no job record ({IDENTITY_FILE}) in it or in its checkpoints/ folder "
-                      "(fix: give the --out folder of a `kuberl run`, or its spec.trainer.checkpoint.path)")
+    raise ExportError(
+        f"{run_dir}: no job record ({IDENTITY_FILE}) in it or in its checkpoints/ folder "
+        "(fix: give the --out folder of a `kuberl run`, or its spec.trainer.checkpoint.path)"
+    )
 
 
 def pick_step(root: Path, step: Optional[int]) -> int:
@@ -67,8 +69,10 @@ def policy_state(actor_dir: Path, model) -> None:
     import torch.distributed.checkpoint as dcp
 
     if not (actor_dir / ".metadata").is_file():
-        raise ExportError(f"{actor_dir}: no DCP checkpoint here (on Kubernetes without "
-                          "spec.trainer.checkpoint.volumeClaim the actor's shards stay inside its pods)")
+        raise ExportError(
+            f"{actor_dir}: no DCP checkpoint here (on Kubernetes without "
+            "spec.trainer.checkpoint.volumeClaim the actor's shards stay inside its pods)"
+        )
     state = {"model": model.state_dict()}
     with warnings.catch_warnings():  # this load is meant to run in one process: say nothing about it
         warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
@@ -84,7 +88,8 @@ def write_folder(model, tokenizer, spec: JobSpec, out: Path, dtype: str) -> None
     model = model.to({"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]).eval()
     gen, roll = model.generation_config, spec.rollout
     gen.pad_token_id, gen.eos_token_id = tokenizer.pad_token_id, tokenizer.eos_token_id
-    gen.do_sample, gen.temperature, gen.top_p, gen.max_new_tokens = True, roll.temperature, roll.top_p, roll.max_new_tokens
+    gen.do_sample, gen.temperature, gen.top_p = True, roll.temperature, roll.top_p
+    gen.max_new_tokens = roll.max_new_tokens
     out.mkdir(parents=True, exist_ok=True)
     from transformers.utils import logging as hf_logging
 
@@ -108,8 +113,11 @@ def export(run_dir: Path, out: Path, step: Optional[int] = None, dtype: Optional
     model = build_model(spec)
     policy_state(checkpoint.step_dir(root, step) / "actor", model)
     write_folder(model, load_tokenizer(spec.model), spec, out, dtype or spec.model.dtype)
-    (out / "kuberl_export.json").write_text(json.dumps(
-        {"job": ident.name, "fingerprint": ident.fingerprint, "step": step, "checkpoint": str(root)}, indent=1))
+    (out / "kuberl_export.json").write_text(
+        json.dumps(
+            {"job": ident.name, "fingerprint": ident.fingerprint, "step": step, "checkpoint": str(root)}, indent=1
+        )
+    )
     return step
 
 
@@ -120,6 +128,8 @@ def cmd_export(args) -> int:
     except ExportError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    print(f"exported step {step} of {args.run_dir} to {args.out} (load it with "
-          f"AutoModelForCausalLM.from_pretrained({str(args.out)!r}))")
+    print(
+        f"exported step {step} of {args.run_dir} to {args.out} (load it with "
+        f"AutoModelForCausalLM.from_pretrained({str(args.out)!r}))"
+    )
     return 0

@@ -91,15 +91,21 @@ class Identity:
     def write(self, root: Path) -> None:
         root.mkdir(parents=True, exist_ok=True)
         tmp = root / (IDENTITY_FILE + ".tmp")
-        tmp.write_text(json.dumps({"name": self.name, "fingerprint": self.fingerprint, "fields": self.fields,
-                                   "spec": self.spec}, indent=1))
+        tmp.write_text(
+            json.dumps(
+                {"name": self.name, "fingerprint": self.fingerprint, "fields": self.fields, "spec": self.spec}, indent=1
+            )
+        )
         tmp.rename(root / IDENTITY_FILE)
 
     def differences(self, other: "Identity") -> list[str]:
         """'spec.x: old -> new' for each trained field that differs."""
         keys = sorted(set(self.fields) | set(other.fields))
-        return [f"{k} {self.fields.get(k)!r} -> {other.fields.get(k)!r}" for k in keys
-                if self.fields.get(k) != other.fields.get(k)]
+        return [
+            f"{k} {self.fields.get(k)!r} -> {other.fields.get(k)!r}"
+            for k in keys
+            if self.fields.get(k) != other.fields.get(k)
+        ]
 
 
 FIX = "fix: give --out a new folder, or pass --restart to delete them and start over"
@@ -111,10 +117,14 @@ def resume_problem(root: Path, out: Path, mine: Identity) -> Optional[str]:
     steps = checkpoint.complete_steps(root)
     if theirs is None:
         if steps:
-            return (f"{root} holds checkpoints (up to step {steps[-1]}) without a job record ({IDENTITY_FILE}), "
-                    f"so they cannot be matched to job {mine.name!r} ({FIX})")
+            return (
+                f"{root} holds checkpoints (up to step {steps[-1]}) without a job record ({IDENTITY_FILE}), "
+                f"so they cannot be matched to job {mine.name!r} ({FIX})"
+            )
         if (out / "metrics.jsonl").is_file():
-            return f"{out} holds the metrics.jsonl of an earlier run that cannot be matched to job {mine.name!r} ({FIX})"
+            return (
+                f"{out} holds the metrics.jsonl of an earlier run that cannot be matched to job {mine.name!r} ({FIX})"
+            )
         return None
     upto = f" (up to step {steps[-1]})" if steps else ""
     if theirs.name != mine.name:

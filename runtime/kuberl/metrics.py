@@ -140,7 +140,8 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 class MetricsSink:
     def __init__(self, out_dir: Path, job: str, total_steps: int, start_step: int = 0, progress: bool = True,
-                 prometheus_port: Optional[int] = None, prometheus_address: str = "127.0.0.1", trackers: Sequence[Any] = ()):
+                 prometheus_port: Optional[int] = None, prometheus_address: str = "127.0.0.1",
+                 trackers: Sequence[Any] = ()):
         """`trackers`: kuberl.tracking sinks (TensorBoard, MLflow, W&B), each given every record too."""
         self.path = out_dir / "metrics.jsonl"
         self.trackers = list(trackers)

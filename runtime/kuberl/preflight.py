@@ -66,11 +66,15 @@ def tracking_problems(spec: JobSpec) -> list[str]:
     out = []
     for name, wanted in (("mlflow", spec.tracking.mlflow), ("wandb", spec.tracking.wandb)):
         if wanted is not None and importlib.util.find_spec(name) is None:
-            out.append(f"spec.tracking.{name}: the {name} package is not installed "
-                       f"(fix: pip install {name} into the runtime environment, or remove spec.tracking.{name})")
+            out.append(
+                f"spec.tracking.{name}: the {name} package is not installed "
+                f"(fix: pip install {name} into the runtime environment, or remove spec.tracking.{name})"
+            )
     if spec.tracking.tensorboard and importlib.util.find_spec("tensorboardX") is None:
-        out.append("spec.tracking.tensorboard: the tensorboardX package is not installed "
-                   "(fix: pip install 'kuberl[runtime]', or set spec.tracking.tensorboard to false)")
+        out.append(
+            "spec.tracking.tensorboard: the tensorboardX package is not installed "
+            "(fix: pip install 'kuberl[runtime]', or set spec.tracking.tensorboard to false)"
+        )
     return out
 
 
@@ -94,7 +98,10 @@ def check_model_source(src, field: str) -> str:
     except (OSError, ValueError) as exc:
         where = f"{field}.hub" if src.hub else f"{field}.path"
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        return f"{where}: cannot load the tokenizer ({first}) (fix: check the id or path; offline, put the model in the Hugging Face cache)"
+        return (
+            f"{where}: cannot load the tokenizer ({first}) "
+            "(fix: check the id or path; offline, put the model in the Hugging Face cache)"
+        )
     return ""
 
 
@@ -108,5 +115,8 @@ def warn_unknown_characters(spec: JobSpec, rows: list[dict[str, Any]]) -> None:
     if unknown:
         shown = ", ".join(f"{c!r} x{n}" for c, n in unknown.most_common(8))
         more = f" and {len(unknown) - 8} more" if len(unknown) > 8 else ""
-        print(f"warning: the prompts hold {sum(unknown.values())} characters that the built-in tokenizer does not know "
-              f"({shown}{more}); they become <unk> (it covers printable ASCII, newline and tab)", file=sys.stderr)
+        print(
+            f"warning: the prompts hold {sum(unknown.values())} characters that the built-in tokenizer does not know "
+            f"({shown}{more}); they become <unk> (it covers printable ASCII, newline and tab)",
+            file=sys.stderr,
+        )

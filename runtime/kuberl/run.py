@@ -179,7 +179,8 @@ def run_command(args: argparse.Namespace) -> int:
     from .rewards import RewardFunctionError
 
     try:
-        records = run_job(job, out, args.backend, args.device, args.ray_address, tuple(args.fault), not args.no_progress)
+        records = run_job(job, out, args.backend, args.device, args.ray_address, tuple(args.fault),
+                          not args.no_progress)
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -56,13 +56,15 @@ def read_rows(path: str, field: str) -> list[tuple[str, dict[str, Any]]]:
         with p.open("rb"):
             pass
     except OSError as exc:
-        raise DataError(f"{field}: {path} cannot be read ({exc.strerror or exc}) (fix: check its permissions)") from None
+        raise DataError(f"{field}: {path} cannot be read ({exc.strerror or exc}) (fix: check its permissions)"
+                        ) from None
     if p.suffix == ".jsonl":
         rows = []
         try:
             lines = p.read_text().splitlines()
         except UnicodeDecodeError as exc:
-            raise DataError(f"{field}: {path} is not UTF-8 text (byte {exc.start}) (fix: save it as UTF-8 JSON lines)") from None
+            raise DataError(f"{field}: {path} is not UTF-8 text (byte {exc.start}) "
+                            "(fix: save it as UTF-8 JSON lines)") from None
         for i, line in enumerate(lines, 1):
             if line.strip():
                 try:
@@ -79,7 +81,8 @@ def read_rows(path: str, field: str) -> list[tuple[str, dict[str, Any]]]:
         table = pq.read_table(p)
     except Exception as exc:  # pyarrow raises several types for corrupt files
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise DataError(f"{field}: {path} is not a readable parquet file ({first}) (fix: rewrite it with pyarrow/pandas)") from None
+        raise DataError(f"{field}: {path} is not a readable parquet file ({first}) "
+                        "(fix: rewrite it with pyarrow/pandas)") from None
     return [(f"{path} row {i}", row) for i, row in enumerate(table.to_pylist())]
 
 

@@ -26,8 +26,11 @@ class Tracker(Protocol):
 
 def scalars(record: dict[str, Any]) -> dict[str, float]:
     """The record's finite numeric values (booleans and strings left out), `step` too."""
-    return {k: float(v) for k, v in record.items()
-            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
+    return {
+        k: float(v)
+        for k, v in record.items()
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    }
 
 
 class TensorBoardTracker:
@@ -72,8 +75,14 @@ class WandbTracker:
         import wandb
 
         cfg = spec.tracking.wandb
-        self.run = wandb.init(project=cfg.project, entity=cfg.entity, name=job, mode=cfg.mode, dir=str(out),
-                              config=spec.model_dump(by_alias=True, mode="json", exclude_none=True))
+        self.run = wandb.init(
+            project=cfg.project,
+            entity=cfg.entity,
+            name=job,
+            mode=cfg.mode,
+            dir=str(out),
+            config=spec.model_dump(by_alias=True, mode="json", exclude_none=True),
+        )
 
     def log(self, record: dict[str, Any]) -> None:
         values = scalars(record)

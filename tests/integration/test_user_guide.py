@@ -26,7 +26,9 @@ def guide_steps() -> list[tuple[str, str]]:
     steps = []
     for lang, body in blocks(GUIDE.read_text()):
         if lang == "bash":
-            steps += [("kuberl", line.split("#")[0].strip()) for line in body.splitlines() if line.startswith("kuberl ")]
+            steps += [
+                ("kuberl", line.split("#")[0].strip()) for line in body.splitlines() if line.startswith("kuberl ")
+            ]
         elif lang == "python":
             steps.append(("python", body))
     return steps
@@ -37,7 +39,11 @@ def test_the_user_guide_runs_as_written(netns, tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "runtime"), str(REPO / "operator")])}
     outputs = []
     for kind, text in guide_steps():
-        argv = [sys.executable, "-m", "kuberl.cli", *text.split()[1:]] if kind == "kuberl" else [sys.executable, "-c", text]
+        argv = (
+            [sys.executable, "-m", "kuberl.cli", *text.split()[1:]]
+            if kind == "kuberl"
+            else [sys.executable, "-c", text]
+        )
         proc = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
         assert proc.returncode == 0, f"{text}\n{proc.stdout}\n{proc.stderr}"
         assert "Traceback" not in proc.stderr, proc.stderr

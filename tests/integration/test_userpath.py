@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-
 from kuberl.metrics import read_jsonl
 
 from .conftest import REPO, load_example
@@ -22,8 +21,9 @@ from .conftest import REPO, load_example
 
 def kuberl(*args: str, cwd: Path = REPO, env: dict | None = None) -> subprocess.CompletedProcess:
     full_env = {**os.environ, **(env or {})}
-    return subprocess.run([sys.executable, "-m", "kuberl.cli", *args], capture_output=True, text=True, cwd=cwd,
-                          timeout=600, env=full_env)
+    return subprocess.run(
+        [sys.executable, "-m", "kuberl.cli", *args], capture_output=True, text=True, cwd=cwd, timeout=600, env=full_env
+    )
 
 
 def write_job(path: Path, base: str = "quickstart.yaml", **spec_changes) -> Path:
@@ -42,34 +42,64 @@ def test_another_job_or_spec_is_refused_then_resume_and_finish(netns, tmp_path: 
     """quickstart then grpo into one folder: refused before anything is written; resume says so; a
     finished job says it is finished; the closing summary covers the whole run."""
     out = tmp_path / "out"
-    first = kuberl("run", "examples/quickstart.yaml", "--steps", "2", "--backend", "local", "--no-progress", "--out", str(out))
+    first = kuberl(
+        "run", "examples/quickstart.yaml", "--steps", "2", "--backend", "local", "--no-progress", "--out", str(out)
+    )
     assert first.returncode == 0, first.stderr
     before = (out / "metrics.jsonl").read_text()
     ident = json.loads((out / "checkpoints" / "job.json").read_text())
-    assert ident["name"] == "quickstart" and len(ident["fingerprint"]) == 16 and "spec.algorithm.name" in ident["fields"]
+    assert (
+        ident["name"] == "quickstart" and len(ident["fingerprint"]) == 16 and "spec.algorithm.name" in ident["fields"]
+    )
 
-    other = kuberl("run", "examples/grpo.yaml", "--steps", "4", "--backend", "local", "--no-progress", "--out", str(out))
+    other = kuberl(
+        "run", "examples/grpo.yaml", "--steps", "4", "--backend", "local", "--no-progress", "--out", str(out)
+    )
     assert other.returncode == 1 and other.stderr.count("\n") == 1 and "Traceback" not in other.stderr
     assert "holds the checkpoints of job 'quickstart' (up to step 2), not of 'grpo'" in other.stderr
     assert "--out" in other.stderr and "--restart" in other.stderr
-    changed = kuberl("run", "examples/quickstart.yaml", "--set", "trainer.actorLr=0.01", "--backend", "local", "--out", str(out))
+    changed = kuberl(
+        "run", "examples/quickstart.yaml", "--set", "trainer.actorLr=0.01", "--backend", "local", "--out", str(out)
+    )
     assert changed.returncode == 1 and "spec.trainer.actorLr 0.003 -> 0.01" in changed.stderr
-    assert (out / "metrics.jsonl").read_text() == before and json.loads((out / "checkpoints" / "job.json").read_text()) == ident
+    assert (out / "metrics.jsonl").read_text() == before and json.loads(
+        (out / "checkpoints" / "job.json").read_text()
+    ) == ident
 
-    resumed = kuberl("run", "examples/quickstart.yaml", "--steps", "3", "--backend", "local", "--no-progress", "--out", str(out))
+    resumed = kuberl(
+        "run", "examples/quickstart.yaml", "--steps", "3", "--backend", "local", "--no-progress", "--out", str(out)
+    )
     assert resumed.returncode == 0, resumed.stderr
     assert "[quickstart] resuming from step 2" in resumed.stdout
     assert "done: job 'quickstart', 3 steps (steps 3-3 in this run); reward_mean first3=" in resumed.stdout
     assert [r["step"] for r in read_jsonl(out / "metrics.jsonl")] == [1, 2, 3]
 
     again = kuberl("run", "examples/quickstart.yaml", "--steps", "3", "--backend", "local", "--out", str(out))
-    assert again.returncode == 0 and again.stdout.startswith(f"job 'quickstart' is already finished: 3/3 steps in {out}")
+    assert again.returncode == 0 and again.stdout.startswith(
+        f"job 'quickstart' is already finished: 3/3 steps in {out}"
+    )
     assert f"model in {out / 'model'}" in again.stdout and "reward_mean first3=" in again.stdout
 
-    restart = kuberl("run", "examples/grpo.yaml", "--steps", "1", "--backend", "local", "--no-progress", "--out", str(out), "--restart")
+    restart = kuberl(
+        "run",
+        "examples/grpo.yaml",
+        "--steps",
+        "1",
+        "--backend",
+        "local",
+        "--no-progress",
+        "--out",
+        str(out),
+        "--restart",
+    )
     assert restart.returncode == 0, restart.stderr
-    assert "--restart: removed" in restart.stdout and json.loads((out / "checkpoints" / "job.json").read_text())["name"] == "grpo"
-    assert [r["step"] for r in read_jsonl(out / "metrics.jsonl")] == [1] and "time_values_s" not in read_jsonl(out / "metrics.jsonl")[0]
+    assert (
+        "--restart: removed" in restart.stdout
+        and json.loads((out / "checkpoints" / "job.json").read_text())["name"] == "grpo"
+    )
+    assert [r["step"] for r in read_jsonl(out / "metrics.jsonl")] == [1] and "time_values_s" not in read_jsonl(
+        out / "metrics.jsonl"
+    )[0]
 
 
 def test_default_output_folder_is_per_job(netns, tmp_path: Path) -> None:
@@ -116,12 +146,16 @@ def test_byo_reward_next_to_manifest_gets_the_row_and_its_errors_name_the_line(n
         "def score(response, row):\n"
         "    if row['level'] == 'boom':\n"
         "        raise KeyError('no judge for ' + row['level'])\n"
-        "    return response.count(row['want']) / max(len(response), 1)\n")
+        "    return response.count(row['want']) / max(len(response), 1)\n"
+    )
     rows = [{"prompt": f"Say {c}:", "want": c, "level": "boom" if i == 6 else "easy"} for i, c in enumerate("abcdabcd")]
     (job_dir / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    job = write_job(job_dir / "job.yaml", spec__data={"files": [str(job_dir / "train.jsonl")], "batchSize": 4, "shuffle": False},
-                    spec__reward={"function": "myreward:score"},
-                    spec__trainer={"steps": 2, "miniBatchSize": 4, "microBatchSize": 4})
+    job = write_job(
+        job_dir / "job.yaml",
+        spec__data={"files": [str(job_dir / "train.jsonl")], "batchSize": 4, "shuffle": False},
+        spec__reward={"function": "myreward:score"},
+        spec__trainer={"steps": 2, "miniBatchSize": 4, "microBatchSize": 4},
+    )
     proc = kuberl("run", str(job), "--no-progress", "--out", str(tmp_path / "out"))  # from the repository root
     assert proc.returncode == 3, proc.stderr
     assert [r["step"] for r in read_jsonl(tmp_path / "out" / "metrics.jsonl")] == [1]  # step 1 scored every row
@@ -142,14 +176,15 @@ def actor_logits(state: dict[str, torch.Tensor], ids: torch.Tensor) -> torch.Ten
 
 def test_export_of_a_two_rank_checkpoint_loads_with_transformers(ray_session, tmp_path: Path) -> None:
     """Two FSDP ranks write the actor's DCP checkpoint; the exported folder's logits equal the actor's."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     from kuberl.driver import Driver
     from kuberl.export import export
     from kuberl.groups import RayWorkerGroup
     from kuberl.identity import Identity
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    job = load_example("quickstart.yaml", **{"trainer.steps": 2, "roles.actor.replicas": 2, "trainer.microBatchSize": 8})
+    job = load_example(
+        "quickstart.yaml", **{"trainer.steps": 2, "roles.actor.replicas": 2, "trainer.microBatchSize": 8}
+    )
     out = tmp_path / "run"
     Identity.of("two-ranks", job.spec).write(out / "checkpoints")
     driver = Driver(job.spec, "two-ranks", out, lambda role: RayWorkerGroup(role, job.spec), progress=False)
@@ -166,8 +201,13 @@ def test_export_of_a_two_rank_checkpoint_loads_with_transformers(ray_session, tm
     with torch.no_grad():
         got = model(input_ids=ids).logits
     torch.testing.assert_close(got, actor_logits(trained, ids), rtol=0, atol=0)
-    assert {p.name for p in (tmp_path / "hf").iterdir()} >= {"config.json", "model.safetensors", "generation_config.json",
-                                                              "tokenizer.json", "kuberl_export.json"}
+    assert {p.name for p in (tmp_path / "hf").iterdir()} >= {
+        "config.json",
+        "model.safetensors",
+        "generation_config.json",
+        "tokenizer.json",
+        "kuberl_export.json",
+    }
     step1 = kuberl("export", str(out), "--step", "1", "--out", str(tmp_path / "hf1"))  # interval 2: only step 2 is kept
     assert step1.returncode == 1 and "--step 1: no complete checkpoint of that step" in step1.stderr
 
@@ -192,8 +232,7 @@ def tfevents_scalars(folder: Path) -> dict[str, dict[int, float]]:
 def test_eval_and_tensorboard(netns, tmp_path: Path) -> None:
     """spec.data.eval: greedy answers to a held-out split every interval and at the end, scored by the
     job's reward, as eval_reward_mean in metrics.jsonl, TensorBoard (same scalars) and the PNG."""
-    job = write_job(tmp_path / "job.yaml", spec__trainer__steps=3,
-                    spec__data__eval={"interval": 2, "maxPrompts": 6})
+    job = write_job(tmp_path / "job.yaml", spec__trainer__steps=3, spec__data__eval={"interval": 2, "maxPrompts": 6})
     proc = kuberl("run", str(job), "--backend", "local", "--no-progress", "--out", str(tmp_path / "out"))
     assert proc.returncode == 0, proc.stderr
     rows = read_jsonl(tmp_path / "out" / "metrics.jsonl")
@@ -227,7 +266,10 @@ def test_hub_id_loads_from_the_local_cache_offline(netns, tmp_path: Path) -> Non
     write_hub_cache(tmp_path / "hub", "kuberl-test/tiny-char")
     job = write_job(tmp_path / "job.yaml", spec__model={"hub": "kuberl-test/tiny-char"}, spec__trainer__steps=1)
     env = {"HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HUB_OFFLINE": "1"}
-    for cmd in (["validate", str(job)], ["run", str(job), "--backend", "local", "--no-progress", "--out", str(tmp_path / "out")]):
+    for cmd in (
+        ["validate", str(job)],
+        ["run", str(job), "--backend", "local", "--no-progress", "--out", str(tmp_path / "out")],
+    ):
         proc = kuberl(*cmd, env=env)
         assert proc.returncode == 0, proc.stderr
     assert read_jsonl(tmp_path / "out" / "metrics.jsonl")[0]["step"] == 1
@@ -237,11 +279,18 @@ def test_hub_id_loads_from_the_local_cache_offline(netns, tmp_path: Path) -> Non
 
 
 def test_unknown_characters_are_warned_once_with_the_count(netns, tmp_path: Path) -> None:
-    (tmp_path / "p.jsonl").write_text("".join(json.dumps({"prompt": f"café {i} é", "answer": "a"}) + "\n" for i in range(4)))
-    job = write_job(tmp_path / "job.yaml", spec__data={"files": [str(tmp_path / "p.jsonl")], "batchSize": 4},
-                    spec__trainer={"steps": 1, "miniBatchSize": 4, "microBatchSize": 4})
+    (tmp_path / "p.jsonl").write_text(
+        "".join(json.dumps({"prompt": f"café {i} é", "answer": "a"}) + "\n" for i in range(4))
+    )
+    job = write_job(
+        tmp_path / "job.yaml",
+        spec__data={"files": [str(tmp_path / "p.jsonl")], "batchSize": 4},
+        spec__trainer={"steps": 1, "miniBatchSize": 4, "microBatchSize": 4},
+    )
     proc = kuberl("run", str(job), "--backend", "local", "--no-progress", "--out", str(tmp_path / "out"))
     assert proc.returncode == 0, proc.stderr
     warnings = [line for line in proc.stderr.splitlines() if "does not know" in line]
-    assert warnings == ["warning: the prompts hold 8 characters that the built-in tokenizer does not know ('é' x8); "
-                        "they become <unk> (it covers printable ASCII, newline and tab)"]
+    assert warnings == [
+        "warning: the prompts hold 8 characters that the built-in tokenizer does not know ('é' x8); "
+        "they become <unk> (it covers printable ASCII, newline and tab)"
+    ]

@@ -18,14 +18,32 @@ def spec(**changes):
 
 def test_only_fields_that_change_training_are_hashed() -> None:
     a = Identity.of("j", spec())
-    for same in ({"trainer": {"steps": 999, "microBatchSize": 4, "checkpoint": {"interval": 3}, "metrics": {"prometheusPort": 9}}},
-                 {"resilience": {"faults": [{"role": "critic", "step": 1}]}}, {"roles": {"critic": {"replicas": 2}}},
-                 {"rollout": {"engine": "hf", "compile": True}}, {"tracking": {"tensorboard": False}},
-                 {"data": {"eval": {"interval": 2}}}, {"model": {"gradientCheckpointing": True}}):
+    for same in (
+        {
+            "trainer": {
+                "steps": 999,
+                "microBatchSize": 4,
+                "checkpoint": {"interval": 3},
+                "metrics": {"prometheusPort": 9},
+            }
+        },
+        {"resilience": {"faults": [{"role": "critic", "step": 1}]}},
+        {"roles": {"critic": {"replicas": 2}}},
+        {"rollout": {"engine": "hf", "compile": True}},
+        {"tracking": {"tensorboard": False}},
+        {"data": {"eval": {"interval": 2}}},
+        {"model": {"gradientCheckpointing": True}},
+    ):
         assert Identity.of("j", spec(**same)).fingerprint == a.fingerprint, same
-    for other in ({"trainer": {"actorLr": 0.5}}, {"trainer": {"seed": 1}}, {"algorithm": {"kl": {"coef": 0.5}}},
-                  {"rollout": {"temperature": 0.5}}, {"data": {"batchSize": 32}}, {"model": {"dtype": "bfloat16"}},
-                  {"reward": {"function": "kuberl.rewards.builtin:gsm8k"}}):
+    for other in (
+        {"trainer": {"actorLr": 0.5}},
+        {"trainer": {"seed": 1}},
+        {"algorithm": {"kl": {"coef": 0.5}}},
+        {"rollout": {"temperature": 0.5}},
+        {"data": {"batchSize": 32}},
+        {"model": {"dtype": "bfloat16"}},
+        {"reward": {"function": "kuberl.rewards.builtin:gsm8k"}},
+    ):
         assert Identity.of("j", spec(**other)).fingerprint != a.fingerprint, other
     assert "spec.algorithm.kl.coef" in trained_fields(spec()) and "spec.trainer.steps" not in trained_fields(spec())
 
@@ -43,7 +61,10 @@ def test_resume_problems(tmp_path: Path) -> None:
     complete(root, 2)
     assert resume_problem(root, out, mine) is None  # the same job: resume
     other = resume_problem(root, out, Identity.of("grpo", spec()))
-    assert other.startswith(f"{root} holds the checkpoints of job 'qs' (up to step 2), not of 'grpo'") and "--restart" in other
+    assert (
+        other.startswith(f"{root} holds the checkpoints of job 'qs' (up to step 2), not of 'grpo'")
+        and "--restart" in other
+    )
     changed = resume_problem(root, out, Identity.of("qs", spec(trainer={"actorLr": 0.5})))
     assert "trained with other settings: spec.trainer.actorLr 0.001 -> 0.5" in changed
     (root / "job.json").unlink()

@@ -5,15 +5,22 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from kuberl.spec import validate_manifest
 from kuberl.tracking import MLflowTracker, make_trackers, scalars
 
 
 def spec(tracking: dict):
-    return validate_manifest({"apiVersion": "kuberl.io/v1alpha1", "kind": "RLTrainingJob", "spec": {
-        "data": {"task": "repeat-letter"}, "reward": {"function": "kuberl.rewards.builtin:repeat_letter"},
-        "tracking": tracking}}).spec
+    return validate_manifest(
+        {
+            "apiVersion": "kuberl.io/v1alpha1",
+            "kind": "RLTrainingJob",
+            "spec": {
+                "data": {"task": "repeat-letter"},
+                "reward": {"function": "kuberl.rewards.builtin:repeat_letter"},
+                "tracking": tracking,
+            },
+        }
+    ).spec
 
 
 def test_scalars_are_the_finite_numbers() -> None:
@@ -41,4 +48,7 @@ def test_mlflow_gets_every_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     client = mlflow.tracking.MlflowClient(uri)
     (run,) = client.search_runs([client.get_experiment_by_name("exp").experiment_id])
     assert run.info.run_name == "job-1"
-    assert [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, "reward_mean")] == [(1, 0.25), (2, 0.5)]
+    assert [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, "reward_mean")] == [
+        (1, 0.25),
+        (2, 0.5),
+    ]

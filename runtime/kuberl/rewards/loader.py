@@ -62,7 +62,7 @@ class RewardCall:
         return self.fn(**{k: given[k] for k in self.keywords})
 
     def score(self, prompt: str, response: str, answer: Optional[str], row: dict[str, Any], origin: str) -> float:
-        """One sample's score as a float; a failure becomes RewardFunctionError naming the user's line and the sample."""
+        """One sample's score as a float; a failure is a RewardFunctionError naming the user's line and the sample."""
         try:
             value = self(prompt, response, answer, row)
             return float(value)
@@ -89,8 +89,9 @@ def load_reward_fn(path: str) -> RewardCall:
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
-        raise RewardImportError(f"{FIELD}: cannot import module {module_name!r} ({exc}) (fix: put {module_name}.py next "
-                                "to the manifest, install the package in the runtime image, or correct the path)") from None
+        raise RewardImportError(f"{FIELD}: cannot import module {module_name!r} ({exc}) (fix: put {module_name}.py "
+                                "next to the manifest, install the package in the runtime image, or correct the path)"
+                                ) from None
     except Exception as exc:  # the user's module raised while importing
         raise RewardImportError(f"{FIELD}: importing {module_name!r} raised {type(exc).__name__}: {exc} (fix: make the module importable)") from None
     fn = getattr(module, attr, None)
@@ -125,4 +126,5 @@ def calling_convention(fn: RewardFn, path: str) -> tuple[Optional[tuple[str, ...
         return None, third is not None and third.default is third.empty
     shown = ", ".join(p.name for p in params)
     raise RewardImportError(f"{FIELD}: {path}({shown}) cannot be called as a reward (fix: define "
-                            "fn(prompt, response, answer), or take keyword parameters among prompt, response, answer, row)")
+                            "fn(prompt, response, answer), or take keyword parameters among "
+                            "prompt, response, answer, row)")

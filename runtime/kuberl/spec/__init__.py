@@ -21,5 +21,6 @@ from .model import (
 __all__ = [
     "API_VERSION", "GROUP", "KIND", "PLURAL", "ROLES", "SHORT_NAME", "VERSION",
     "JobSpec", "RLTrainingJob", "RoleSpec", "SpecError", "SpecInvalid",
-    "apply_set", "crd_yaml", "enabled_roles", "read_manifest", "role_resource", "generate_crd", "load_manifest", "parse_yaml", "validate_manifest",
+    "apply_set", "crd_yaml", "enabled_roles", "read_manifest", "role_resource", "generate_crd", "load_manifest",
+    "parse_yaml", "validate_manifest",
 ]

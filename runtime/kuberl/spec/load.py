@@ -70,7 +70,8 @@ def apply_set(obj: dict[str, Any], text: str) -> None:
     for part in parts:
         m = _PART.match(part)
         if not m:
-            raise SpecInvalid([SpecError(f"--set {text}", f"has a bad path element {part!r}", "use dotted field names, e.g. trainer.steps")])
+            raise SpecInvalid([SpecError(f"--set {text}", f"has a bad path element {part!r}",
+                                         "use dotted field names, e.g. trainer.steps")])
         steps.append(m.group(1))
         steps.extend(int(i) for i in re.findall(r"\d+", m.group(2)))
     for i, key in enumerate(steps):
@@ -78,7 +79,8 @@ def apply_set(obj: dict[str, Any], text: str) -> None:
         where = ".".join(str(s) for s in steps[: i + 1])
         if isinstance(key, int):
             if not isinstance(node, list) or key >= len(node):
-                raise SpecInvalid([SpecError(f"--set {text}", f"{where}: no list element {key}", "set an element that exists in the manifest")])
+                raise SpecInvalid([SpecError(f"--set {text}", f"{where}: no list element {key}",
+                                             "set an element that exists in the manifest")])
         elif not isinstance(node, dict):
             raise SpecInvalid([SpecError(f"--set {text}", f"{where}: its parent is not a mapping", "check the path")])
         if last:

@@ -126,7 +126,8 @@ class EvalSpec(Section):
     task: Optional[Literal["repeat-letter", "gsm8k-toy"]] = Field(
         None, description="A built-in task's held-out split (rows generated apart from training's). "
                           "Default, without files: the held-out split of spec.data.task.")
-    files: list[str] = Field(default_factory=list, description="Held-out jsonl or parquet files (spec.data's promptKey/answerKey).")
+    files: list[str] = Field(default_factory=list,
+                             description="Held-out jsonl or parquet files (spec.data's promptKey/answerKey).")
     interval: int = Field(10, ge=1, description="Steps between evaluations (the last step is always evaluated).")
     max_prompts: int = Field(64, ge=1, description="Evaluate at most this many prompts, the first ones in file order.")
 
@@ -220,14 +221,15 @@ class MetricsSpec(Section):
 
 
 class MLflowSpec(Section):
-    tracking_uri: Optional[str] = Field(None, description="MLflow tracking URI; default: MLflow's own (MLFLOW_TRACKING_URI or ./mlruns).")
+    tracking_uri: Optional[str] = Field(None, description="MLflow tracking URI; default: MLflow's own (MLFLOW_TRACKING_URI).")
     experiment: Optional[str] = Field(None, min_length=1, description="Experiment name; default: the job's name.")
 
 
 class WandbSpec(Section):
     project: str = Field(..., min_length=1, description="W&B project.")
     entity: Optional[str] = Field(None, min_length=1, description="W&B entity (user or team).")
-    mode: Literal["online", "offline"] = Field("online", description="offline writes runs under <out>/wandb for `wandb sync`.")
+    mode: Literal["online", "offline"] = Field("online",
+                                               description="offline writes runs under <out>/wandb for `wandb sync`.")
 
 
 class TrackingSpec(Section):

@@ -33,13 +33,18 @@ class ManifestLoader(yaml.SafeLoader):
         event = self.peek_event()
         if isinstance(event, yaml.AliasEvent):
             if event.anchor in self._open:
-                raise ConstructorError(None, None, f"alias *{event.anchor} refers to the node that contains it",
-                                       event.start_mark)
+                raise ConstructorError(
+                    None, None, f"alias *{event.anchor} refers to the node that contains it", event.start_mark
+                )
             node = super().compose_node(parent, index)
             self._expanded += self._size(node)
             if self._expanded > MAX_EXPANDED_NODES:
-                raise ConstructorError(None, None, f"aliases expand the document past {MAX_EXPANDED_NODES} nodes "
-                                       f"(alias *{event.anchor})", event.start_mark)
+                raise ConstructorError(
+                    None,
+                    None,
+                    f"aliases expand the document past {MAX_EXPANDED_NODES} nodes (alias *{event.anchor})",
+                    event.start_mark,
+                )
             return node
         anchor = getattr(event, "anchor", None)
         if anchor is not None:
@@ -74,8 +79,11 @@ class ManifestLoader(yaml.SafeLoader):
                     continue  # SafeLoader reports unhashable keys itself
                 if key in first:
                     raise ConstructorError(
-                        None, None, f"duplicate key {key!r} (first given at line {first[key].start_mark.line + 1})",
-                        key_node.start_mark)
+                        None,
+                        None,
+                        f"duplicate key {key!r} (first given at line {first[key].start_mark.line + 1})",
+                        key_node.start_mark,
+                    )
                 first[key] = key_node
         return super().construct_mapping(node, deep=deep)
 
