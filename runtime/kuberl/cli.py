@@ -64,6 +64,8 @@ def add_run_parser(sub: argparse._SubParsersAction) -> None:
                                  "(default runs/<metadata.name>)")
     p.add_argument("--steps", type=int, help="override spec.trainer.steps (same as --set trainer.steps=N)")
     add_set_argument(p)
+    p.add_argument("--no-export", action="store_true",
+                   help="do not export the last step's policy to <out>/model (kuberl export does it later)")
     p.add_argument("--restart", action="store_true",
                    help="delete this output folder's checkpoints and outputs and start over (instead of resuming)")
     p.add_argument("--backend", choices=["ray", "local"], default="ray", help="ray: one Ray actor group per role; local: in-process, no Ray")

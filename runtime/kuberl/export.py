@@ -103,21 +103,23 @@ def write_folder(model, tokenizer, spec: JobSpec, out: Path, dtype: str) -> None
 
 def export(run_dir: Path, out: Path, step: Optional[int] = None, dtype: Optional[str] = None) -> int:
     """Export the policy of `step` (default: the newest complete checkpoint) of the run at `run_dir`
-    into `out`; returns the step exported."""
-    from .models import load_tokenizer
-
+    into `out`, with the spec its job record holds; returns the step exported."""
     root = checkpoint_root(run_dir)
     ident = Identity.read(root)
-    spec = JobSpec.model_validate(ident.spec)
+    return export_policy(root, ident.name, JobSpec.model_validate(ident.spec), out, step, dtype)
+
+
+def export_policy(root: Path, name: str, spec: JobSpec, out: Path, step: Optional[int] = None,
+                  dtype: Optional[str] = None) -> int:
+    """Export job `name`'s policy from its checkpoint folder `root` into `out`; returns the step exported."""
+    from .models import load_tokenizer
+
     step = pick_step(root, step)
     model = build_model(spec)
     policy_state(checkpoint.step_dir(root, step) / "actor", model)
     write_folder(model, load_tokenizer(spec.model), spec, out, dtype or spec.model.dtype)
-    (out / "kuberl_export.json").write_text(
-        json.dumps(
-            {"job": ident.name, "fingerprint": ident.fingerprint, "step": step, "checkpoint": str(root)}, indent=1
-        )
-    )
+    record = {"job": name, "fingerprint": Identity.of(name, spec).fingerprint, "step": step, "checkpoint": str(root)}
+    (out / "kuberl_export.json").write_text(json.dumps(record, indent=1))
     return step
 
 

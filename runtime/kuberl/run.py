@@ -104,7 +104,7 @@ def build_driver(job: RLTrainingJob, out: Path, backend: str, device: str, fault
 
 
 def run_job(job: RLTrainingJob, out: Path, backend: str = "ray", device: str = "auto", ray_address: Optional[str] = None,
-            faults: tuple[str, ...] = (), progress: bool = True) -> list[dict[str, Any]]:
+            faults: tuple[str, ...] = (), progress: bool = True, export: bool = True) -> list[dict[str, Any]]:
     """Run a validated job to completion; returns this run's per-step records."""
     from .metrics import plot_reward_curve
 
@@ -144,17 +144,18 @@ def run_job(job: RLTrainingJob, out: Path, backend: str = "ray", device: str = "
     if reporter is not None:
         reporter.report(progress_of(last, total, "Succeeded", f"finished {total} steps"))
     plot_reward_curve(out / "metrics.jsonl", out / "reward_curve.png")
-    export_last(job, out)
+    if export:
+        export_last(job, out)
     return records
 
 
 def export_last(job: RLTrainingJob, out: Path) -> Optional[Path]:
     """Export the newest checkpoint's policy to <out>/model; a problem is a warning, the run stands."""
     from . import checkpoint
-    from .export import ExportError, export
+    from .export import ExportError, export_policy
 
     try:
-        export(checkpoint.root_for(job.spec, out), out / "model")
+        export_policy(checkpoint.root_for(job.spec, out), job.metadata.name, job.spec, out / "model")
     except ExportError as exc:
         print(f"warning: the trained model was not exported: {exc}", file=sys.stderr)
         return None
@@ -180,7 +181,7 @@ def run_command(args: argparse.Namespace) -> int:
 
     try:
         records = run_job(job, out, args.backend, args.device, args.ray_address, tuple(args.fault),
-                          not args.no_progress)
+                          not args.no_progress, not args.no_export)
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
