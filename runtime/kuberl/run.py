@@ -10,7 +10,6 @@ output folder (default `runs/<metadata.name>`) and the checkpoints must belong t
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from pathlib import Path
@@ -31,23 +30,17 @@ def parse_fault(text: str) -> tuple[str, int, str]:
     return parts[0], int(parts[1]), parts[2] if len(parts) == 3 else "kill"
 
 
-def manifest_overrides(args: argparse.Namespace) -> list[str]:
-    """`--set` plus the older single-field flags, as PATH=VALUE overrides (validated like the file)."""
-    sets = list(getattr(args, "set", None) or [])
-    if args.steps is not None:
-        sets.append(f"trainer.steps={args.steps}")
-    if args.metrics_port is not None:
-        sets.append(f"trainer.metrics.prometheusPort={args.metrics_port}")
-    if args.metrics_address is not None:
-        sets.append(f"trainer.metrics.prometheusAddress={json.dumps(args.metrics_address)}")
-    return sets
-
-
-def apply_faults(job: RLTrainingJob, faults: list[str]) -> RLTrainingJob:
-    """Add `--fault ROLE:STEP` to spec.resilience.faults, re-validated (a fault must name a running role)."""
-    if not faults:
-        return job
+def apply_overrides(job: RLTrainingJob, steps: Optional[int], faults: list[str],
+                    metrics_port: Optional[int] = None, metrics_address: Optional[str] = None) -> RLTrainingJob:
+    """The single-field flags (--steps, --fault, --metrics-*) on a loaded job, re-validated, so they get the
+    same field-named errors as the file (`--set` overrides are applied while loading it)."""
     obj = job.model_dump(by_alias=True, exclude_none=True)
+    if steps is not None:
+        obj["spec"]["trainer"]["steps"] = steps
+    if metrics_port is not None:
+        obj["spec"]["trainer"]["metrics"]["prometheusPort"] = metrics_port
+    if metrics_address is not None:
+        obj["spec"]["trainer"]["metrics"]["prometheusAddress"] = metrics_address
     for text in faults:
         role, step, _ = parse_fault(text)
         obj["spec"]["resilience"]["faults"].append({"role": role, "step": step})
@@ -205,7 +198,8 @@ def prepare(args: argparse.Namespace) -> tuple[Optional[RLTrainingJob], Path]:
     from . import checkpoint, identity
     from .preflight import check_job, warn_unknown_characters
 
-    job = apply_faults(load_manifest(args.job, manifest_overrides(args)), args.fault)
+    job = apply_overrides(load_manifest(args.job, args.set), args.steps, args.fault, args.metrics_port,
+                          args.metrics_address)
     if args.backend == "local" and job.spec.resilience.faults:
         raise UsageError("fault injection kills worker processes: it needs --backend ray")
     rows = check_job(job.spec, Path(args.job).parent)
