@@ -10,7 +10,7 @@ import copy
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 
 import yaml
 from kuberl.spec import API_VERSION, KIND, RLTrainingJob, RoleSpec, enabled_roles, role_resource
@@ -362,16 +362,19 @@ def driver_rbac(job: RLTrainingJob, opts: BuildOptions) -> list[dict[str, Any]]:
     ]
 
 
-def auth_secret(job: RLTrainingJob, token: str, opts: BuildOptions) -> dict[str, Any]:
-    """The Ray auth token shared by the head, the workers and the driver."""
+def auth_secret(job: RLTrainingJob, token: Optional[str], opts: BuildOptions) -> dict[str, Any]:
+    """The Ray auth token shared by the head, the workers and the driver. The operator makes the token
+    when it creates the Secret; without one (`kuberl render`) the Secret carries no value."""
     name = job.metadata.name
-    return {
+    secret = {
         "apiVersion": "v1",
         "kind": "Secret",
         "metadata": meta(names.auth_secret(name), opts.namespace, names.labels(name, "ray-auth")),
         "type": "Opaque",
-        "stringData": {names.AUTH_TOKEN_KEY: token},
     }
+    if token is not None:
+        secret["stringData"] = {names.AUTH_TOKEN_KEY: token}
+    return secret
 
 
 def runtime_objects(job: RLTrainingJob, opts: BuildOptions) -> list[dict[str, Any]]:
@@ -380,7 +383,8 @@ def runtime_objects(job: RLTrainingJob, opts: BuildOptions) -> list[dict[str, An
     return [*gpu_claim_templates(job, opts), ray_cluster(job, opts), driver_job(job, opts)]
 
 
-def all_objects(job: RLTrainingJob, raw_spec: Mapping[str, Any], token: str, opts: BuildOptions) -> list[dict[str, Any]]:
+def all_objects(job: RLTrainingJob, raw_spec: Mapping[str, Any], token: Optional[str],
+                opts: BuildOptions) -> list[dict[str, Any]]:
     """Every object of a running job, in creation order (what `kuberl render` prints)."""
     return [
         *driver_rbac(job, opts),

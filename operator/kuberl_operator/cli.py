@@ -6,7 +6,6 @@
 from __future__ import annotations
 
 import argparse
-import secrets
 import sys
 from pathlib import Path
 
@@ -39,7 +38,7 @@ def cmd_render(args: argparse.Namespace) -> int:
     namespace = args.namespace or job.metadata.namespace or "default"
     opts = builders.BuildOptions(namespace=namespace, image=args.image)
     raw_spec = parse_yaml(Path(args.job).read_text())["spec"]
-    objects = builders.all_objects(job, raw_spec, secrets.token_urlsafe(32), opts)
+    objects = builders.all_objects(job, raw_spec, None, opts)  # the operator makes the Ray token; render shows none
     sys.stdout.write(yaml.safe_dump_all(objects, sort_keys=False))
     if not job.spec.trainer.checkpoint.volume_claim:
         print(EPHEMERAL_CHECKPOINTS, file=sys.stderr)

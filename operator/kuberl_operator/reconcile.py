@@ -176,6 +176,7 @@ async def apply_spec(ctx: Context, body: kopf.Body, patch: kopf.Patch, diff: Seq
     feasible(ctx, body, patch, job)
     runtime, spec_configmap = runtime_children(name, list(job.spec.roles.extra)), (CONFIGMAPS, names.spec_configmap(name))
     created = []
+    # a fresh token each pass: `ensure` creates the Secret (with it) only when it does not exist yet
     for obj in builders.all_objects(job, body["spec"], secrets.token_urlsafe(32), ctx.options(namespace)):
         key = (resource_of(obj), obj["metadata"]["name"])
         if job.spec.suspend and key in runtime:

@@ -4,6 +4,8 @@
     <root>/step_000010/critic/
     <root>/step_000010/trainer_state.json   step, data position, KL controller, restarts — written last,
                                             so a directory without it is incomplete and ignored.
+    <root>/job.json                         the job's name, its trained fields and their hash, its spec
+                                            (kuberl.identity): written before the first step
 """
 
 from __future__ import annotations
@@ -19,8 +21,26 @@ from torch.optim import Optimizer
 STATE_FILE = "trainer_state.json"
 
 
+def root_for(spec: Any, out: Path) -> Path:
+    """A job's checkpoint folder: spec.trainer.checkpoint.path, else <out>/checkpoints."""
+    path = spec.trainer.checkpoint.path
+    return Path(path) if path else out / "checkpoints"
+
+
 def step_dir(root: Path, step: int) -> Path:
     return root / f"step_{step:06d}"
+
+
+def fresh_step_dir(root: Path, step: int) -> Path:
+    """An empty folder for checkpointing `step`. A folder already there is left over from a save that
+    did not complete (a complete one is never saved again): it goes, so DCP writes into a clean folder
+    and no stale shard can mix with the new ones."""
+    d = step_dir(root, step)
+    if d.exists():
+        print(f"removing {d}: an incomplete checkpoint left by an interrupted save", flush=True)
+        shutil.rmtree(d)
+    d.mkdir(parents=True)
+    return d
 
 
 def complete_steps(root: Path) -> list[int]:

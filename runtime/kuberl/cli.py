@@ -1,4 +1,4 @@
-"""`kuberl` command line: validate, run, crd, topology, and (with the operator extra) operator, render.
+"""`kuberl` command line: validate, run, export, crd, topology, and (with the operator extra) operator, render.
 
 Every command returns an exit code; user errors print one line per problem on stderr and never a
 traceback. Heavy imports (torch, ray, kopf) happen inside the command that needs them.
@@ -17,11 +17,29 @@ from .spec.contract import ExitCode
 
 def cmd_validate(args: argparse.Namespace) -> int:
     try:
-        job = load_manifest(args.job)
+        job = load_manifest(args.job, args.set)
     except SpecInvalid as exc:
         return exc.report()
-    print(f"{args.job}: valid {job.kind} {job.metadata.name!r} ({job.spec.algorithm.name}, {job.spec.trainer.steps} steps)")
+    checked = "manifest"
+    if not args.spec_only:
+        from pathlib import Path
+
+        from .preflight import PreflightFailed, check_job
+
+        try:
+            check_job(job.spec, Path(args.job).parent)
+        except PreflightFailed as exc:
+            return exc.report()
+        checked = "manifest, data, reward and model"
+    print(f"{args.job}: valid {job.kind} {job.metadata.name!r} ({job.spec.algorithm.name}, "
+          f"{job.spec.trainer.steps} steps; checked {checked})")
     return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from .export import cmd_export as run_export
+
+    return run_export(args)
 
 
 def cmd_crd(args: argparse.Namespace) -> int:
@@ -43,8 +61,14 @@ def cmd_run(args: argparse.Namespace) -> int:
 def add_run_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run", help="run a job on this machine (local Ray or in-process)")
     p.add_argument("job", help="RLTrainingJob manifest (YAML)")
-    p.add_argument("--out", default="runs/job", help="output directory: metrics.jsonl, reward curve, checkpoints")
-    p.add_argument("--steps", type=int, help="override spec.trainer.steps")
+    p.add_argument("--out", help="output folder: metrics.jsonl, reward curve, TensorBoard, checkpoints, model "
+                                 "(default runs/<metadata.name>)")
+    p.add_argument("--steps", type=int, help="override spec.trainer.steps (same as --set trainer.steps=N)")
+    add_set_argument(p)
+    p.add_argument("--no-export", action="store_true",
+                   help="do not export the last step's policy to <out>/model (kuberl export does it later)")
+    p.add_argument("--restart", action="store_true",
+                   help="delete this output folder's checkpoints and outputs and start over (instead of resuming)")
     p.add_argument("--backend", choices=["ray", "local"], default="ray", help="ray: one Ray actor group per role; local: in-process, no Ray")
     p.add_argument("--ray-address", help="connect to an existing Ray cluster instead of starting one")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
@@ -53,6 +77,11 @@ def add_run_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port (overrides spec.trainer.metrics.prometheusPort)")
     p.add_argument("--metrics-address", help="bind address for /metrics (default 127.0.0.1; the operator passes 0.0.0.0 in the driver pod)")
     p.set_defaults(func=cmd_run)
+
+
+def add_set_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--set", action="append", default=[], metavar="PATH=VALUE",
+                   help="override a spec field, e.g. --set trainer.steps=10 --set algorithm.kl.coef=0.02 (repeatable)")
 
 
 def _plugins() -> list[Callable[[argparse._SubParsersAction], None]]:
@@ -70,9 +99,18 @@ def _plugins() -> list[Callable[[argparse._SubParsersAction], None]]:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kuberl", description="RL post-training of language models, on Kubernetes or one machine.")
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("validate", help="check an RLTrainingJob manifest")
+    p = sub.add_parser("validate", help="check an RLTrainingJob manifest and what a run of it needs")
     p.add_argument("job")
+    add_set_argument(p)
+    p.add_argument("--spec-only", action="store_true",
+                   help="check the manifest only, not its data files, reward import or model (they live in the image)")
     p.set_defaults(func=cmd_validate)
+    p = sub.add_parser("export", help="write a run's trained policy as a Hugging Face model folder")
+    p.add_argument("run_dir", metavar="RUN_DIR", help="a `kuberl run` output folder (or its checkpoint folder)")
+    p.add_argument("--step", type=int, help="the checkpoint step (default: the newest complete one)")
+    p.add_argument("--out", required=True, help="the model folder to write")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], help="weights' dtype (default: spec.model.dtype)")
+    p.set_defaults(func=cmd_export)
     p = sub.add_parser("crd", help="print the RLTrainingJob CRD generated from the spec model")
     p.add_argument("-o", "--output")
     p.set_defaults(func=cmd_crd)

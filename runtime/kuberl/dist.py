@@ -30,6 +30,9 @@ def init_group(rank: int, world_size: int, addr: str, port: int, device: torch.d
         os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
     backend = "nccl" if device.type == "cuda" else "gloo"
     kwargs = {"device_id": device} if device.type == "cuda" else {}
+    if world_size == 1:  # nobody to meet: an in-process store, no TCP rendezvous (and no c10d socket warnings)
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, **kwargs)
+        return
     dist.init_process_group(backend, init_method=f"tcp://{addr}:{port}", rank=rank, world_size=world_size, **kwargs)
 
 

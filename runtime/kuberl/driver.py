@@ -22,11 +22,14 @@ from pathlib import Path
 
 from . import algos, checkpoint
 from .batch import Batch
-from .groups import WorkerGroup
+from .evaluation import Evaluator, common_ranks
+from .groups import WorkerGroup, world_size
 from .library import STATEFUL, Fault, JobFailed, PlacementDegraded, Prompts, RoleHistory, Roles
 from .metrics import MetricsSink, mfu
 from .record import RoleStep, StepRecord
 from .spec import JobSpec
+from .tasks import META_KEYS
+from .tracking import make_trackers
 
 __all__ = ["Driver", "Fault", "JobFailed", "PlacementDegraded"]
 SEQ = ("input_ids", "attention_mask", "responses", "response_mask")
@@ -39,11 +42,13 @@ class Driver:
         self.spec, self.name, self.out = spec, name, out_dir
         self.progress, self.on_step = progress, on_step
         tr = spec.trainer
-        self.ckpt_root = Path(tr.checkpoint.path) if tr.checkpoint.path else out_dir / "checkpoints"
+        self.ckpt_root = checkpoint.root_for(spec, out_dir)
         self.roles = Roles(spec, make_group, faults, self.ckpt_root, name)
         self.roles.on_budget_spent.append(self._final_checkpoint)
         self.prompts = Prompts(spec)
         self.loader = self.prompts.loader
+        ranks = common_ranks([world_size(spec, r) for r in ("actor", "reward")])
+        self.evaluator = Evaluator.for_spec(spec, self.prompts.tokenizer, ranks)
         a = spec.algorithm
         self.kl_ctl = algos.make_kl_controller(a.kl.controller, a.kl.coef, a.kl.target, a.kl.horizon)
         self.loader_at_step_start = self.loader.state_dict()
@@ -130,7 +135,7 @@ class Driver:
         with self._timed("rollout", times):
             batch.update(actor.generate(batch.select("prompt_ids", "prompt_mask"), seed=seed))
         with self._timed("reward", times):
-            batch.update(reward.compute_scores(batch.select(*SEQ, "prompt", "answer")))
+            batch.update(reward.compute_scores(batch.select(*SEQ, *META_KEYS)))
         if ref is not None:
             with self._timed("ref", times):
                 batch.update(ref.compute_ref_logprobs(batch.select(*SEQ)))
@@ -148,6 +153,9 @@ class Driver:
             stats.update(actor.update(batch.select(*actor_keys, "kl_coef"), step=self.step))
         with self._timed("weight_sync", times):
             sync = max(actor.sync_weights())
+        if self.evaluator is not None and self.evaluator.due(self.step + 1):
+            with self._timed("eval", times):
+                stats.update(self.evaluator.run(actor, reward))
         memory = roles.memory()
         roles.end_step()
         rec = self.record(batch, stats, times, sync, roles.role_steps(since, memory))
@@ -211,6 +219,8 @@ class Driver:
         tr = self.spec.trainer
         sink = MetricsSink(self.out, self.name, tr.steps, self.step, self.progress,
                            tr.metrics.prometheus_port, tr.metrics.prometheus_address)
+        for tracker in make_trackers(self.spec, self.out, self.name, self.step):
+            sink.add(tracker)
         self.metrics_port = sink.port
         records = []
         try:

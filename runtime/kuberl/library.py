@@ -174,8 +174,7 @@ class Roles:
     def save_checkpoint(self, step: int) -> Path:
         """Save the stateful roles' state for completed step `step`; returns the step's folder. The
         step counts as checkpointed (a restart restores it) once `checkpoint.write_state` commits it."""
-        d = checkpoint.step_dir(self._root(), step)
-        d.mkdir(parents=True, exist_ok=True)
+        d = checkpoint.fresh_step_dir(self._root(), step)
         for role in STATEFUL:
             if role in self.proxies:
                 self.proxies[role].save(str(d / role))
@@ -274,7 +273,7 @@ class Prompts:
     """The job's prompts as tokenized batches, in the seeded, resumable order of `spec.data`.
 
     `next_batch()` -> Batch: prompt_ids [N, P] and prompt_mask [N, P] (left-padded), group_index [N]
-    (equal for the samples of one prompt), meta prompt and answer; N = data.batchSize x samples per
+    (equal for the samples of one prompt), meta `tasks.META_KEYS`; N = data.batchSize x samples per
     prompt, each prompt repeated that many times in a row."""
 
     def __init__(self, spec: JobSpec):
@@ -287,15 +286,11 @@ class Prompts:
         self.loader = PromptLoader(load_rows(spec.data), spec.data.batch_size, spec.trainer.seed, spec.data.shuffle)
 
     def next_batch(self) -> Batch:
-        import torch
+        from .tasks import prompt_batch
 
-        n = self.spec.samples_per_prompt
-        rows = [r for r in self.loader.next_batch() for _ in range(n)]
-        enc = self.tokenizer([r["prompt"] for r in rows], padding=True, truncation=True,
-                             max_length=self.spec.data.max_prompt_length, return_tensors="pt")
-        group = torch.arange(len(rows)) // n
-        return Batch({"prompt_ids": enc["input_ids"], "prompt_mask": enc["attention_mask"], "group_index": group},
-                     {"prompt": [r["prompt"] for r in rows], "answer": [r.get("answer") for r in rows]})
+        spec = self.spec
+        return prompt_batch(self.loader.next_batch(), self.tokenizer, spec.samples_per_prompt,
+                            spec.data.max_prompt_length)
 
     def state_dict(self) -> dict[str, int]:
         return self.loader.state_dict()

@@ -2,12 +2,14 @@
 
 Built-ins are Qwen2-shaped and randomly initialised from a fixed seed, so every role that builds the
 same built-in gets identical weights (actor and ref start equal) with no download. Their tokenizer is
-a character-level tokenizer built locally with `tokenizers`.
+a character-level tokenizer built locally with `tokenizers`, covering printable ASCII.
+
+A hub id already in the local Hugging Face cache (HF_HUB_CACHE / HF_HOME) loads from there without
+touching the network; only a model missing from the cache is downloaded.
 """
 
 from __future__ import annotations
 
-import string
 from functools import lru_cache
 
 import torch
@@ -26,9 +28,8 @@ from transformers import (
 )
 
 from .spec.model import ModelSource
+from .vocab import CHARS, SPECIALS
 
-SPECIALS = ["<pad>", "<eos>", "<unk>"]
-CHARS = string.ascii_lowercase + string.digits + " :+-=#?.,"
 
 # name -> (hidden, intermediate, layers, heads, kv heads, vocab); the qwen2 shapes follow the
 # published Qwen2-0.5B / Qwen2-1.5B configs (vocab 151,936, tied embeddings).
@@ -41,7 +42,7 @@ BUILTIN_SHAPES: dict[str, tuple[int, int, int, int, int, int | None]] = {
 
 @lru_cache(maxsize=None)
 def char_tokenizer() -> PreTrainedTokenizerFast:
-    """A character-level tokenizer over lowercase letters, digits and a little punctuation."""
+    """A character-level tokenizer over printable ASCII (`CHARS`), newline and tab."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
     vocab = {tok: i for i, tok in enumerate(SPECIALS + list(CHARS))}
@@ -53,11 +54,25 @@ def char_tokenizer() -> PreTrainedTokenizerFast:
     return fast
 
 
+def model_location(src: ModelSource) -> str:
+    """What `from_pretrained` gets: the local path, the hub id's snapshot in the local cache when it is
+    there (no network), else the hub id (a download)."""
+    if src.path:
+        return src.path
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    try:
+        return snapshot_download(src.hub, local_files_only=True)
+    except LocalEntryNotFoundError:
+        return src.hub
+
+
 def load_tokenizer(src: ModelSource) -> PreTrainedTokenizerFast:
     """Tokenizer for a model source, left-padded for generation, with a pad token."""
     if src.builtin:
         return char_tokenizer()
-    tok = AutoTokenizer.from_pretrained(src.path or src.hub)
+    tok = AutoTokenizer.from_pretrained(model_location(src))
     tok.padding_side = "left"
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
@@ -101,7 +116,7 @@ def load_causal_lm(src: ModelSource, dtype: torch.dtype = torch.float32, seed: i
             with torch.device(device):
                 return _seeded(lambda: Qwen2ForCausalLM(cfg), seed).to(dtype)
         return _seeded(lambda: Qwen2ForCausalLM(cfg), seed).to(dtype)
-    return AutoModelForCausalLM.from_pretrained(src.path or src.hub, dtype=dtype)
+    return AutoModelForCausalLM.from_pretrained(model_location(src), dtype=dtype)
 
 
 class ValueModel(nn.Module):
@@ -126,8 +141,8 @@ def load_value_model(src: ModelSource, dtype: torch.dtype = torch.float32, seed:
         cfg = builtin_config(src.builtin)
         trunk = _seeded(lambda: Qwen2Model(cfg), seed)
     else:
-        cfg = AutoConfig.from_pretrained(src.path or src.hub)
-        trunk = AutoModel.from_pretrained(src.path or src.hub, dtype=dtype)
+        cfg = AutoConfig.from_pretrained(model_location(src))
+        trunk = AutoModel.from_pretrained(model_location(src), dtype=dtype)
     return ValueModel(trunk, cfg.hidden_size).to(dtype)
 
 
@@ -136,7 +151,7 @@ def load_reward_model(src: ModelSource, dtype: torch.dtype = torch.float32, seed
     if src.builtin:
         cfg = builtin_config(src.builtin, num_labels=1)
         return _seeded(lambda: Qwen2ForSequenceClassification(cfg), seed).to(dtype)
-    model = AutoModelForSequenceClassification.from_pretrained(src.path or src.hub, num_labels=1, dtype=dtype)
+    model = AutoModelForSequenceClassification.from_pretrained(model_location(src), num_labels=1, dtype=dtype)
     if model.config.pad_token_id is None:
         model.config.pad_token_id = load_tokenizer(src).pad_token_id
     return model

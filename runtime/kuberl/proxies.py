@@ -162,6 +162,7 @@ class ActorProxy(RoleProxy):
     generate = remote(ActorWorker.generate)  # prompts -> responses, masks, old log-probs
     update = remote(ActorWorker.update)  # policy-loss epochs -> stats
     sync_weights = remote_all(ActorWorker.sync_weights)  # policy -> rollout engine; seconds per rank
+    evaluate = remote(ActorWorker.evaluate)  # held-out prompts -> greedy responses (kuberl.evaluation)
 
 
 class CriticProxy(RoleProxy):

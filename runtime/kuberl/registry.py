@@ -33,8 +33,8 @@ def import_object(path: str, field: str, what: str = "function",
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
-        raise error(f"{field}: cannot import module {module_name!r} ({exc}) (fix: install the package in the runtime "
-                    "image or correct the path)") from None
+        raise error(f"{field}: cannot import module {module_name!r} ({exc}) (fix: put the module next to the "
+                    "manifest, install the package in the runtime image, or correct the path)") from None
     except Exception as exc:  # the user's module raised while importing
         raise error(f"{field}: importing {module_name!r} raised {type(exc).__name__}: {exc} "
                     "(fix: make the module importable)") from None

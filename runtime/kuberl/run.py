@@ -1,7 +1,10 @@
 """`kuberl run JOB`: one machine, a local Ray (or in-process workers), the same manifest as on Kubernetes.
 
 Everything a user can get wrong is checked before any process starts (manifest, overrides, dataset
-files, reward import), and reported as one line per problem naming the field.
+files, reward import: kuberl.preflight), and reported as one line per problem naming the field. The
+output folder (default `runs/<metadata.name>`) and the checkpoints must belong to this job
+(kuberl.identity) before anything is written. After the last step the policy is exported to
+`<out>/model` (kuberl.export).
 """
 
 from __future__ import annotations
@@ -12,8 +15,8 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from .spec import JobSpec, RLTrainingJob, SpecInvalid, enabled_roles, load_manifest, validate_manifest
 from .record import StepRecord
+from .spec import JobSpec, RLTrainingJob, SpecInvalid, enabled_roles, load_manifest, validate_manifest
 from .spec.contract import ExitCode, Reason
 
 
@@ -31,7 +34,8 @@ def parse_fault(text: str) -> tuple[str, int, str]:
 
 def apply_overrides(job: RLTrainingJob, steps: Optional[int], faults: list[str],
                     metrics_port: Optional[int] = None, metrics_address: Optional[str] = None) -> RLTrainingJob:
-    """Re-validate the manifest with CLI overrides, so overrides get the same field-named errors."""
+    """The single-field flags (--steps, --fault, --metrics-*) on a loaded job, re-validated, so they get the
+    same field-named errors as the file (`--set` overrides are applied while loading it)."""
     obj = job.model_dump(by_alias=True, exclude_none=True)
     if steps is not None:
         obj["spec"]["trainer"]["steps"] = steps
@@ -45,41 +49,17 @@ def apply_overrides(job: RLTrainingJob, steps: Optional[int], faults: list[str],
     return validate_manifest(obj)
 
 
-def preflight(spec: JobSpec) -> None:
-    """Fail fast, before any worker starts: data must load, and every name or import path of an
-    extension point (reward function, advantage estimator, policy loss, KL estimator, an extra role's
-    worker class) must resolve."""
-    from .algos import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, POLICY_LOSSES
-    from .rewards import load_reward_fn
-    from .workers import worker_class
-    from .tasks import load_rows
+def quiet_local_ray() -> None:
+    """Settings for a private local Ray, read when ray is imported (so: before it is).
 
-    load_rows(spec.data)
-    if spec.reward.function:
-        load_reward_fn(spec.reward.function)
-    ADVANTAGE_ESTIMATORS.get(spec.algorithm.estimator)
-    POLICY_LOSSES.get(spec.algorithm.policy_loss)
-    KL_ESTIMATORS.get(spec.algorithm.kl.estimator)
-    for role in spec.roles.extra:
-        worker_class(spec, role)
-    check_model_source(spec.model, "spec.model")
-    if spec.reward.model is not None and spec.reward.model.is_set():
-        check_model_source(spec.reward.model, "spec.reward.model")
-
-
-def check_model_source(src, field: str) -> None:
-    """The model's tokenizer must load (a local path must exist; a hub id must resolve)."""
-    from pathlib import Path
-
-    from .models import load_tokenizer
-
-    if src.path and not Path(src.path).is_dir():
-        raise UsageError(f"{field}.path: {src.path!r} is not a directory (fix: mount the model there or use hub)")
-    try:
-        load_tokenizer(src)
-    except (OSError, ValueError) as exc:
-        where = f"{field}.hub" if src.hub else f"{field}.path"
-        raise UsageError(f"{where}: cannot load the tokenizer ({str(exc).strip().splitlines()[0]}) (fix: check the id or path)") from None
+    RAY_AUTH_MODE=token asks for the token authentication that a new local Ray turns on by default
+    anyway; said explicitly, Ray prints no notice about it. RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 tells
+    Ray this is a one-machine cluster, so it resolves 127.0.0.1 to loopback instead of probing an
+    outside address for the machine's IP (which warns when there is no route to one, and otherwise
+    binds Ray to the machine's public address).
+    """
+    os.environ.setdefault("RAY_AUTH_MODE", "token")
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
 
 def start_local_ray(spec: JobSpec) -> None:
@@ -119,12 +99,14 @@ def build_driver(job: RLTrainingJob, out: Path, backend: str, device: str, fault
 
 
 def run_job(job: RLTrainingJob, out: Path, backend: str = "ray", device: str = "auto", ray_address: Optional[str] = None,
-            faults: tuple[str, ...] = (), progress: bool = True) -> list[StepRecord]:
+            faults: tuple[str, ...] = (), progress: bool = True, export: bool = True) -> list[StepRecord]:
     """Run a validated job to completion; returns this run's per-step records."""
     from .metrics import plot_reward_curve
 
     out.mkdir(parents=True, exist_ok=True)
     if backend == "ray":
+        if not ray_address:
+            quiet_local_ray()
         import ray
 
         if ray_address:
@@ -150,44 +132,116 @@ def run_job(job: RLTrainingJob, out: Path, backend: str = "ray", device: str = "
     except (JobFailed, RoleError, WorkerFailure) as exc:
         if reporter is not None:
             reason = Reason.WORKER_FAILURE if isinstance(exc, WorkerFailure) else exc.reason
-            reporter.report(progress_of(last[-1] if last else None, total, "Failed", str(exc), reason, driver.worst_links))
+            reporter.report(progress_of(last[-1] if last else None, total, "Failed", str(exc), reason,
+                                        driver.worst_links))
         raise
     finally:
         driver.shutdown()
     if reporter is not None:
         reporter.report(progress_of(last[-1] if last else None, total, "Succeeded", f"finished {total} steps"))
     plot_reward_curve(out / "metrics.jsonl", out / "reward_curve.png")
+    if export:
+        export_last(job, out)
     return records
 
 
-def run_command(args: argparse.Namespace) -> int:
-    from .driver import JobFailed
-    from .groups import RoleError, WorkerFailure
-    from .registry import RegistryError
-    from .rewards import RewardImportError
-    from .tasks import DataError
+def export_last(job: RLTrainingJob, out: Path) -> Optional[Path]:
+    """Export the newest checkpoint's policy to <out>/model; a problem is a warning, the run stands."""
+    from . import checkpoint
+    from .export import ExportError, export_policy
 
     try:
-        job = apply_overrides(load_manifest(args.job), args.steps, args.fault, args.metrics_port, args.metrics_address)
-        preflight(job.spec)
-        records = run_job(job, Path(args.out), args.backend, args.device, args.ray_address, tuple(args.fault), not args.no_progress)
-    except SpecInvalid as exc:
+        export_policy(checkpoint.root_for(job.spec, out), job.metadata.name, job.spec, out / "model")
+    except ExportError as exc:
+        print(f"warning: the trained model was not exported: {exc}", file=sys.stderr)
+        return None
+    return out / "model"
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """Check everything (cheap imports only, about a second), then import torch and Ray and train."""
+    from .preflight import PreflightFailed
+
+    try:
+        job, out = prepare(args)
+    except (SpecInvalid, PreflightFailed) as exc:
         return exc.report()
-    except (UsageError, DataError, RewardImportError, RegistryError) as exc:
+    except UsageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return ExitCode.BAD_INPUT
+    if job is None:
+        return ExitCode.OK
+    from .driver import JobFailed
+    from .groups import RoleError, WorkerFailure
+    from .rewards import RewardFunctionError
+
+    try:
+        records = run_job(job, out, args.backend, args.device, args.ray_address, tuple(args.fault),
+                          not args.no_progress, not args.no_export)
+    except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return ExitCode.BAD_INPUT
     except JobFailed as exc:
         print(f"error: job failed ({exc.reason}): {exc}", file=sys.stderr)
         return ExitCode.GAVE_UP
-    except RoleError as exc:
+    except (RoleError, RewardFunctionError) as exc:
         print(f"error: job failed: {exc}", file=sys.stderr)
         return ExitCode.GAVE_UP
     except WorkerFailure as exc:  # a role could not start (no capacity in time): worth a retry
         print(f"error: job could not start: {exc}", file=sys.stderr)
         return ExitCode.NO_CAPACITY
-    if records:
-        first, last = records[: min(10, len(records))], records[-min(10, len(records)):]
-        mean = lambda rs: sum(r.reward_mean for r in rs) / len(rs)  # noqa: E731
-        print(f"done: {len(records)} steps; reward_mean first10={mean(first):.3f} last10={mean(last):.3f}; "
-              f"metrics in {args.out}/metrics.jsonl, curve in {args.out}/reward_curve.png")
+    this_run = f"steps {records[0].step}-{records[-1].step} in this run" if records else "no steps in this run"
+    print(f"done: job {job.metadata.name!r}, {job.spec.trainer.steps} steps ({this_run}); {summary(out)}")
     return ExitCode.OK
+
+
+def prepare(args: argparse.Namespace) -> tuple[Optional[RLTrainingJob], Path]:
+    """Validate the job, its data, reward and model, and its output folder; write the job record.
+    Returns (None, out) when the job is already finished (said so on stdout)."""
+    from . import checkpoint, identity
+    from .preflight import check_job, warn_unknown_characters
+
+    job = apply_overrides(load_manifest(args.job, args.set), args.steps, args.fault, args.metrics_port,
+                          args.metrics_address)
+    if args.backend == "local" and job.spec.resilience.faults:
+        raise UsageError("fault injection kills worker processes: it needs --backend ray")
+    rows = check_job(job.spec, Path(args.job).parent)
+    name, out = job.metadata.name, Path(args.out or f"runs/{job.metadata.name}")
+    root, mine = checkpoint.root_for(job.spec, out), identity.Identity.of(name, job.spec)
+    if args.restart:
+        gone = identity.clear(root, out)
+        if gone:
+            print(f"[{name}] --restart: removed {len(gone)} earlier checkpoints and outputs of {out}", flush=True)
+    elif problem := identity.resume_problem(root, out, mine):
+        raise UsageError(problem)
+    done, total = checkpoint.latest(root) or 0, job.spec.trainer.steps
+    if done >= total:
+        print(f"job {name!r} is already finished: {done}/{total} steps in {out}; {summary(out)} "
+              f"(to train further raise trainer.steps, e.g. --steps {done + total}; to start over pass --restart)")
+        return None, out
+    warn_unknown_characters(job.spec, rows)
+    if done:
+        print(f"[{name}] resuming from step {done} ({checkpoint.step_dir(root, done)})", flush=True)
+    mine.write(root)
+    return job, out
+
+
+def summary(out: Path) -> str:
+    """The whole run's result, read back from metrics.jsonl (all runs of this job, resumes included)."""
+    from .metrics import read_jsonl
+
+    rows = read_jsonl(out / "metrics.jsonl")
+    parts = []
+    if rows:
+        mean = lambda rs: sum(r["reward_mean"] for r in rs) / len(rs)  # noqa: E731
+        k = min(10, len(rows))
+        parts.append(f"reward_mean first{k}={mean(rows[:k]):.3f} last{k}={mean(rows[-k:]):.3f}")
+    evals = [r for r in rows if "eval_reward_mean" in r]
+    if evals:
+        parts.append(f"eval_reward_mean={evals[-1]['eval_reward_mean']:.3f} at step {evals[-1]['step']}")
+    if (out / "model" / "config.json").is_file():
+        parts.append(f"model in {out / 'model'}")
+    parts.append(f"metrics in {out / 'metrics.jsonl'}, curve in {out / 'reward_curve.png'}")
+    if (out / "tensorboard").is_dir():
+        parts.append(f"TensorBoard in {out / 'tensorboard'}")
+    return "; ".join(parts)

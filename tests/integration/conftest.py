@@ -17,6 +17,9 @@ EXTRA_ROLES = ("rules",)  # the extra roles of the examples (examples/remax.yaml
 @pytest.fixture(scope="session")
 def ray_session(netns):
     """A local Ray bound to 127.0.0.1 with every role's resource, shared by the whole session."""
+    from kuberl.run import quiet_local_ray
+
+    quiet_local_ray()  # before ray is imported: loopback only, no notices
     ray = pytest.importorskip("ray")
     from kuberl.spec import ROLES, role_resource
 

@@ -87,9 +87,13 @@ def test_two_fsdp_ranks_match_one(ray_session):
         s2 = a2.update(batch.select(*keys), step=0)
         (w1,), w2 = a1.call(Probes.full_state_dict), a2.call(Probes.full_state_dict)
         assert w2[0].keys() == w1.keys()
+        # Adam's first step is lr * g / (|g| + eps): for the odd element whose gradient is ~eps it turns fp32
+        # reduction-order noise (one rank's sum against two) into up to ~0.5% of a step, so the weights must
+        # agree to a hundredth of one step (lr / 100), with the loss and gradient norm agreeing to 1e-4 below
+        step_tol = one.trainer.actor_lr / 100
         for name in w1:
-            torch.testing.assert_close(w2[0][name], w1[name], rtol=1e-4, atol=1e-5, msg=name)
-            torch.testing.assert_close(w2[1][name], w1[name], rtol=1e-4, atol=1e-5, msg=name)
+            torch.testing.assert_close(w2[0][name], w1[name], rtol=1e-4, atol=step_tol, msg=name)
+            torch.testing.assert_close(w2[1][name], w1[name], rtol=1e-4, atol=step_tol, msg=name)
         assert s2["pg_loss"] == pytest.approx(s1["pg_loss"], rel=1e-4, abs=1e-6)
         assert s2["actor_grad_norm"] == pytest.approx(s1["actor_grad_norm"], rel=1e-4)
     finally:

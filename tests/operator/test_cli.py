@@ -81,15 +81,26 @@ def test_invalid_manifest_names_fields_on_stderr(tmp_path: Path, capsys: pytest.
 
 
 @pytest.mark.parametrize("text", ["spec: [unclosed", "apiVersion: v1\nkind: Pod\n"])
-def test_broken_input_exits_non_zero_without_a_traceback(tmp_path: Path, text: str) -> None:
+def test_broken_input_exits_1_with_one_line_and_no_traceback(tmp_path: Path, text: str) -> None:
     path = tmp_path / "job.yaml"
     path.write_text(text)
     for target in (path, tmp_path / "missing.yaml"):
         proc = subprocess.run([sys.executable, "-m", "kuberl.cli", "render", str(target)], capture_output=True, text=True, timeout=60)
-        assert proc.returncode != 0 and proc.stdout == ""
+        assert proc.returncode == 1 and proc.stdout == "" and proc.stderr.count("\n") == 1
         assert proc.stderr.startswith("error: ") and "Traceback" not in proc.stderr
 
 
 def test_operator_command_refuses_two_scopes(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["operator", "--namespace", "a", "--all-namespaces"]) == 2
     assert "error:" in capsys.readouterr().err
+
+
+def test_render_is_deterministic_and_prints_no_secret_value(capsys: pytest.CaptureFixture[str]) -> None:
+    """Two renders of one file are identical: the Ray token is made by the operator when it creates the Secret."""
+    outs = []
+    for _ in range(2):
+        assert main(["render", str(EXAMPLE)]) == 0
+        outs.append(capsys.readouterr().out)
+    assert outs[0] == outs[1]
+    (secret,) = [o for o in yaml.safe_load_all(outs[0]) if o["kind"] == "Secret"]
+    assert "data" not in secret and "stringData" not in secret

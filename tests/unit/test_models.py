@@ -44,9 +44,16 @@ def test_char_tokenizer_round_trips_text(tok) -> None:
 
 def test_char_tokenizer_specials_and_unknowns(tok) -> None:
     assert (tok.pad_token_id, tok.eos_token_id, tok.unk_token_id) == (0, 1, 2)
-    assert tok("A")["input_ids"] == [tok.unk_token_id]
+    assert tok("é")["input_ids"] == [tok.unk_token_id]
+    assert tok.unk_token_id not in tok("Hello, World! {x: [1]} \\ ~\n\t")["input_ids"]  # printable ASCII is known
     assert tok.decode([3, tok.eos_token_id, 0], skip_special_tokens=True) == "a"
     assert load_tokenizer(TINY) is tok
+
+
+def test_unknown_characters_are_counted() -> None:
+    from kuberl.vocab import unknown_characters
+
+    assert unknown_characters(["café", "naïve é", "plain ASCII!"]) == {"é": 2, "ï": 1}
 
 
 def test_char_tokenizer_left_pads(tok) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -63,8 +64,9 @@ def test_gsm8k_reward(response: str, answer, want: float) -> None:
 
 
 def test_load_reward_fn_good_path() -> None:
-    assert load_reward_fn("kuberl.rewards.builtin:gsm8k") is gsm8k
-    assert load_reward_fn("kuberl.rewards.builtin:repeat_letter")("p", "aa", "a") == 1.0
+    call = load_reward_fn("kuberl.rewards.builtin:gsm8k")
+    assert call.fn is gsm8k and call.keywords == ("prompt", "response", "answer") and call.needs_answer
+    assert load_reward_fn("kuberl.rewards.builtin:repeat_letter")("p", "aa", "a", {}) == 1.0
 
 
 @pytest.fixture
@@ -95,7 +97,7 @@ def load_error(path: str) -> str:
 def test_user_module_on_sys_path_loads(user_modules) -> None:
     user_modules("kuberl_test_reward_ok", "def score(prompt, response, answer):\n    return float(response == answer)\n")
     fn = load_reward_fn("kuberl_test_reward_ok:score")
-    assert fn("p", "x", "x") == 1.0 and fn("p", "x", "y") == 0.0
+    assert fn("p", "x", "x", {}) == 1.0 and fn("p", "x", "y", {}) == 0.0
 
 
 def test_missing_module_names_field_and_fix() -> None:
@@ -126,3 +128,57 @@ def test_module_with_syntax_error(user_modules) -> None:
     user_modules("kuberl_test_reward_syntax", "def score(:\n")
     msg = load_error("kuberl_test_reward_syntax:score")
     assert "raised SyntaxError" in msg
+
+
+@pytest.mark.parametrize("source, keywords, needs_answer", [
+    ("def score(p, r, a):\n    return float(r == a)\n", None, True),                 # positional, any names
+    ("def score(p, r, a=None):\n    return 1.0\n", None, False),
+    ("def score(prompt, response, answer):\n    return 1.0\n", ("prompt", "response", "answer"), True),
+    ("def score(response, row):\n    return float(row['level'] == 2)\n", ("response", "row"), False),
+    ("def score(response, *, answer=None, row):\n    return 1.0\n", ("response", "answer", "row"), False),
+    ("def score(**kw):\n    return float(kw['row']['level'])\n", ("prompt", "response", "answer", "row"), False),
+    ("def score(*args):\n    return 1.0\n", None, False),
+])
+def test_signatures_that_work(user_modules, source: str, keywords, needs_answer: bool) -> None:
+    name = user_modules(f"kuberl_test_sig_{abs(hash(source))}", source)
+    call = load_reward_fn(f"{name}:score")
+    assert (call.keywords, call.needs_answer) == (keywords, needs_answer)
+    assert isinstance(call("say a:", "a", "a", {"level": 2}), float)
+
+
+@pytest.mark.parametrize("source", ["def score(p, r):\n    return 1.0\n", "def score(text, weight):\n    return 1.0\n",
+                                    "def score(a, b, c, d):\n    return 1.0\n"])
+def test_unusable_signature_names_field_and_fix(user_modules, source: str) -> None:
+    name = user_modules(f"kuberl_test_badsig_{abs(hash(source))}", source)
+    msg = load_error(f"{name}:score")
+    assert "cannot be called as a reward" in msg and "fn(prompt, response, answer)" in msg
+
+
+def test_reward_exception_reports_user_file_line_and_sample(user_modules, tmp_path: Path) -> None:
+    from kuberl.rewards import RewardFunctionError
+
+    name = user_modules("kuberl_test_reward_raises", "import math\n\ndef score(response, row):\n"
+                                                     "    return math.sqrt(-row['level'])\n")
+    call = load_reward_fn(f"{name}:score")
+    with pytest.raises(RewardFunctionError) as info:
+        call.score("say a:", "aaa", None, {"level": 3}, "train.jsonl:7")
+    msg = str(info.value)
+    assert "\n" not in msg and msg.startswith(f"spec.reward.function {name}:score raised ValueError: math domain error")
+    assert f"at {tmp_path / (name + '.py')}:4 (in score)" in msg and "on sample train.jsonl:7" in msg and "'say a:'" in msg
+    with pytest.raises(RewardFunctionError, match="raised TypeError"):  # a non-number return
+        load_reward_fn(user_modules("kuberl_test_reward_str", "def score(p, r, a):\n    return None\n") + ":score"
+                       ).score("p", "r", None, {}, "x:1")
+
+
+def test_manifest_folder_becomes_importable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from kuberl.rewards import add_import_dir
+
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.setenv("PYTHONPATH", "/elsewhere")
+    (tmp_path / "kuberl_test_nextdoor.py").write_text("def score(p, r, a):\n    return 0.25\n")
+    add_import_dir(tmp_path)
+    try:
+        assert load_reward_fn("kuberl_test_nextdoor:score")("p", "r", None, {}) == 0.25
+        assert os.environ["PYTHONPATH"] == f"/elsewhere{os.pathsep}{tmp_path.resolve()}"  # for Ray's workers
+    finally:
+        sys.modules.pop("kuberl_test_nextdoor", None)

@@ -60,6 +60,14 @@ def test_hub_model_does_not_get_builtin_default() -> None:
         ({"trainer": {"checkpoint": {"volumeClaim": "ckpt", "path": "ckpt"}}}, "spec.trainer.checkpoint.path", "absolute path"),
         ({"placement": {"deviceClass": "GPU Class"}}, "spec.placement.deviceClass", "must match"),
         ({"image": ""}, "spec.image", "at least 1"),
+        ({"data": {"task": "repeat-letter", "batch_size": 8}}, "spec.data.batch_size", "did you mean batchSize?"),
+        ({"trainer": {"actor_lr": 0.1}}, "spec.trainer.actor_lr", "did you mean actorLr?"),
+        ({"trainer": {"stepz": 3}}, "spec.trainer.stepz", "did you mean steps?"),
+        ({"roles": {"actor": {"max_restarts": 1}}}, "spec.roles.actor.max_restarts", "did you mean maxRestarts?"),
+        ({"data": {"task": "repeat-letter", "eval": {"intervall": 3}}}, "spec.data.eval.intervall", "did you mean interval?"),
+        ({"data": {"files": ["a.jsonl"], "eval": {}}}, "spec.data.eval", "built-in held-out split exists only"),
+        ({"data": {"task": "repeat-letter", "eval": {"files": ["x.csv"]}}}, "spec.data.eval.files", ".jsonl or .parquet"),
+        ({"tracking": {"wandb": {}}}, "spec.tracking.wandb.project", "required"),
     ],
 )
 def test_errors_name_the_field_and_fix(spec, field, words) -> None:
@@ -121,7 +129,7 @@ def test_validate_cli_never_tracebacks(tmp_path, text) -> None:
     path = tmp_path / "job.yaml"
     path.write_text(text)
     proc = subprocess.run([sys.executable, "-m", "kuberl.cli", "validate", str(path)], capture_output=True, text=True)
-    assert proc.returncode != 0
+    assert proc.returncode == 1
     assert "Traceback" not in proc.stderr and proc.stderr.startswith("error: ")
     assert all(line.startswith("error: ") and "(fix: " in line for line in proc.stderr.splitlines())
 
@@ -156,3 +164,40 @@ def test_non_utf8_manifest_is_a_one_line_error(tmp_path) -> None:
     path.write_bytes(b"\x00\xff\xfe")
     proc = subprocess.run([sys.executable, "-m", "kuberl.cli", "validate", str(path)], capture_output=True, text=True)
     assert proc.returncode == 1 and proc.stderr.startswith(f"error: {path}: is not UTF-8 text") and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("text, words, line", [
+    ("spec:\n  data: {task: repeat-letter}\n  data: {task: gsm8k-toy}\n", "duplicate key 'data' (first given at line 2)", 3),
+    ("a: &a [1,2,3,4,5,6,7,8,9]\nb: &b [*a,*a,*a,*a,*a,*a,*a,*a,*a]\nc: &c [*b,*b,*b,*b,*b,*b,*b,*b,*b]\n"
+     "d: &d [*c,*c,*c,*c,*c,*c,*c,*c,*c]\ne: [*d,*d,*d,*d,*d,*d,*d,*d,*d]\n", "aliases expand the document past", 5),
+    ("a: &x [1, *x]\n", "alias *x refers to the node that contains it", 1),
+])
+def test_yaml_refuses_duplicate_keys_and_alias_bombs(text: str, words: str, line: int) -> None:
+    with pytest.raises(SpecInvalid) as info:
+        parse_yaml(text, "job.yaml")
+    msg = str(info.value)
+    assert msg.startswith(f"job.yaml: is not valid YAML at line {line},") and words in msg and "(fix: " in msg
+
+
+def test_yaml_keeps_merge_keys_and_modest_aliases() -> None:
+    obj = parse_yaml("r: &r {cpu: '1'}\nactor: {resources: *r}\nbase: &b {x: 1}\nc:\n  <<: *b\n  x: 2\n")
+    assert obj["actor"]["resources"] == {"cpu": "1"} and obj["c"] == {"x": 2}
+
+
+def test_set_overrides_are_validated_like_the_file(tmp_path) -> None:
+    from kuberl.spec import load_manifest
+
+    path = REPO / "examples" / "quickstart.yaml"
+    job = load_manifest(path, ["trainer.steps=10", "algorithm.kl.coef=0.02", "spec.data.eval={interval: 5}",
+                               "metadata.name=qs2", 'roles.actor.resources.memory="3Gi"'])
+    assert (job.spec.trainer.steps, job.spec.algorithm.kl.coef, job.spec.data.eval.interval, job.metadata.name) == (10, 0.02, 5, "qs2")
+    for sets, want in [(["trainer.stepz=3"], "spec.trainer.stepz: is not a known field (did you mean steps?)"),
+                       (["trainer.steps=abc"], "spec.trainer.steps: must be an integer"),
+                       (["trainer.steps"], "--set trainer.steps: is not PATH=VALUE"),
+                       (["trainer.steps.x=1"], "its parent is not a mapping")]:
+        with pytest.raises(SpecInvalid) as info:
+            load_manifest(path, sets)
+        assert want in str(info.value), str(info.value)
+    proc = subprocess.run([sys.executable, "-m", "kuberl.cli", "validate", str(path), "--set", "trainer.batch_size=4"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 1 and proc.stderr.startswith("error: spec.trainer.batch_size: is not a known field")

@@ -39,8 +39,10 @@ def test_builtin_tasks_are_deterministic() -> None:
     assert repeat_letter_task() == repeat_letter_task()
     assert gsm8k_toy_task() == gsm8k_toy_task()
     assert repeat_letter_task(seed=1) != repeat_letter_task(seed=2)
-    assert load_rows(DataSpec(task="repeat-letter")) == repeat_letter_task()
-    assert load_rows(DataSpec(task="gsm8k-toy")) == gsm8k_toy_task()
+    plain = lambda rows: [{"prompt": r["prompt"], "answer": r["answer"]} for r in rows]  # noqa: E731
+    assert plain(load_rows(DataSpec(task="repeat-letter"))) == repeat_letter_task()
+    assert plain(load_rows(DataSpec(task="gsm8k-toy"))) == gsm8k_toy_task()
+    assert load_rows(DataSpec(task="gsm8k-toy"))[3]["origin"] == "gsm8k-toy[3]"
 
 
 def test_builtin_task_contents() -> None:
@@ -60,13 +62,16 @@ def test_jsonl_loads_and_normalises(tmp_path: Path) -> None:
     path = tmp_path / "train.jsonl"
     path.write_text('{"question": "2+2=", "solution": 4}\n\n{"question": "no answer"}\n')
     rows = load_rows(DataSpec(files=[str(path)], prompt_key="question", answer_key="solution"))
-    assert rows == [{"prompt": "2+2=", "answer": "4"}, {"prompt": "no answer", "answer": None}]
+    assert rows == [{"prompt": "2+2=", "answer": "4", "row": {"question": "2+2=", "solution": 4}, "origin": f"{path}:1"},
+                    {"prompt": "no answer", "answer": None, "row": {"question": "no answer"}, "origin": f"{path}:3"}]
 
 
 def test_parquet_loads(tmp_path: Path) -> None:
     path = write_parquet(tmp_path / "train.parquet", [{"prompt": "say a:", "answer": "a", "extra": 1},
                                                       {"prompt": "say b:", "answer": "b", "extra": 2}])
-    assert load_rows(DataSpec(files=[path])) == [{"prompt": "say a:", "answer": "a"}, {"prompt": "say b:", "answer": "b"}]
+    rows = load_rows(DataSpec(files=[path]))
+    assert [(r["prompt"], r["answer"], r["origin"]) for r in rows] == [("say a:", "a", f"{path} row 0"), ("say b:", "b", f"{path} row 1")]
+    assert rows[1]["row"] == {"prompt": "say b:", "answer": "b", "extra": 2}  # every field reaches the reward
 
 
 def test_several_files_concatenate_in_order(tmp_path: Path) -> None:
@@ -114,6 +119,42 @@ def test_non_object_json_line_is_a_data_error(tmp_path: Path, line: str) -> None
     path = tmp_path / "t.jsonl"
     path.write_text('{"prompt": "ok"}\n' + line + "\n")
     assert data_error(DataSpec(files=[str(path)])).startswith("spec.data.files[0]: ")
+
+
+def test_answer_key_required_when_the_reward_takes_it(tmp_path: Path) -> None:
+    path = write_jsonl(tmp_path / "t.jsonl", [{"prompt": "a", "answer": "x"}, {"prompt": "b"}])
+    assert len(load_rows(DataSpec(files=[path]))) == 2  # no reward needs it: a missing answer is None
+    with pytest.raises(DataError) as info:
+        load_rows(DataSpec(files=[path]), need_answer="my.mod:score")
+    assert str(info.value).startswith(f"spec.data.answerKey: {path}:2 has no field 'answer', which the reward my.mod:score takes")
+
+
+def test_unreadable_and_non_utf8_files_are_data_errors(tmp_path: Path) -> None:
+    import os
+
+    bad = tmp_path / "latin1.jsonl"
+    bad.write_bytes(b'{"prompt": "caf\xe9"}\n')
+    assert "is not UTF-8 text" in data_error(DataSpec(files=[str(bad)]))
+    folder = tmp_path / "folder.jsonl"
+    folder.mkdir()
+    assert "is not a file" in data_error(DataSpec(files=[str(folder)]))
+    if os.geteuid() != 0:  # root reads anything
+        locked = tmp_path / "locked.jsonl"
+        locked.write_text('{"prompt": "x"}\n')
+        locked.chmod(0)
+        assert "cannot be read" in data_error(DataSpec(files=[str(locked)]))
+
+
+def test_eval_rows_held_out_split_and_files(tmp_path: Path) -> None:
+    from kuberl.spec.model import EvalSpec
+    from kuberl.tasks import load_eval_rows
+
+    held = load_eval_rows(DataSpec(task="gsm8k-toy", eval=EvalSpec(max_prompts=5)))
+    assert len(held) == 5 and held != load_rows(DataSpec(task="gsm8k-toy"))[:5]
+    path = write_jsonl(tmp_path / "held.jsonl", [{"q": f"{i}+1=", "a": str(i + 1)} for i in range(3)])
+    rows = load_eval_rows(DataSpec(task="gsm8k-toy", prompt_key="q", answer_key="a", eval=EvalSpec(files=[path])))
+    assert [r["prompt"] for r in rows] == ["0+1=", "1+1=", "2+1="]
+    assert load_eval_rows(DataSpec(task="gsm8k-toy")) == []
 
 
 # -- PromptLoader -----------------------------------------------------------------------------------

@@ -21,6 +21,10 @@ def plot_reward_curve(jsonl: Path, png: Path, key: str = "reward_mean") -> Path:
     if len(values) >= 10:
         avg = [sum(values[max(0, i - 9) : i + 1]) / len(values[max(0, i - 9) : i + 1]) for i in range(len(values))]
         ax.plot(steps, avg, lw=2, label="10-step mean")
+    evals = [r for r in read_jsonl(jsonl) if "eval_reward_mean" in r]
+    if evals:
+        ax.plot([r["step"] for r in evals], [r["eval_reward_mean"] for r in evals], "o-", lw=1.5,
+                label="eval (greedy)")
     ax.set_xlabel("step")
     ax.set_ylabel("reward")
     ax.set_title(jsonl.parent.name)

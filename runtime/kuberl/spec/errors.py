@@ -61,6 +61,9 @@ def _describe(err: dict) -> tuple[str, str]:
     if kind == "missing":
         return "is required", f"add {path}"
     if kind == "extra_forbidden":
+        guess = did_you_mean(tuple(err["loc"]))
+        if guess:
+            return f"is not a known field (did you mean {guess}?)", f"rename {path} to {guess}"
         return "is not a known field", f"remove {path} or check its spelling (see `kubectl explain rltj.spec`)"
     if kind in ("literal_error", "enum"):
         expected = ctx.get("expected", "")
@@ -76,6 +79,48 @@ def _describe(err: dict) -> tuple[str, str]:
     if msg.startswith("Value error, "):
         msg = msg[len("Value error, "):]
     return msg, f"correct {path}"
+
+
+def known_fields(loc: tuple) -> list[str]:
+    """The YAML (alias) names of the fields of the section at `loc` (a path into RLTrainingJob)."""
+    import typing
+
+    from pydantic import BaseModel
+
+    from .model import RLTrainingJob
+
+    def section(annotation: Any) -> Any:
+        """The BaseModel inside Optional[...] / list[...], or None."""
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            return annotation
+        for arg in typing.get_args(annotation):
+            found = section(arg)
+            if found is not None:
+                return found
+        return None
+
+    model: Any = RLTrainingJob
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        field = next((f for name, f in model.model_fields.items() if (f.alias or name) == part), None)
+        model = section(field.annotation) if field is not None else None
+        if model is None:
+            return []
+    return [f.alias or name for name, f in model.model_fields.items()]
+
+
+def did_you_mean(loc: tuple) -> str:
+    """The known field closest to an unknown key at `loc` ('batch_size' -> 'batchSize'), or ''."""
+    import difflib
+
+    key, known = str(loc[-1]), known_fields(loc[:-1])
+    camel = key.split("_")[0] + "".join(w[:1].upper() + w[1:] for w in key.split("_")[1:])
+    lowered = {k.lower(): k for k in known}
+    if camel in known or key.lower() in lowered:
+        return camel if camel in known else lowered[key.lower()]
+    close = difflib.get_close_matches(camel, known, n=1, cutoff=0.6)
+    return close[0] if close else ""
 
 
 def from_validation_error(exc: ValidationError, prefix: tuple = ()) -> list[SpecError]:

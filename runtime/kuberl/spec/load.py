@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import yaml
 from pydantic import ValidationError
 
 from .errors import SpecError, SpecInvalid, from_validation_error
 from .model import API_VERSION, KIND, RLTrainingJob
+from .yaml_loader import load_all
 
 
 def validate_manifest(obj: Any) -> RLTrainingJob:
@@ -21,27 +23,93 @@ def validate_manifest(obj: Any) -> RLTrainingJob:
     if obj.get("apiVersion") != API_VERSION:
         raise SpecInvalid([SpecError("apiVersion", f"must be {API_VERSION} (got {obj.get('apiVersion')!r})", f"set apiVersion: {API_VERSION}")])
     try:
-        return RLTrainingJob.model_validate(obj)
+        # by alias only: a manifest spells fields as the CRD does (batchSize); a snake_case key would
+        # be pruned by the API server, so it is an unknown field here too
+        return RLTrainingJob.model_validate(obj, by_alias=True, by_name=False)
     except ValidationError as exc:
         raise SpecInvalid(from_validation_error(exc)) from None
 
 
 def parse_yaml(text: str, source: str = "<manifest>") -> Any:
-    """YAML text -> object; a parse failure becomes SpecInvalid naming the line."""
+    """YAML text -> object; a parse failure, a duplicate key or an alias bomb becomes SpecInvalid naming the line."""
     try:
-        docs = [d for d in yaml.safe_load_all(text) if d is not None]
+        docs = [d for d in load_all(text) if d is not None]
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown position"
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise SpecInvalid([SpecError(source, f"is not valid YAML at {where}: {problem}", "fix the YAML syntax (indentation, colons, quotes)")]) from None
+        fix = ("keep one of the two keys" if problem.startswith("duplicate key")
+               else "write the values out instead of the alias" if "alias" in problem
+               else "fix the YAML syntax (indentation, colons, quotes)")
+        raise SpecInvalid([SpecError(source, f"is not valid YAML at {where}: {problem}", fix)]) from None
     if len(docs) != 1:
         raise SpecInvalid([SpecError(source, f"must hold exactly one YAML document (found {len(docs)})", f"put one {KIND} in the file")])
     return docs[0]
 
 
-def load_manifest(path: str | Path) -> RLTrainingJob:
-    """Read, parse and validate a manifest file."""
+_PART = re.compile(r"^([A-Za-z_][\w-]*)((?:\[\d+\])*)$")
+
+
+def apply_set(obj: dict[str, Any], text: str) -> None:
+    """Apply one `--set path=value` to a parsed manifest. The path is under `spec` unless it starts with
+    `spec.` or `metadata.` (`trainer.steps=10`, `algorithm.kl.coef=0.02`, `resilience.faults[0].step=3`);
+    the value is read as YAML (10 -> int, 0.02 -> float, true -> bool, "[a, b]" -> list)."""
+    path, eq, raw = text.partition("=")
+    if not eq or not path.strip():
+        raise SpecInvalid([SpecError(f"--set {text}", "is not PATH=VALUE", "write e.g. --set trainer.steps=10")])
+    parts = path.strip().split(".")
+    if parts[0] not in ("spec", "metadata"):
+        parts = ["spec", *parts]
+    try:
+        value = parse_value(raw)
+    except yaml.YAMLError as exc:
+        raise SpecInvalid([SpecError(f"--set {text}", f"has a value that is not YAML ({getattr(exc, 'problem', exc)})",
+                                     "quote the value")]) from None
+    node: Any = obj
+    steps: list[str | int] = []
+    for part in parts:
+        m = _PART.match(part)
+        if not m:
+            raise SpecInvalid([SpecError(f"--set {text}", f"has a bad path element {part!r}",
+                                         "use dotted field names, e.g. trainer.steps")])
+        steps.append(m.group(1))
+        steps.extend(int(i) for i in re.findall(r"\d+", m.group(2)))
+    for i, key in enumerate(steps):
+        last = i == len(steps) - 1
+        where = ".".join(str(s) for s in steps[: i + 1])
+        if isinstance(key, int):
+            if not isinstance(node, list) or key >= len(node):
+                raise SpecInvalid([SpecError(f"--set {text}", f"{where}: no list element {key}",
+                                             "set an element that exists in the manifest")])
+        elif not isinstance(node, dict):
+            raise SpecInvalid([SpecError(f"--set {text}", f"{where}: its parent is not a mapping", "check the path")])
+        if last:
+            node[key] = value
+        else:
+            if isinstance(key, str) and (key not in node or node[key] is None):
+                node[key] = [] if isinstance(steps[i + 1], int) else {}
+            node = node[key]
+
+
+def parse_value(raw: str) -> Any:
+    """A `--set` value: one YAML scalar or flow collection; empty is the empty string."""
+    docs = load_all(raw) if raw.strip() else [""]
+    return docs[0] if docs else ""
+
+
+def load_manifest(path: str | Path, overrides: Sequence[str] = ()) -> RLTrainingJob:
+    """Read, parse and validate a manifest file, with `--set PATH=VALUE` overrides applied first
+    (so an override gets the same field-named errors as the file)."""
+    obj = read_manifest(path)
+    for text in overrides:
+        if not isinstance(obj, dict):
+            break  # validate_manifest reports the non-mapping document
+        apply_set(obj, text)
+    return validate_manifest(obj)
+
+
+def read_manifest(path: str | Path) -> Any:
+    """Read and parse a manifest file (not validated)."""
     p = Path(path)
     try:
         text = p.read_text()
@@ -49,4 +117,4 @@ def load_manifest(path: str | Path) -> RLTrainingJob:
         raise SpecInvalid([SpecError(str(p), f"cannot be read: {exc.strerror or exc}", "check the path")]) from None
     except UnicodeDecodeError as exc:
         raise SpecInvalid([SpecError(str(p), f"is not UTF-8 text (byte {exc.start})", "save the manifest as UTF-8 YAML")]) from None
-    return validate_manifest(parse_yaml(text, str(p)))
+    return parse_yaml(text, str(p))

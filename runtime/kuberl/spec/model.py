@@ -165,6 +165,37 @@ class AlgorithmSpec(Section):
         return self.name == "ppo" and self.kl.in_reward
 
 
+def _check_formats(files: list[str]) -> list[str]:
+    for f in files:
+        if not f.endswith((".jsonl", ".parquet")):
+            raise ValueError(f"{f!r} must end in .jsonl or .parquet")
+    return files
+
+
+class EvalSpec(Section):
+    """Held-out prompts, answered greedily every `interval` steps and at the last step, scored by the
+    job's reward: `eval_reward_mean` in metrics.jsonl, TensorBoard and the reward curve."""
+
+    task: BuiltinTask | None = Field(
+        None, description="A built-in task's held-out split (rows generated apart from training's). "
+                          "Default, without files: the held-out split of spec.data.task.")
+    files: list[str] = Field(default_factory=list,
+                             description="Held-out jsonl or parquet files (spec.data's promptKey/answerKey).")
+    interval: int = Field(10, ge=1, description="Steps between evaluations (the last step is always evaluated).")
+    max_prompts: int = Field(64, ge=1, description="Evaluate at most this many prompts, the first ones in file order.")
+
+    @field_validator("files")
+    @classmethod
+    def _known_formats(cls, files: list[str]) -> list[str]:
+        return _check_formats(files)
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "EvalSpec":
+        if self.task and self.files:
+            raise ValueError("give either task or files, not both")
+        return self
+
+
 class DataSpec(Section):
     task: BuiltinTask | None = Field(
         None, description="Built-in task (prompts generated locally). Exclusive with files."
@@ -175,14 +206,12 @@ class DataSpec(Section):
     max_prompt_length: int = Field(32, ge=1, description="Prompt tokens; longer prompts are left-truncated.")
     batch_size: int = Field(16, ge=1, description="Prompts per step.")
     shuffle: bool = Field(True)
+    eval: EvalSpec | None = Field(None, description="Held-out evaluation with greedy decoding (off when unset).")
 
     @field_validator("files")
     @classmethod
     def _known_formats(cls, files: list[str]) -> list[str]:
-        for f in files:
-            if not f.endswith((".jsonl", ".parquet")):
-                raise ValueError(f"{f!r} must end in .jsonl or .parquet")
-        return files
+        return _check_formats(files)
 
     @model_validator(mode="after")
     def _one_source(self) -> DataSpec:
@@ -241,6 +270,26 @@ class CheckpointSpec(Section):
 class MetricsSpec(Section):
     prometheus_port: int | None = Field(None, ge=0, le=65535, description="Serve /metrics on this port (0 = any).")
     prometheus_address: str = Field("127.0.0.1", description="Bind address for /metrics.")
+
+
+class MLflowSpec(Section):
+    tracking_uri: str | None = Field(None, description="MLflow tracking URI; default: MLflow's own (MLFLOW_TRACKING_URI).")
+    experiment: str | None = Field(None, min_length=1, description="Experiment name; default: the job's name.")
+
+
+class WandbSpec(Section):
+    project: str = Field(..., min_length=1, description="W&B project.")
+    entity: str | None = Field(None, min_length=1, description="W&B entity (user or team).")
+    mode: Literal["online", "offline"] = Field("online",
+                                               description="offline writes runs under <out>/wandb for `wandb sync`.")
+
+
+class TrackingSpec(Section):
+    """Experiment tracking: every scalar of metrics.jsonl, per step."""
+
+    tensorboard: bool = Field(True, description="TensorBoard event files under <out>/tensorboard.")
+    mlflow: MLflowSpec | None = Field(None, description="Log to MLflow (needs the mlflow package).")
+    wandb: WandbSpec | None = Field(None, description="Log to Weights & Biases (needs the wandb package).")
 
 
 class TrainerSpec(Section):
@@ -384,6 +433,7 @@ class JobSpec(Section):
     roles: RolesSpec = Field(default_factory=RolesSpec)
     resilience: ResilienceSpec = Field(default_factory=ResilienceSpec)
     placement: PlacementSpec = Field(default_factory=PlacementSpec)
+    tracking: TrackingSpec = Field(default_factory=TrackingSpec)
     image: str | None = Field(
         None, min_length=1,
         description="Kubernetes: runtime image of the Ray pods and the driver; defaults to the operator's --image.",
@@ -464,6 +514,13 @@ def cross_field_problems(spec: JobSpec) -> list[tuple[str, str, str]]:
     elif actor_gpus > 0 and actor_gpus % roll.tensor_parallel_size:
         out.append(("rollout.tensorParallelSize", f"must divide spec.roles.actor.gpus ({actor_gpus})",
                     f"set spec.rollout.tensorParallelSize to a divisor of {actor_gpus}"))
+    ev = spec.data.eval
+    if ev is not None and not (ev.task or ev.files or spec.data.task):
+        out.append(("data.eval", "has no prompts: a built-in held-out split exists only for a built-in spec.data.task",
+                    "give spec.data.eval.files (held-out prompts) or spec.data.eval.task"))
+    if roll.engine == "vllm" and ev is not None:
+        out.append(("data.eval", "evaluation decodes greedily with the hf engine's model; vllm has none",
+                    "use spec.rollout.engine hf, or remove spec.data.eval"))
     if roll.engine == "vllm" and actor_gpus == 0:
         out.append(("rollout.engine", "vllm needs GPUs", "set spec.roles.actor.gpus >= 1 or use engine hf"))
     n = spec.samples_per_step

@@ -9,6 +9,7 @@ import torch
 from .. import algos
 from ..batch import Batch
 from ..dispatch import Dispatch, register
+from ..evaluation import eval_batch
 from ..models import load_causal_lm
 from ..rollout import make_engine
 from ..sequence import response_logprobs, response_mask
@@ -56,6 +57,12 @@ class ActorWorker(Worker):
                      "attention_mask": attention_mask})
         out.tensors["old_logprobs"] = self._logprobs(out)
         return Batch({k: v.cpu() for k, v in out.tensors.items()}, {"gen_seconds": [gen_s] * len(out)})
+
+    @register(Dispatch.SPLIT)
+    @torch.no_grad()
+    def evaluate(self, batch: Batch) -> Batch:
+        """Greedy answers to held-out prompts with the rollout engine's model (kuberl.evaluation)."""
+        return eval_batch(self.engine.model, self.tokenizer, batch, self.spec.rollout.max_new_tokens)
 
     @torch.no_grad()
     def _logprobs(self, b: Batch) -> torch.Tensor:

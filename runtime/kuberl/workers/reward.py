@@ -30,7 +30,9 @@ class RewardWorker(Worker):
         """scores [B] (float32): one scalar per sequence."""
         texts = decode_responses(self.tokenizer, batch["responses"], batch["response_mask"])
         if self.fn is not None:
-            scores = [float(self.fn(p, r, a)) for p, r, a in zip(batch.meta["prompt"], texts, batch.meta["answer"])]
+            m, n = batch.meta, len(texts)  # a program of one's own may send only prompt and answer
+            rows, origins = m.get("row") or [{}] * n, m.get("origin") or ["(sample)"] * n
+            scores = [self.fn.score(*sample) for sample in zip(m["prompt"], texts, m["answer"], rows, origins)]
             return Batch({"scores": torch.tensor(scores, dtype=torch.float32)})
         enc = self.rm_tokenizer([p + r for p, r in zip(batch.meta["prompt"], texts)], return_tensors="pt", padding=True)
         parts = []

@@ -1,0 +1,142 @@
+"""Everything a run will need, checked before any process starts (`kuberl run`, `kuberl validate`).
+
+The manifest has already passed the spec model. Here: the reward function imports and has a usable
+signature; the data (and eval) files exist, are readable, parse, are not empty and hold the prompt
+key (and the answer key when the reward takes the answer); the tracking packages the spec asks for are
+installed; the models' tokenizers load; every other extension point named by an import path
+(advantage estimator, policy loss, KL estimator, an extra role's worker class) resolves. Every problem is one line naming the field and the fix;
+all of them are reported, not only the first.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+from .spec import JobSpec
+
+
+class PreflightFailed(ValueError):
+    """One or more problems, each a one-line message starting with the spec field."""
+
+    def __init__(self, problems: list[str]):
+        super().__init__("\n".join(problems))
+        self.problems = problems
+
+    def report(self) -> int:
+        for problem in self.problems:
+            print(f"error: {problem}", file=sys.stderr)
+        return 1
+
+
+def check_job(spec: JobSpec, manifest_dir: Optional[Path] = None) -> list[dict[str, Any]]:
+    """Raise PreflightFailed listing every problem; returns the training rows (for warnings about them).
+    `manifest_dir` is made importable first, so a reward module may sit next to the manifest."""
+    from .rewards import RewardImportError, add_import_dir, load_reward_fn
+    from .tasks import DataError, load_eval_rows, load_rows
+
+    if manifest_dir is not None:
+        add_import_dir(manifest_dir)
+    problems: list[str] = []
+    need_answer = ""
+    if spec.reward.function:
+        try:
+            reward = load_reward_fn(spec.reward.function)
+            need_answer = spec.reward.function if reward.needs_answer else ""
+        except RewardImportError as exc:
+            problems.append(str(exc))
+    rows: list[dict[str, Any]] = []
+    for load in (load_rows, load_eval_rows):
+        try:
+            got = load(spec.data, need_answer)
+            rows = rows or got
+        except DataError as exc:
+            problems.append(str(exc))
+    problems += tracking_problems(spec)
+    if not problems:  # tokenizers and the registries (torch) are slow to import: only when nothing cheaper failed
+        problems += model_problems(spec) + extension_problems(spec)
+    if problems:
+        raise PreflightFailed(problems)
+    return rows
+
+
+def tracking_problems(spec: JobSpec) -> list[str]:
+    """The tracking backends the spec asks for whose package is not installed."""
+    out = []
+    for name, wanted in (("mlflow", spec.tracking.mlflow), ("wandb", spec.tracking.wandb)):
+        if wanted is not None and importlib.util.find_spec(name) is None:
+            out.append(
+                f"spec.tracking.{name}: the {name} package is not installed "
+                f"(fix: pip install {name} into the runtime environment, or remove spec.tracking.{name})"
+            )
+    if spec.tracking.tensorboard and importlib.util.find_spec("tensorboardX") is None:
+        out.append(
+            "spec.tracking.tensorboard: the tensorboardX package is not installed "
+            "(fix: pip install 'kuberl[runtime]', or set spec.tracking.tensorboard to false)"
+        )
+    return out
+
+
+def extension_problems(spec: JobSpec) -> list[str]:
+    """The algorithm's registry entries and the extra roles' worker classes that do not resolve."""
+    from .algos import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, POLICY_LOSSES
+    from .registry import RegistryError
+    from .workers import worker_class
+
+    checks = [lambda: ADVANTAGE_ESTIMATORS.get(spec.algorithm.estimator),
+              lambda: POLICY_LOSSES.get(spec.algorithm.policy_loss),
+              lambda: KL_ESTIMATORS.get(spec.algorithm.kl.estimator),
+              *(lambda role=role: worker_class(spec, role) for role in spec.roles.extra)]
+    out = []
+    for check in checks:
+        try:
+            check()
+        except RegistryError as exc:
+            out.append(str(exc))
+    return out
+
+
+def model_problems(spec: JobSpec) -> list[str]:
+    out = [check_model_source(spec.model, "spec.model")]
+    if spec.reward.model is not None and spec.reward.model.is_set():
+        out.append(check_model_source(spec.reward.model, "spec.reward.model"))
+    return [p for p in out if p]
+
+
+def check_model_source(src, field: str) -> str:
+    """'' when the model's tokenizer loads (a local path must exist; a hub id must resolve), else the problem."""
+    if src.builtin:
+        return ""
+    if src.path and not Path(src.path).is_dir():
+        return f"{field}.path: {src.path!r} is not a directory (fix: mount the model there or use hub)"
+    from .models import load_tokenizer
+
+    try:
+        load_tokenizer(src)
+    except (OSError, ValueError) as exc:
+        where = f"{field}.hub" if src.hub else f"{field}.path"
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return (
+            f"{where}: cannot load the tokenizer ({first}) "
+            "(fix: check the id or path; offline, put the model in the Hugging Face cache)"
+        )
+    return ""
+
+
+def warn_unknown_characters(spec: JobSpec, rows: list[dict[str, Any]]) -> None:
+    """Once per run: which prompt characters the built-in tokenizer maps to <unk>, with their counts."""
+    if not spec.model.builtin:
+        return
+    from .vocab import unknown_characters
+
+    unknown = unknown_characters(r["prompt"] for r in rows)
+    if unknown:
+        shown = ", ".join(f"{c!r} x{n}" for c, n in unknown.most_common(8))
+        more = f" and {len(unknown) - 8} more" if len(unknown) > 8 else ""
+        print(
+            f"warning: the prompts hold {sum(unknown.values())} characters that the built-in tokenizer does not know "
+            f"({shown}{more}); they become <unk> (it covers printable ASCII, newline and tab)",
+            file=sys.stderr,
+        )

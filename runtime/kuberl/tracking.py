@@ -1,0 +1,114 @@
+"""Experiment tracking: the scalars of each metrics.jsonl record, also in TensorBoard, MLflow or W&B.
+
+- TensorBoard (`spec.tracking.tensorboard`, on by default): event files under `<out>/tensorboard`,
+  written with tensorboardX (`tensorboard --logdir <out>/tensorboard`). A resumed run purges the events
+  past its restored step, as metrics.jsonl drops those records.
+- MLflow (`spec.tracking.mlflow`) and W&B (`spec.tracking.wandb`), when asked for and installed (the
+  preflight refuses a job that asks for a package that is missing).
+
+Every tracker gets the same scalars: the record's finite numbers, keyed as in metrics.jsonl, at its step.
+Trackers are `kuberl.metrics` step writers (`write(rec)`, `close()`), added to the driver's sink.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from .record import StepRecord
+from .spec import JobSpec
+
+
+class Tracker:
+    """A step writer logging the scalars of each step's metrics.jsonl object (`log`)."""
+
+    def write(self, rec: StepRecord) -> None:
+        self.log(rec.flat())
+
+    def log(self, record: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+
+def scalars(record: dict[str, Any]) -> dict[str, float]:
+    """The record's finite numeric values (booleans and strings left out), `step` too."""
+    return {
+        k: float(v)
+        for k, v in record.items()
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    }
+
+
+class TensorBoardTracker(Tracker):
+    def __init__(self, logdir: Path, start_step: int):
+        from tensorboardX import SummaryWriter
+
+        # purge_step: TensorBoard drops events of an earlier run from this step on (a resume replays them)
+        self.writer = SummaryWriter(logdir=str(logdir), purge_step=start_step + 1 if start_step else None)
+
+    def log(self, record: dict[str, Any]) -> None:
+        step = int(record["step"])
+        for key, value in scalars(record).items():
+            if key != "step":
+                self.writer.add_scalar(key, value, step)
+        self.writer.flush()
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class MLflowTracker(Tracker):
+    def __init__(self, spec: JobSpec, job: str):
+        import mlflow
+
+        cfg = spec.tracking.mlflow
+        if cfg.tracking_uri:
+            mlflow.set_tracking_uri(cfg.tracking_uri)
+        mlflow.set_experiment(cfg.experiment or job)
+        self.mlflow = mlflow
+        self.run = mlflow.start_run(run_name=job)
+
+    def log(self, record: dict[str, Any]) -> None:
+        values = scalars(record)
+        self.mlflow.log_metrics({k: v for k, v in values.items() if k != "step"}, step=int(record["step"]))
+
+    def close(self) -> None:
+        self.mlflow.end_run()
+
+
+class WandbTracker(Tracker):
+    def __init__(self, spec: JobSpec, out: Path, job: str):
+        import wandb
+
+        cfg = spec.tracking.wandb
+        self.run = wandb.init(
+            project=cfg.project,
+            entity=cfg.entity,
+            name=job,
+            mode=cfg.mode,
+            dir=str(out),
+            config=spec.model_dump(by_alias=True, mode="json", exclude_none=True),
+        )
+
+    def log(self, record: dict[str, Any]) -> None:
+        values = scalars(record)
+        self.run.log({k: v for k, v in values.items() if k != "step"}, step=int(record["step"]))
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+def make_trackers(spec: JobSpec, out: Path, job: str, start_step: int) -> list[Tracker]:
+    """The trackers the spec asks for; `start_step` is the step a resumed run restored."""
+    cfg = spec.tracking
+    out_list: list[Tracker] = []
+    if cfg.tensorboard:
+        out_list.append(TensorBoardTracker(out / "tensorboard", start_step))
+    if cfg.mlflow is not None:
+        out_list.append(MLflowTracker(spec, job))
+    if cfg.wandb is not None:
+        out_list.append(WandbTracker(spec, out, job))
+    return out_list
