@@ -53,7 +53,11 @@ def pod_failure(pod: Mapping[str, Any]) -> str | None:
     if container:
         return container
     if status.get("phase") == "Failed":
-        return f"pod failed ({status['reason']})" if status.get("reason") else "pod failed"
+        disruption = next((c for c in status.get("conditions", []) if c.get("type") == "DisruptionTarget"
+                           and c.get("status") == "True"), None)  # e.g. the pod GC's, when the node is gone
+        why = status.get("reason") or (disruption and disruption.get("reason"))
+        detail = disruption.get("message") if disruption and disruption.get("message") else None
+        return "pod failed" + (f" ({why}" + (f": {detail})" if detail else ")") if why else "")
     if status.get("phase") == "Succeeded":
         return "worker exited"  # a Ray worker never finishes on its own
     return None

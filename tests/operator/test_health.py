@@ -28,6 +28,9 @@ def terminated(code: int, reason: str) -> list[dict[str, Any]]:
     (pod("Running", False, containerStatuses=terminated(1, "Error")), "container ray-worker exited with code 1 (Error)"),
     (pod("Failed", False, reason="Evicted", message="low on memory"), "evicted: low on memory"),
     (pod("Failed", False), "pod failed"),
+    (pod("Failed", False, conditions=[{"type": "DisruptionTarget", "status": "True", "reason": "DeletionByPodGC",
+                                       "message": "PodGC: node no longer exists"}]),
+     "pod failed (DeletionByPodGC: PodGC: node no longer exists)"),
     (pod("Succeeded", False), "worker exited"),
     ({**pod(), "metadata": {**pod()["metadata"], "deletionTimestamp": "2026-01-01T00:00:00Z"}}, "deleted"),
 ])
