@@ -110,14 +110,18 @@ def assess_role(pods: Sequence[PodView], tracking: Tracking) -> RoleHealth:
     """Count new failures of one role's pods and say which pods must go.
 
     ``pods`` are the role's pods of the current RayCluster. A new failure is a failed pod that is
-    not handled yet, or a member that vanished. On any new failure every current pod of the role is
-    handled (and so deleted): the role restarts as a gang, counted once however many pods failed.
+    not handled yet, or a member that vanished. On any new failure the gang, every member and every
+    failed pod, is handled (and so deleted): the role restarts as a gang, counted once however many
+    pods failed. A pod that is neither (KubeRay's replacement of the failed one, made since the last
+    pass) joined after the failure and is spared: deleting KubeRay's brand-new pod stalls its group
+    for minutes (its scale expectations wait for a pod it never saw).
     """
     current = {p.uid: p for p in pods}
     failures = [f"pod {p.name}: {p.failure}" for p in pods if p.failure and p.uid not in tracking.handled]
     failures += [f"pod {name}: deleted" for uid, name in sorted(tracking.members.items(), key=lambda m: m[1])
                  if uid not in current and uid not in tracking.handled]
-    handled = (tracking.handled | (current.keys() if failures else set())) & current.keys()
+    gang = {uid for uid, p in current.items() if uid in tracking.members or p.failure}
+    handled = (tracking.handled | (gang if failures else set())) & current.keys()
     members = {p.uid: p.name for p in pods if not p.failure and p.uid not in handled}
     doomed = tuple(sorted(p.name for p in pods if p.uid in handled and not p.deleting))
     ready = sum(1 for p in pods if p.ready and not p.failure and p.uid not in handled)

@@ -73,6 +73,14 @@ def test_one_failure_dooms_the_gang_and_counts_once() -> None:
     assert fresh.failures == () and fresh.ready == 2
 
 
+def test_a_replacement_made_after_the_failure_is_spared() -> None:
+    # KubeRay replaces a failed worker at once (c): it joined after the failure, so it is not of the gang.
+    start = assess_role([view("a"), view("b")], Tracking()).tracking
+    health = assess_role([view("a", "container ray-worker exited with code 1"), view("b"), view("c", ready=False)], start)
+    assert len(health.failures) == 1 and health.doomed == ("a", "b")
+    assert health.tracking == Tracking({"uid-c": "c"}, frozenset({"uid-a", "uid-b"}))
+
+
 def test_a_vanished_member_is_a_deletion() -> None:
     start = assess_role([view("a"), view("b")], Tracking()).tracking
     health = assess_role([view("b")], start)
