@@ -116,6 +116,9 @@ prometheus: ## Debian's prometheus + promtool for tests/prometheus (apt-get when
 # added here, so the recipes above stay as they are.
 test test-all lint: prometheus
 
+bench-load: venv helm cluster-build ## the operator under load: 50 jobs at once on the local control plane
+	unshare -n sh -c 'ip link set lo up && exec $(BIN)/python bench/operator_load.py --jobs 50'
+
 bench: venv ## CPU benchmark of one PPO step through the real code path
 	$(BIN)/python bench/ppo_step.py --model tiny --device cpu
 

@@ -50,7 +50,7 @@ class Api:
     """get/list/create/patch/apply/delete against one API server, in one default namespace."""
 
     def __init__(self, server: str, ca_file: Path, namespace: str = "default", cert: tuple[Path, Path] | None = None,
-                 token: str | None = None, timeout: float = 15):
+                 token: str | None = None, timeout: float = 30):
         self.server, self.namespace, self.timeout = server.rstrip("/"), namespace, timeout
         self.ssl = ssl.create_default_context(cafile=str(ca_file))
         if cert is not None:
