@@ -91,7 +91,7 @@ def main() -> int:
         start_s = time.monotonic() - t0
         time.sleep(20)  # at rest: caches filled, nothing to do
         rest = cluster.memory()
-        emit({"metric": "cluster_warm_start_s", "value": round(start_s, 2), "nodes": len(nodes)})
+        emit({"metric": "cluster_warm_start_s", "value": round(start_s, 2), "nodes": len(nodes), "phases": cluster.phases})
         emit({"metric": "cluster_rss_at_rest_mib", "value": round(sum(rest.values()), 1), "per_component": rest})
         operator = None
         try:

@@ -113,19 +113,22 @@ class Cluster:
         self.ports = {n: free_port() for n in ("etcd", "etcd-peer", "apiserver", "controller-manager", "scheduler",
                                                "kuberay-metrics", "kuberay-probe")}
         (self.state / "cluster.json").write_text(json.dumps({"ports": self.ports}, indent=1))
+        self.phases: dict[str, float] = {}  # seconds each step of the start took
+        steps = (("etcd", self._etcd), ("kube-apiserver", self._apiserver), ("controllers+kwok", self._controllers),
+                 ("kuberay", self._kuberay), ("nodes", lambda: self.add_nodes(nodes)))
         try:
-            self._etcd()
-            self._apiserver()
-            self._controllers()
-            self._kuberay()
-            self.add_nodes(nodes)
+            for name, step in steps:
+                t = time.monotonic()
+                step()
+                self.phases[name] = round(time.monotonic() - t, 2)
         except BaseException:
             self.stop()
             raise
         self.kubeconfig.write_text(pki.kubeconfig(self.server, self.pki, "admin"))
         self.kubeconfig.chmod(0o600)
         self.started_in = time.monotonic() - t0
-        self.log(f"cluster up in {self.started_in:.1f}s: {self.server}")
+        self.log(f"cluster up in {self.started_in:.1f}s ({', '.join(f'{k} {v}s' for k, v in self.phases.items())}): "
+                 f"{self.server}")
         return self
 
     def _etcd(self) -> None:
