@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "cluster"), str(REPO)]
 
 from localkube import build, pki  # noqa: E402
-from localkube.api import JOBS, NAMESPACES, PODS, RAYCLUSTERS, RLTJ, Api  # noqa: E402
+from localkube.api import JOBS, NAMESPACES, PODS, RAYCLUSTERS, RLTJ  # noqa: E402
 from localkube.nodes import NodeSpec, gpu_node  # noqa: E402
 from localkube.stack import Cluster  # noqa: E402
 
@@ -82,7 +82,10 @@ def main() -> int:
         print("error: no helm (make helm)", file=sys.stderr)
         return 1
     gpu_nodes = math.ceil(n * GPUS_PER_JOB / 8)
-    nodes = [*(NodeSpec(f"cpu-{i}") for i in range(max(1, math.ceil(n * 3 / 60)))), *(gpu_node(f"gpu-{i}") for i in range(gpu_nodes))]
+    nodes = [
+        *(NodeSpec(f"cpu-{i}") for i in range(max(1, math.ceil(n * 3 / 60)))),
+        *(gpu_node(f"gpu-{i}") for i in range(gpu_nodes)),
+    ]
     with tempfile.TemporaryDirectory(prefix="kuberl-load-") as tmp:
         work = Path(tmp)
         cluster = Cluster(work / "cluster", build.ensure_built(), tie_to_parent=True, log=lambda line: None)
@@ -91,16 +94,36 @@ def main() -> int:
         start_s = time.monotonic() - t0
         time.sleep(20)  # at rest: caches filled, nothing to do
         rest = cluster.memory()
-        emit({"metric": "cluster_warm_start_s", "value": round(start_s, 2), "nodes": len(nodes), "phases": cluster.phases})
+        emit(
+            {
+                "metric": "cluster_warm_start_s",
+                "value": round(start_s, 2),
+                "nodes": len(nodes),
+                "phases": cluster.phases,
+            }
+        )
         emit({"metric": "cluster_rss_at_rest_mib", "value": round(sum(rest.values()), 1), "per_component": rest})
         operator = None
         try:
             helm = Helm(helm_bin, work / "helm")
-            helm.run("install", "kuberl", str(CHART), "-n", "kuberl-system", "--create-namespace",
-                     "--kubeconfig", str(cluster.kubeconfig), "--wait", "--timeout", "120s")
+            helm.run(
+                "install",
+                "kuberl",
+                str(CHART),
+                "-n",
+                "kuberl-system",
+                "--create-namespace",
+                "--kubeconfig",
+                str(cluster.kubeconfig),
+                "--wait",
+                "--timeout",
+                "120s",
+            )
             admin = cluster.admin(NAMESPACE)
             kubeconfig = work / "operator.kubeconfig"
-            kubeconfig.write_text(pki.kubeconfig(cluster.server, cluster.pki, token=admin.token("kuberl-system", "kuberl")))
+            kubeconfig.write_text(
+                pki.kubeconfig(cluster.server, cluster.pki, token=admin.token("kuberl-system", "kuberl"))
+            )
             (work / "operator").mkdir()
             operator = OperatorProcess(kubeconfig, work / "operator", resync_seconds=30)  # the default period
             operator.start()
@@ -128,18 +151,52 @@ def main() -> int:
             per_job = {name: sum(1 for c in clusters if c["metadata"]["name"] == name) for name in names}
             lost = sorted(set(names) - set(phases))
             duplicated = sorted(name for name, k in per_job.items() if k != 1)
-            emit({"metric": "jobs_all_running_s", "value": round(done_s, 2) if done_s else None, "jobs": n,
-                  "apply_s": round(applied_s, 2), "not_running": sorted(k for k, v in phases.items() if v != "Running")})
-            emit({"metric": "reconcile_latency_s", "p50": round(quantile(buckets, 0.5), 4), "p99": round(quantile(buckets, 0.99), 4),
-                  "mean": round(total / count, 4) if count else None, "reconciles": int(count)})
-            emit({"metric": "operator_rss_mib", "idle": round(rss_idle, 1), "peak": round(peak, 1), "after": round(rss_after, 1)})
-            emit({"metric": "jobs_lost_or_duplicated", "lost": lost, "duplicated": duplicated, "rayclusters": len(clusters),
-                  "driver_jobs": len(drivers), "pods": len(pods), "expected_pods": n * PODS_PER_JOB})
-            print(f"\n{n} jobs on {platform.node()} ({platform.processor() or platform.machine()}): warm start {start_s:.1f}s, "
-                  f"control plane at rest {sum(rest.values()):.0f} MiB; all Running after {done_s and round(done_s, 1)}s; "
-                  f"reconcile p50 {quantile(buckets, 0.5) * 1000:.0f} ms, p99 {quantile(buckets, 0.99) * 1000:.0f} ms over "
-                  f"{int(count)} reconciles; operator RSS {rss_idle:.0f} -> peak {peak:.0f} MiB; lost {lost or 'none'}, "
-                  f"duplicated {duplicated or 'none'}; {len(pods)}/{n * PODS_PER_JOB} pods")
+            emit(
+                {
+                    "metric": "jobs_all_running_s",
+                    "value": round(done_s, 2) if done_s else None,
+                    "jobs": n,
+                    "apply_s": round(applied_s, 2),
+                    "not_running": sorted(k for k, v in phases.items() if v != "Running"),
+                }
+            )
+            emit(
+                {
+                    "metric": "reconcile_latency_s",
+                    "p50": round(quantile(buckets, 0.5), 4),
+                    "p99": round(quantile(buckets, 0.99), 4),
+                    "mean": round(total / count, 4) if count else None,
+                    "reconciles": int(count),
+                }
+            )
+            emit(
+                {
+                    "metric": "operator_rss_mib",
+                    "idle": round(rss_idle, 1),
+                    "peak": round(peak, 1),
+                    "after": round(rss_after, 1),
+                }
+            )
+            emit(
+                {
+                    "metric": "jobs_lost_or_duplicated",
+                    "lost": lost,
+                    "duplicated": duplicated,
+                    "rayclusters": len(clusters),
+                    "driver_jobs": len(drivers),
+                    "pods": len(pods),
+                    "expected_pods": n * PODS_PER_JOB,
+                }
+            )
+            print(
+                f"\n{n} jobs on {platform.node()} ({platform.machine()}): warm start {start_s:.1f}s, "
+                f"control plane at rest {sum(rest.values()):.0f} MiB; "
+                f"all Running after {done_s and round(done_s, 1)}s; "
+                f"reconcile p50 {quantile(buckets, 0.5) * 1000:.0f} ms, "
+                f"p99 {quantile(buckets, 0.99) * 1000:.0f} ms over {int(count)} reconciles; "
+                f"operator RSS {rss_idle:.0f} -> peak {peak:.0f} MiB; lost {lost or 'none'}, "
+                f"duplicated {duplicated or 'none'}; {len(pods)}/{n * PODS_PER_JOB} pods"
+            )
             ok = done_s is not None and not lost and not duplicated and len(drivers) == n
             return 0 if ok else 1
         finally:

@@ -41,10 +41,11 @@ def cmd_up(args: argparse.Namespace) -> int:
         return 1
     rel = cluster.kubeconfig.relative_to(REPO) if cluster.kubeconfig.is_relative_to(REPO) else cluster.kubeconfig
     print(f"""\
-Kubernetes {build.pins.versions()['kubernetes']} on {cluster.server} (etcd, apiserver, controller-manager, scheduler,
-kwok with nodes {', '.join(n.name for n in DEFAULT_NODES)}, KubeRay {build.pins.versions()['kuberay']}); logs in {state}/logs
-  export KUBECONFIG=$PWD/{rel}
-  kubectl get nodes                      # or .tools/kubectl
+Kubernetes {build.pins.versions()["kubernetes"]} on {cluster.server} (etcd, apiserver, controller-manager, scheduler,
+kwok with nodes {", ".join(n.name for n in DEFAULT_NODES)}, KubeRay {build.pins.versions()["kuberay"]})
+logs in {state}/logs
+  export KUBECONFIG=$PWD/{rel} PATH={cache / "bin"}:$PATH   # kubectl {build.pins.versions()["kubernetes"]} is there
+  kubectl get nodes
   make install                           # the chart; run the operator here: kuberl operator -A
   make cluster-down                      # stop everything""")
     return 0

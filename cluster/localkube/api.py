@@ -49,8 +49,15 @@ class ApiError(Exception):
 class Api:
     """get/list/create/patch/apply/delete against one API server, in one default namespace."""
 
-    def __init__(self, server: str, ca_file: Path, namespace: str = "default", cert: tuple[Path, Path] | None = None,
-                 token: str | None = None, timeout: float = 30):
+    def __init__(
+        self,
+        server: str,
+        ca_file: Path,
+        namespace: str = "default",
+        cert: tuple[Path, Path] | None = None,
+        token: str | None = None,
+        timeout: float = 30,
+    ):
         self.server, self.namespace, self.timeout = server.rstrip("/"), namespace, timeout
         self.ssl = ssl.create_default_context(cafile=str(ca_file))
         if cert is not None:
@@ -63,8 +70,14 @@ class Api:
         other.__dict__.update(self.__dict__, namespace=namespace)
         return other
 
-    def url(self, resource: str, name: str | None = None, namespace: str | None = "", sub: str | None = None,
-            query: dict[str, str] | None = None) -> str:
+    def url(
+        self,
+        resource: str,
+        name: str | None = None,
+        namespace: str | None = "",
+        sub: str | None = None,
+        query: dict[str, str] | None = None,
+    ) -> str:
         *gv, plural = resource.split("/")
         base = "/api/v1" if gv == ["v1"] else f"/apis/{'/'.join(gv)}"
         ns = None if resource in CLUSTER_SCOPED else (self.namespace if namespace == "" else namespace)
@@ -88,7 +101,9 @@ class Api:
     def raw(self, path: str) -> Any:
         return self.request("GET", self.server + path)
 
-    def get(self, resource: str, name: str, namespace: str | None = "", sub: str | None = None) -> dict[str, Any] | None:
+    def get(
+        self, resource: str, name: str, namespace: str | None = "", sub: str | None = None
+    ) -> dict[str, Any] | None:
         try:
             return self.request("GET", self.url(resource, name, namespace, sub))
         except ApiError as exc:
@@ -96,32 +111,57 @@ class Api:
                 return None
             raise
 
-    def list(self, resource: str, selector: str | None = None, namespace: str | None = "",
-             fields: str | None = None) -> list[dict[str, Any]]:
+    def list(
+        self, resource: str, selector: str | None = None, namespace: str | None = "", fields: str | None = None
+    ) -> list[dict[str, Any]]:
         query = {k: v for k, v in (("labelSelector", selector), ("fieldSelector", fields)) if v}
         return self.request("GET", self.url(resource, namespace=namespace, query=query))["items"]
 
-    def create(self, resource: str, body: dict[str, Any], namespace: str | None = "", sub: str | None = None,
-               name: str | None = None, strict: bool = False) -> dict[str, Any]:
+    def create(
+        self,
+        resource: str,
+        body: dict[str, Any],
+        namespace: str | None = "",
+        sub: str | None = None,
+        name: str | None = None,
+        strict: bool = False,
+    ) -> dict[str, Any]:
         query = {"fieldValidation": "Strict"} if strict else None
         return self.request("POST", self.url(resource, name, namespace, sub, query), body)
 
-    def patch(self, resource: str, name: str, body: dict[str, Any], sub: str | None = None,
-              namespace: str | None = "") -> dict[str, Any]:
+    def patch(
+        self, resource: str, name: str, body: dict[str, Any], sub: str | None = None, namespace: str | None = ""
+    ) -> dict[str, Any]:
         return self.request("PATCH", self.url(resource, name, namespace, sub), body, "application/merge-patch+json")
 
-    def apply(self, resource: str, name: str, body: str | dict[str, Any], manager: str = "localkube",
-              namespace: str | None = "") -> dict[str, Any]:
+    def apply(
+        self,
+        resource: str,
+        name: str,
+        body: str | dict[str, Any],
+        manager: str = "localkube",
+        namespace: str | None = "",
+    ) -> dict[str, Any]:
         """Server-side apply (a large CRD would not fit client-side apply's annotation)."""
         query = {"fieldManager": manager, "force": "true", "fieldValidation": "Strict"}
-        return self.request("PATCH", self.url(resource, name, namespace, query=query), body, "application/apply-patch+yaml")
+        return self.request(
+            "PATCH", self.url(resource, name, namespace, query=query), body, "application/apply-patch+yaml"
+        )
 
     def token(self, namespace: str, service_account: str, seconds: int = 4 * 3600) -> str:
         """A ServiceAccount's token (TokenRequest), as the kubelet would mount it into the account's pods."""
-        body = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {"expirationSeconds": seconds}}
-        return self.create(SERVICEACCOUNTS, body, namespace=namespace, name=service_account, sub="token")["status"]["token"]
+        body = {
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenRequest",
+            "spec": {"expirationSeconds": seconds},
+        }
+        return self.create(SERVICEACCOUNTS, body, namespace=namespace, name=service_account, sub="token")["status"][
+            "token"
+        ]
 
-    def delete(self, resource: str, name: str, namespace: str | None = "", body: dict | None = None) -> dict[str, Any] | None:
+    def delete(
+        self, resource: str, name: str, namespace: str | None = "", body: dict | None = None
+    ) -> dict[str, Any] | None:
         try:
             return self.request("DELETE", self.url(resource, name, namespace), body)
         except ApiError as exc:

@@ -23,11 +23,14 @@ class BuildError(RuntimeError):
 
 def module_dir(gobin: str, build_module: str, path: str) -> Path:
     """Where the Go module cache holds ``path`` at the version ``build_module`` pins (downloaded if needed)."""
-    out = subprocess.run([gobin, "mod", "download", "-json", path], cwd=pins.GOMOD / build_module,
-                         capture_output=True, text=True)
+    out = subprocess.run(
+        [gobin, "mod", "download", "-json", path], cwd=pins.GOMOD / build_module, capture_output=True, text=True
+    )
     if out.returncode != 0:
-        raise BuildError(f"cannot download {path} for cluster/gomod/{build_module}: {out.stderr.strip()[-500:]}\n"
-                         "fix: check that the Go module proxy is reachable (go env GOPROXY)")
+        raise BuildError(
+            f"cannot download {path} for cluster/gomod/{build_module}: {out.stderr.strip()[-500:]}\n"
+            "fix: check that the Go module proxy is reachable (go env GOPROXY)"
+        )
     return Path(json.loads(out.stdout)["Dir"])
 
 
@@ -36,15 +39,21 @@ def build_binary(gobin: str, binary: pins.Binary, bindir: Path, log=print) -> fl
     start = time.monotonic()
     part = bindir / f".{binary.name}.part"
     log(f"building {binary.name} ({binary.package}) in cluster/gomod/{binary.module} ...")
-    proc = subprocess.run([gobin, "build", "-ldflags", pins.ldflags(binary), "-o", str(part), binary.package],
-                          cwd=pins.GOMOD / binary.module,
-                          capture_output=True, text=True, env={**os.environ, "GOFLAGS": os.environ.get("GOFLAGS", "-buildvcs=false")})
+    proc = subprocess.run(
+        [gobin, "build", "-ldflags", pins.ldflags(binary), "-o", str(part), binary.package],
+        cwd=pins.GOMOD / binary.module,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "GOFLAGS": os.environ.get("GOFLAGS", "-buildvcs=false")},
+    )
     if proc.returncode != 0:
         part.unlink(missing_ok=True)
         tail = "\n".join(proc.stderr.strip().splitlines()[-15:])
-        raise BuildError(f"building {binary.name} failed (cluster/gomod/{binary.module}):\n{tail}\n"
-                         "fix: a network error means the Go module proxy is unreachable (go env GOPROXY); a compile "
-                         "error means the Go toolchain is too old for the pins (go.mod's go line)")
+        raise BuildError(
+            f"building {binary.name} failed (cluster/gomod/{binary.module}):\n{tail}\n"
+            "fix: a network error means the Go module proxy is unreachable (go env GOPROXY); a compile "
+            "error means the Go toolchain is too old for the pins (go.mod's go line)"
+        )
     part.rename(bindir / binary.name)
     return time.monotonic() - start
 
@@ -67,8 +76,10 @@ def ensure_built(log=print) -> Path:
     if gobin is None:
         cached = pins.find_cached()
         if cached is None:
-            raise BuildError("no Go toolchain (go on PATH, or $GO) and no cached build of the pinned versions\n"
-                             "fix: install Go >= 1.26 and run `make cluster`")
+            raise BuildError(
+                "no Go toolchain (go on PATH, or $GO) and no cached build of the pinned versions\n"
+                "fix: install Go >= 1.26 and run `make cluster`"
+            )
         return cached
     folder = pins.cache_root() / pins.cache_key(pins.go_version(gobin))
     bindir = folder / "bin"

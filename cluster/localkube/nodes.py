@@ -33,8 +33,13 @@ def node_object(spec: NodeSpec) -> dict[str, Any]:
     capacity = {"cpu": spec.cpu, "memory": spec.memory, "pods": str(spec.pods)}
     if spec.gpus:
         capacity[GPU] = str(spec.gpus)
-    labels = {"kubernetes.io/hostname": spec.name, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64",
-              "type": "kwok", **spec.labels}
+    labels = {
+        "kubernetes.io/hostname": spec.name,
+        "kubernetes.io/os": "linux",
+        "kubernetes.io/arch": "amd64",
+        "type": "kwok",
+        **spec.labels,
+    }
     return {
         "apiVersion": "v1",
         "kind": "Node",

@@ -45,8 +45,11 @@ def ldflags(binary: Binary) -> str:
     if binary.module == "kubernetes":
         major, minor = v["kubernetes"].lstrip("v").split(".")[:2]
         stamps = {"gitVersion": v["kubernetes"], "gitMajor": major, "gitMinor": minor, "gitTreeState": "clean"}
-        return " ".join(f"-X {pkg}.{k}={val}" for pkg in ("k8s.io/component-base/version", "k8s.io/client-go/pkg/version")
-                        for k, val in stamps.items())
+        return " ".join(
+            f"-X {pkg}.{k}={val}"
+            for pkg in ("k8s.io/component-base/version", "k8s.io/client-go/pkg/version")
+            for k, val in stamps.items()
+        )
     if binary.module == "kwok":
         return f"-X sigs.k8s.io/kwok/pkg/consts.Version={v['kwok'].lstrip('v')}"
     return ""
@@ -72,8 +75,12 @@ def pinned(module: str, path: str) -> str:
 
 def versions() -> dict[str, str]:
     """Component -> pinned release, as the build modules say."""
-    return {"kubernetes": pinned("kubernetes", "k8s.io/kubernetes"), "etcd": pinned("etcd", "go.etcd.io/etcd/server/v3"),
-            "kwok": pinned("kwok", "sigs.k8s.io/kwok"), "kuberay": pinned("kuberay", KUBERAY_MODULE)}
+    return {
+        "kubernetes": pinned("kubernetes", "k8s.io/kubernetes"),
+        "etcd": pinned("etcd", "go.etcd.io/etcd/server/v3"),
+        "kwok": pinned("kwok", "sigs.k8s.io/kwok"),
+        "kuberay": pinned("kuberay", KUBERAY_MODULE),
+    }
 
 
 def cache_key(go_version_text: str) -> str:

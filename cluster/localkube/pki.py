@@ -13,8 +13,14 @@ import shutil
 import subprocess
 from pathlib import Path
 
-SERVER_SANS = ["IP:127.0.0.1", "DNS:localhost", "DNS:kubernetes", "DNS:kubernetes.default",
-               "DNS:kubernetes.default.svc", "DNS:kubernetes.default.svc.cluster.local"]
+SERVER_SANS = [
+    "IP:127.0.0.1",
+    "DNS:localhost",
+    "DNS:kubernetes",
+    "DNS:kubernetes.default",
+    "DNS:kubernetes.default.svc",
+    "DNS:kubernetes.default.svc.cluster.local",
+]
 CLIENTS = {  # file stem -> subject
     "admin": "/O=system:masters/CN=kuberl-admin",
     "controller-manager": "/CN=system:kube-controller-manager",
@@ -31,13 +37,33 @@ def openssl(*args: str, cwd: Path) -> None:
 
 def leaf(pki: Path, stem: str, subject: str, usage: str, sans: list[str] | None = None) -> None:
     ext = pki / f"{stem}.ext"
-    lines = ["basicConstraints=CA:FALSE", "keyUsage=critical,digitalSignature,keyEncipherment", f"extendedKeyUsage={usage}"]
+    lines = [
+        "basicConstraints=CA:FALSE",
+        "keyUsage=critical,digitalSignature,keyEncipherment",
+        f"extendedKeyUsage={usage}",
+    ]
     if sans:
         lines.append("subjectAltName=" + ",".join(sans))
     ext.write_text("\n".join(lines) + "\n")
     openssl("req", "-new", "-nodes", *EC, "-keyout", f"{stem}.key", "-out", f"{stem}.csr", "-subj", subject, cwd=pki)
-    openssl("x509", "-req", "-in", f"{stem}.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
-            "-days", "825", "-out", f"{stem}.crt", "-extfile", ext.name, cwd=pki)
+    openssl(
+        "x509",
+        "-req",
+        "-in",
+        f"{stem}.csr",
+        "-CA",
+        "ca.crt",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-days",
+        "825",
+        "-out",
+        f"{stem}.crt",
+        "-extfile",
+        ext.name,
+        cwd=pki,
+    )
     (pki / f"{stem}.csr").unlink()
     ext.unlink()
 
@@ -50,8 +76,24 @@ def ensure(pki: Path) -> Path:
         raise RuntimeError("openssl is not on PATH (apt-get install openssl): it makes the cluster's certificates")
     pki.mkdir(parents=True, exist_ok=True)
     pki.chmod(0o700)
-    openssl("req", "-x509", "-new", "-nodes", *EC, "-keyout", "ca.key", "-out", "ca.crt", "-days", "3650",
-            "-subj", "/CN=kuberl-local-ca", "-addext", "keyUsage=critical,keyCertSign,cRLSign", cwd=pki)
+    openssl(
+        "req",
+        "-x509",
+        "-new",
+        "-nodes",
+        *EC,
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.crt",
+        "-days",
+        "3650",
+        "-subj",
+        "/CN=kuberl-local-ca",
+        "-addext",
+        "keyUsage=critical,keyCertSign,cRLSign",
+        cwd=pki,
+    )
     leaf(pki, "apiserver", "/CN=kube-apiserver", "serverAuth", SERVER_SANS)
     for stem, subject in CLIENTS.items():
         leaf(pki, stem, subject, "clientAuth")
@@ -65,15 +107,32 @@ def b64(path: Path) -> str:
     return base64.b64encode(path.read_bytes()).decode()
 
 
-def kubeconfig(server: str, pki: Path, client: str | None = None, token: str | None = None,
-               namespace: str | None = None) -> str:
+def kubeconfig(
+    server: str, pki: Path, client: str | None = None, token: str | None = None, namespace: str | None = None
+) -> str:
     """A kubeconfig (JSON, which is YAML) with the CA embedded, for a client certificate or a token."""
-    user = {"token": token} if token else {"client-certificate-data": b64(pki / f"{client}.crt"),
-                                           "client-key-data": b64(pki / f"{client}.key")}
+    user = (
+        {"token": token}
+        if token
+        else {"client-certificate-data": b64(pki / f"{client}.crt"), "client-key-data": b64(pki / f"{client}.key")}
+    )
     context = {"cluster": "kuberl-local", "user": "user", **({"namespace": namespace} if namespace else {})}
-    return json.dumps({
-        "apiVersion": "v1", "kind": "Config", "current-context": "kuberl-local",
-        "clusters": [{"name": "kuberl-local", "cluster": {"server": server, "certificate-authority-data": b64(pki / "ca.crt")}}],
-        "users": [{"name": "user", "user": user}],
-        "contexts": [{"name": "kuberl-local", "context": context}],
-    }, indent=1) + "\n"
+    return (
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "current-context": "kuberl-local",
+                "clusters": [
+                    {
+                        "name": "kuberl-local",
+                        "cluster": {"server": server, "certificate-authority-data": b64(pki / "ca.crt")},
+                    }
+                ],
+                "users": [{"name": "user", "user": user}],
+                "contexts": [{"name": "kuberl-local", "context": context}],
+            },
+            indent=1,
+        )
+        + "\n"
+    )

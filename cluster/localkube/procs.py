@@ -64,20 +64,29 @@ class Proc:
         return 0.0
 
 
-def start(name: str, argv: list[str], logdir: Path, env: dict[str, str] | None = None,
-          tie_to_parent: bool = False) -> Proc:
+def start(
+    name: str, argv: list[str], logdir: Path, env: dict[str, str] | None = None, tie_to_parent: bool = False
+) -> Proc:
     log = logdir / f"{name}.log"
     with open(log, "ab") as out:
-        popen = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                 env={**os.environ, **(env or {})}, start_new_session=True,
-                                 preexec_fn=_die_with_parent if tie_to_parent else None)
+        popen = subprocess.Popen(
+            argv,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env={**os.environ, **(env or {})},
+            start_new_session=True,
+            preexec_fn=_die_with_parent if tie_to_parent else None,
+        )
     proc = Proc(name, popen.pid, argv[0], log)
     proc.popen = popen  # type: ignore[attr-defined]  (reaped by stop_all when we are the parent)
     return proc
 
 
 def save(path: Path, procs: list[Proc]) -> None:
-    path.write_text(json.dumps([{"name": p.name, "pid": p.pid, "exe": p.exe, "log": str(p.log)} for p in procs], indent=1))
+    path.write_text(
+        json.dumps([{"name": p.name, "pid": p.pid, "exe": p.exe, "log": str(p.log)} for p in procs], indent=1)
+    )
 
 
 def load(path: Path) -> list[Proc]:

@@ -59,12 +59,19 @@ def admin(cluster: Cluster) -> Api:
 @pytest.fixture(scope="session")
 def kubectl(cluster: Cluster) -> Callable[..., subprocess.CompletedProcess]:
     """The cluster's own kubectl (same release as the API server), as the admin."""
+
     def run(*args: str, check: bool = True, stdin: str | None = None) -> subprocess.CompletedProcess:
-        proc = subprocess.run([cluster.bin("kubectl"), f"--kubeconfig={cluster.kubeconfig}", *args],
-                              capture_output=True, text=True, input=stdin, timeout=60)
+        proc = subprocess.run(
+            [cluster.bin("kubectl"), f"--kubeconfig={cluster.kubeconfig}", *args],
+            capture_output=True,
+            text=True,
+            input=stdin,
+            timeout=60,
+        )
         if check and proc.returncode != 0:
             raise AssertionError(f"kubectl {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr}")
         return proc
+
     return run
 
 
@@ -79,8 +86,19 @@ def helm(tmp_path_factory: pytest.TempPathFactory) -> Helm:
 @pytest.fixture(scope="session")
 def release(cluster: Cluster, helm: Helm) -> str:
     """`helm install` of charts/kuberl (every namespace watched: the ClusterRole)."""
-    helm.run("install", RELEASE, str(CHART), "--namespace", OPERATOR_NAMESPACE, "--create-namespace",
-             "--kubeconfig", str(cluster.kubeconfig), "--wait", "--timeout", "120s")
+    helm.run(
+        "install",
+        RELEASE,
+        str(CHART),
+        "--namespace",
+        OPERATOR_NAMESPACE,
+        "--create-namespace",
+        "--kubeconfig",
+        str(cluster.kubeconfig),
+        "--wait",
+        "--timeout",
+        "120s",
+    )
     return RELEASE
 
 

@@ -11,17 +11,25 @@ ROLES = ("actor", "critic", "ref", "reward")
 
 def manifest(name: str, **spec: Any) -> dict[str, Any]:
     """A small valid PPO job on GPUs: actor 2 x 1 GPU, critic 2 x 1, ref 1 x 1, reward on CPU."""
-    roles = {"actor": {"replicas": 2, "gpus": 1}, "critic": {"replicas": 2, "gpus": 1, "maxRestarts": 3},
-             "ref": {"gpus": 1}, "reward": {}}
+    roles = {
+        "actor": {"replicas": 2, "gpus": 1},
+        "critic": {"replicas": 2, "gpus": 1, "maxRestarts": 3},
+        "ref": {"gpus": 1},
+        "reward": {},
+    }
     for role, override in spec.pop("roles", {}).items():
         roles[role] = {**roles.get(role, {}), **override}
     return {
         "apiVersion": "kuberl.io/v1alpha1",
         "kind": "RLTrainingJob",
         "metadata": {"name": name},
-        "spec": {"data": {"task": "repeat-letter"}, "reward": {"function": "kuberl.rewards:repeat_letter"},
-                 "roles": roles, **spec,
-                 "trainer": {"microBatchSize": 1, **spec.get("trainer", {})}},
+        "spec": {
+            "data": {"task": "repeat-letter"},
+            "reward": {"function": "kuberl.rewards:repeat_letter"},
+            "roles": roles,
+            **spec,
+            "trainer": {"microBatchSize": 1, **spec.get("trainer", {})},
+        },
     }
 
 
@@ -34,8 +42,11 @@ def condition(api: Api, name: str, type_: str) -> dict[str, Any] | None:
 
 
 def events(api: Api, name: str, reason: str | None = None) -> list[dict[str, Any]]:
-    return [e for e in api.list(EVENTS) if e["involvedObject"].get("name") == name
-            and (reason is None or e["reason"] == reason)]
+    return [
+        e
+        for e in api.list(EVENTS)
+        if e["involvedObject"].get("name") == name and (reason is None or e["reason"] == reason)
+    ]
 
 
 def phase_is(api: Api, name: str, phase: str):
@@ -59,10 +70,21 @@ def running(pods: list[dict[str, Any]]) -> bool:
 def describe(api: Api, name: str) -> str:
     """What a failed wait prints: the job's status, its pods and the last Events."""
     st = status(api, name)
-    pods = [(p["metadata"]["name"], p["metadata"].get("labels", {}).get("kuberl.io/role"), p.get("spec", {}).get("nodeName"),
-             (p.get("status") or {}).get("phase"), bool(p["metadata"].get("deletionTimestamp")))
-            for p in api.list(PODS)]
+    pods = [
+        (
+            p["metadata"]["name"],
+            p["metadata"].get("labels", {}).get("kuberl.io/role"),
+            p.get("spec", {}).get("nodeName"),
+            (p.get("status") or {}).get("phase"),
+            bool(p["metadata"].get("deletionTimestamp")),
+        )
+        for p in api.list(PODS)
+    ]
     evs = [(e["reason"], e.get("message", "")[:160]) for e in api.list(EVENTS)][-15:]
-    roles = {r: {k: v for k, v in s.items() if k not in ("members", "handledUIDs")} for r, s in st.get("roles", {}).items()}
-    return (f"\n--- job {name}: phase={st.get('phase')} message={st.get('message')!r}\n roles={roles}"
-            f"\n pods (name, role, node, phase, deleting)={pods}\n events={evs}")
+    roles = {
+        r: {k: v for k, v in s.items() if k not in ("members", "handledUIDs")} for r, s in st.get("roles", {}).items()
+    }
+    return (
+        f"\n--- job {name}: phase={st.get('phase')} message={st.get('message')!r}\n roles={roles}"
+        f"\n pods (name, role, node, phase, deleting)={pods}\n events={evs}"
+    )

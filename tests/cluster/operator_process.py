@@ -33,7 +33,11 @@ def http_get(url: str, timeout: float = 2) -> tuple[int, str]:
 def kuberl_command() -> list[str]:
     """`kuberl` beside this interpreter (the venv's console script), else the same entry point by module."""
     script = Path(sys.executable).with_name("kuberl")
-    return [str(script)] if script.is_file() else [sys.executable, "-c", "import sys; from kuberl.cli import main; sys.exit(main())"]
+    return (
+        [str(script)]
+        if script.is_file()
+        else [sys.executable, "-c", "import sys; from kuberl.cli import main; sys.exit(main())"]
+    )
 
 
 class OperatorProcess:
@@ -41,8 +45,15 @@ class OperatorProcess:
 
     ``namespaces`` empty: every namespace (``-A``), as the chart's default ClusterRole grants."""
 
-    def __init__(self, kubeconfig: Path, log_dir: Path, namespaces: tuple[str, ...] = (),
-                 image: str = "kuberl-runtime:test", resync_seconds: float = 2, via: str = "cli"):
+    def __init__(
+        self,
+        kubeconfig: Path,
+        log_dir: Path,
+        namespaces: tuple[str, ...] = (),
+        image: str = "kuberl-runtime:test",
+        resync_seconds: float = 2,
+        via: str = "cli",
+    ):
         self.kubeconfig, self.log_dir, self.namespaces, self.image = kubeconfig, log_dir, namespaces, image
         self.resync_seconds, self.via = resync_seconds, via
         self.liveness_port, self.metrics_port = free_port(), free_port()
@@ -61,23 +72,56 @@ class OperatorProcess:
     def command(self) -> list[str]:
         scope = [a for ns in self.namespaces for a in ("-n", ns)] or ["-A"]
         if self.via == "kopf":  # plain `kopf run`, configured through the environment
-            return [sys.executable, "-m", "kopf", "run", "--standalone", "--verbose", *scope,
-                    "-m", "kuberl_operator.handlers", "--liveness", self.liveness_url]
-        return [*kuberl_command(), "operator", "--verbose", *scope, "--metrics-port", str(self.metrics_port),
-                "--metrics-address", "127.0.0.1", "--liveness", self.liveness_url, "--image", self.image,
-                "--max-gpus-per-node", "8"]
+            return [
+                sys.executable,
+                "-m",
+                "kopf",
+                "run",
+                "--standalone",
+                "--verbose",
+                *scope,
+                "-m",
+                "kuberl_operator.handlers",
+                "--liveness",
+                self.liveness_url,
+            ]
+        return [
+            *kuberl_command(),
+            "operator",
+            "--verbose",
+            *scope,
+            "--metrics-port",
+            str(self.metrics_port),
+            "--metrics-address",
+            "127.0.0.1",
+            "--liveness",
+            self.liveness_url,
+            "--image",
+            self.image,
+            "--max-gpus-per-node",
+            "8",
+        ]
 
     def start(self, timeout: float = 60) -> None:
         self.starts += 1
         self.log_path = self.log_dir / f"operator-{self.starts}.log"
-        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig), "KUBERL_METRICS_PORT": str(self.metrics_port),
-               "KUBERL_METRICS_ADDRESS": "127.0.0.1", "KUBERL_RUNTIME_IMAGE": self.image,
-               "KUBERL_RESYNC_SECONDS": str(self.resync_seconds)}  # re-applied all the time: nothing may duplicate
+        env = {
+            **os.environ,
+            "KUBECONFIG": str(self.kubeconfig),
+            "KUBERL_METRICS_PORT": str(self.metrics_port),
+            "KUBERL_METRICS_ADDRESS": "127.0.0.1",
+            "KUBERL_RUNTIME_IMAGE": self.image,
+            "KUBERL_RESYNC_SECONDS": str(self.resync_seconds),
+        }  # re-applied all the time: nothing may duplicate
         env.pop("KUBERNETES_SERVICE_HOST", None)  # not in a pod: the kubeconfig is the only way in
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(self.command(), env=env, stdout=log, stderr=subprocess.STDOUT)
-        wait_for(lambda: self.alive() and http_get(self.liveness_url)[0] == 200 and http_get(self.metrics_url)[0] == 200,
-                 timeout, "the operator to serve its liveness and metrics endpoints", self.tail)
+        wait_for(
+            lambda: self.alive() and http_get(self.liveness_url)[0] == 200 and http_get(self.metrics_url)[0] == 200,
+            timeout,
+            "the operator to serve its liveness and metrics endpoints",
+            self.tail,
+        )
 
     def alive(self) -> bool:
         if self.proc is None or self.proc.poll() is not None:

@@ -20,7 +20,10 @@ def audit_events(path: Path, user: str) -> list[dict[str, Any]]:
     out = []
     for line in path.read_text().splitlines():
         event = json.loads(line)
-        if event.get("user", {}).get("username") == user and event.get("stage") in ("ResponseStarted", "ResponseComplete"):
+        if event.get("user", {}).get("username") == user and event.get("stage") in (
+            "ResponseStarted",
+            "ResponseComplete",
+        ):
             out.append(event)
     return out
 
@@ -51,5 +54,10 @@ def granted(admin: Api, cluster_role: str) -> set[Permission]:
     """Every (group, resource, verb) a ClusterRole grants (the chart writes no wildcards)."""
     role = admin.get(CLUSTERROLES, cluster_role, namespace=None)
     assert role is not None, f"ClusterRole {cluster_role} not found"
-    return {(group, resource, verb) for rule in role["rules"] for group in rule.get("apiGroups", [])
-            for resource in rule.get("resources", []) for verb in rule.get("verbs", [])}
+    return {
+        (group, resource, verb)
+        for rule in role["rules"]
+        for group in rule.get("apiGroups", [])
+        for resource in rule.get("resources", [])
+        for verb in rule.get("verbs", [])
+    }

@@ -27,7 +27,9 @@ def driver_pods(ns: Api, job: str, phase: str | None = None) -> list[dict]:
 
 
 def running_driver(ns: Api, job: str, ctx) -> str:
-    return wait_for(lambda: (p := driver_pods(ns, job, "Running")) and p[0]["metadata"]["name"], 60, "a running driver pod", ctx)
+    return wait_for(
+        lambda: (p := driver_pods(ns, job, "Running")) and p[0]["metadata"]["name"], 60, "a running driver pod", ctx
+    )
 
 
 def job_condition(ns: Api, job: str, type_: str) -> dict | None:
@@ -58,23 +60,39 @@ def test_exit_1_or_3_fails_the_driver_job_at_once(ns: Api, operator: OperatorPro
     assert f"exit code {code}" in condition(ns, job_name, "Failed")["message"]
 
 
-def test_exit_4_and_eviction_are_retried_within_the_backoff_limit(ns: Api, operator: OperatorProcess, job_name: str) -> None:
+def test_exit_4_and_eviction_are_retried_within_the_backoff_limit(
+    ns: Api, operator: OperatorProcess, job_name: str
+) -> None:
     """Fact: exit 4 (no capacity in time) is retried and counts against backoffLimit (2); an evicted
     driver (DisruptionTarget) is retried without counting."""
     ns.create(RLTJ, manifest(job_name))
     ctx = lambda: describe(ns, job_name) + operator.tail(30)  # noqa: E731
     first = running_driver(ns, job_name, ctx)
     ns.patch(PODS, first, {"metadata": {"annotations": EXITS["evicted"]}})
-    second = wait_for(lambda: (p := [x for x in driver_pods(ns, job_name, "Running") if x["metadata"]["name"] != first])
-                      and p[0]["metadata"]["name"], 60, "a new driver pod after the eviction", ctx)
+    second = wait_for(
+        lambda: (
+            (p := [x for x in driver_pods(ns, job_name, "Running") if x["metadata"]["name"] != first])
+            and p[0]["metadata"]["name"]
+        ),
+        60,
+        "a new driver pod after the eviction",
+        ctx,
+    )
     job = ns.get(JOBS, f"{job_name}-driver")["status"]
     assert job.get("failed", 0) == 0 and not job_condition(ns, job_name, "Failed")  # the Ignore rule: not counted
     seen = {first, second}
     for attempt in range(3):  # backoffLimit 2: the third counted failure ends the Job
         exit_with(ns, sorted(p["metadata"]["name"] for p in driver_pods(ns, job_name, "Running"))[0], 4)
         if attempt < 2:
-            nxt = wait_for(lambda: (p := [x for x in driver_pods(ns, job_name, "Running") if x["metadata"]["name"] not in seen])
-                           and p[0]["metadata"]["name"], 60, f"driver retry {attempt + 1} after exit 4", ctx)
+            nxt = wait_for(
+                lambda: (
+                    (p := [x for x in driver_pods(ns, job_name, "Running") if x["metadata"]["name"] not in seen])
+                    and p[0]["metadata"]["name"]
+                ),
+                60,
+                f"driver retry {attempt + 1} after exit 4",
+                ctx,
+            )
             seen.add(nxt)
             assert status(ns, job_name).get("phase") in ("Running", "Provisioning")
     failed = wait_for(lambda: job_condition(ns, job_name, "Failed"), 60, "the driver Job Failed", ctx)
@@ -99,32 +117,75 @@ def test_every_pod_of_a_job_shares_one_ray_token(ns: Api, operator: OperatorProc
         for c in containers:
             env = {e["name"]: e for e in c.get("env", [])}
             assert env["RAY_AUTH_MODE"]["value"] == "token", pod["metadata"]["name"]
-            assert env["RAY_AUTH_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": f"{job_name}-ray-auth", "key": "auth_token"}
+            assert env["RAY_AUTH_TOKEN"]["valueFrom"]["secretKeyRef"] == {
+                "name": f"{job_name}-ray-auth",
+                "key": "auth_token",
+            }
     from .faults import fail_pod
+
     fail_pod(ns, pods_of(ns, job_name, "actor")[0]["metadata"]["name"], "oom")
-    wait_for(lambda: status(ns, job_name)["roles"]["actor"]["restarts"] == 1
-             and status(ns, job_name).get("phase") == "Running", 90, "the actor restarted", ctx)
+    wait_for(
+        lambda: (
+            status(ns, job_name)["roles"]["actor"]["restarts"] == 1 and status(ns, job_name).get("phase") == "Running"
+        ),
+        90,
+        "the actor restarted",
+        ctx,
+    )
     assert ns.get(SECRETS, f"{job_name}-ray-auth")["data"] == secret["data"]
 
 
 def test_a_real_driver_reports_progress_that_the_status_mirrors(
-        cluster: Cluster, ns: Api, admin: Api, operator: OperatorProcess, kubectl, tmp_path: Path) -> None:
+    cluster: Cluster, ns: Api, admin: Api, operator: OperatorProcess, kubectl, tmp_path: Path
+) -> None:
     """`kuberl run` on this machine, with the environment and the ServiceAccount token its Job's pod
     would have, patches `<job>-progress`; the operator mirrors step, tokens/s and restarts."""
     name = "quickstart"
-    kubectl("apply", "--server-side", "--validate=strict", "-n", ns.namespace, "-f", str(REPO / "examples" / "quickstart.yaml"))
+    kubectl(
+        "apply",
+        "--server-side",
+        "--validate=strict",
+        "-n",
+        ns.namespace,
+        "-f",
+        str(REPO / "examples" / "quickstart.yaml"),
+    )
     ctx = lambda: describe(ns, name) + operator.tail(30)  # noqa: E731
-    wait_for(lambda: ns.get("rbac.authorization.k8s.io/v1/rolebindings", f"{name}-driver"), 60, "the driver's RoleBinding", ctx)
+    wait_for(
+        lambda: ns.get("rbac.authorization.k8s.io/v1/rolebindings", f"{name}-driver"),
+        60,
+        "the driver's RoleBinding",
+        ctx,
+    )
     sa = tmp_path / "serviceaccount"  # what the kubelet would mount in the driver's pod
     sa.mkdir()
     (sa / "token").write_text(admin.token(ns.namespace, f"{name}-driver", 3600))
     (sa / "ca.crt").write_bytes((cluster.pki / "ca.crt").read_bytes())
-    env = {**os.environ, "KUBERL_PROGRESS_CONFIGMAP": f"{name}-progress", "KUBERL_NAMESPACE": ns.namespace,
-           "KUBERL_API_URL": cluster.server, "KUBERL_SA_DIR": str(sa)}
+    env = {
+        **os.environ,
+        "KUBERL_PROGRESS_CONFIGMAP": f"{name}-progress",
+        "KUBERL_NAMESPACE": ns.namespace,
+        "KUBERL_API_URL": cluster.server,
+        "KUBERL_SA_DIR": str(sa),
+    }
     steps = 6
-    driver = subprocess.Popen([*kuberl_command(), "run", str(REPO / "examples" / "quickstart.yaml"), "--steps", str(steps),
-                               "--out", str(tmp_path / "out"), "--no-progress", "--fault", "critic:3"],
-                              env=env, stdout=(tmp_path / "driver.log").open("wb"), stderr=subprocess.STDOUT)
+    driver = subprocess.Popen(
+        [
+            *kuberl_command(),
+            "run",
+            str(REPO / "examples" / "quickstart.yaml"),
+            "--steps",
+            str(steps),
+            "--out",
+            str(tmp_path / "out"),
+            "--no-progress",
+            "--fault",
+            "critic:3",
+        ],
+        env=env,
+        stdout=(tmp_path / "driver.log").open("wb"),
+        stderr=subprocess.STDOUT,
+    )
     seen_status, seen_table = set(), set()
     try:
         deadline = time.monotonic() + 420

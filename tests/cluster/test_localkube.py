@@ -14,8 +14,15 @@ from localkube import pins, pki
 def test_pins_are_read_from_the_build_modules() -> None:
     v = pins.versions()
     assert v["kubernetes"].startswith("v1.") and v["etcd"].startswith("v3.6.")
-    assert {b.name for b in pins.BINARIES} == {"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler",
-                                                "kubectl", "kwok", "ray-operator"}
+    assert {b.name for b in pins.BINARIES} == {
+        "etcd",
+        "kube-apiserver",
+        "kube-controller-manager",
+        "kube-scheduler",
+        "kubectl",
+        "kwok",
+        "ray-operator",
+    }
     for b in pins.BINARIES:
         assert (pins.GOMOD / b.module / "go.sum").is_file(), b
 
@@ -35,13 +42,22 @@ def test_kubernetes_binaries_carry_their_release_version() -> None:
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="needs openssl")
 def test_certificates_and_kubeconfig(tmp_path: Path) -> None:
     path = pki.ensure(tmp_path / "pki")
-    text = subprocess.run(["openssl", "x509", "-in", str(path / "apiserver.crt"), "-noout", "-text"],
-                          capture_output=True, text=True, check=True).stdout
+    text = subprocess.run(
+        ["openssl", "x509", "-in", str(path / "apiserver.crt"), "-noout", "-text"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert "IP Address:127.0.0.1" in text and "DNS:kubernetes.default.svc" in text
-    admin = subprocess.run(["openssl", "x509", "-in", str(path / "admin.crt"), "-noout", "-subject"],
-                           capture_output=True, text=True, check=True).stdout
+    admin = subprocess.run(
+        ["openssl", "x509", "-in", str(path / "admin.crt"), "-noout", "-subject"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert "O = system:masters" in admin
-    subprocess.run(["openssl", "verify", "-CAfile", str(path / "ca.crt"), str(path / "admin.crt")], check=True,
-                   capture_output=True)
+    subprocess.run(
+        ["openssl", "verify", "-CAfile", str(path / "ca.crt"), str(path / "admin.crt")], check=True, capture_output=True
+    )
     config = json.loads(pki.kubeconfig("https://127.0.0.1:6443", path, token="t", namespace="ns"))
     assert config["users"][0]["user"] == {"token": "t"} and config["contexts"][0]["context"]["namespace"] == "ns"

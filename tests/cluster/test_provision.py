@@ -8,8 +8,19 @@ import shlex
 from pathlib import Path
 
 import pytest
-from localkube.api import (CONFIGMAPS, JOBS, NAMESPACES, RAYCLUSTERS, RLTJ, ROLEBINDINGS, ROLES, SECRETS,
-                           SERVICEACCOUNTS, SERVICES, Api)
+from localkube.api import (
+    CONFIGMAPS,
+    JOBS,
+    NAMESPACES,
+    RAYCLUSTERS,
+    RLTJ,
+    ROLEBINDINGS,
+    ROLES,
+    SECRETS,
+    SERVICEACCOUNTS,
+    SERVICES,
+    Api,
+)
 
 from .conftest import OPERATOR_NAMESPACE
 from .jobs import describe, pods_of, status
@@ -19,8 +30,16 @@ from .waits import wait_for
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.netns
 
-CHILDREN = [(SERVICEACCOUNTS, "{}-driver"), (ROLES, "{}-driver"), (ROLEBINDINGS, "{}-driver"), (SECRETS, "{}-ray-auth"),
-            (CONFIGMAPS, "{}-spec"), (CONFIGMAPS, "{}-progress"), (RAYCLUSTERS, "{}"), (JOBS, "{}-driver")]
+CHILDREN = [
+    (SERVICEACCOUNTS, "{}-driver"),
+    (ROLES, "{}-driver"),
+    (ROLEBINDINGS, "{}-driver"),
+    (SECRETS, "{}-ray-auth"),
+    (CONFIGMAPS, "{}-spec"),
+    (CONFIGMAPS, "{}-progress"),
+    (RAYCLUSTERS, "{}"),
+    (JOBS, "{}-driver"),
+]
 
 
 def test_helm_install_makes_the_crd_and_the_operators_identity(admin: Api, release: str, kubectl) -> None:
@@ -34,19 +53,27 @@ def test_helm_install_makes_the_crd_and_the_operators_identity(admin: Api, relea
 
 def test_the_gpu_example_is_provisioned_on_gpu_nodes(ns: Api, operator: OperatorProcess, kubectl) -> None:
     name = "ppo-gpu"
-    kubectl("apply", "--server-side", "--validate=strict", "-n", ns.namespace, "-f", str(REPO / "examples" / "ppo-gpu.yaml"))
+    kubectl(
+        "apply", "--server-side", "--validate=strict", "-n", ns.namespace, "-f", str(REPO / "examples" / "ppo-gpu.yaml")
+    )
     job = ns.get(RLTJ, name)
     ctx = lambda: describe(ns, name) + operator.tail(30)  # noqa: E731
     wait_for(lambda: all(ns.get(res, pattern.format(name)) for res, pattern in CHILDREN), 60, "every child object", ctx)
     for res, pattern in CHILDREN:
         owners = ns.get(res, pattern.format(name))["metadata"]["ownerReferences"]
-        assert [(o["kind"], o["uid"], o["controller"]) for o in owners] == [("RLTrainingJob", job["metadata"]["uid"], True)]
+        assert [(o["kind"], o["uid"], o["controller"]) for o in owners] == [
+            ("RLTrainingJob", job["metadata"]["uid"], True)
+        ]
 
     # KubeRay: a head pod, one group of worker pods per role, the head Service.
     want = {"actor": 2, "critic": 2, "ref": 1, "reward": 1}
     wait_for(lambda: {r: len(pods_of(ns, name, r)) for r in want} == want, 60, "KubeRay's worker pods", ctx)
-    head = wait_for(lambda: [p for p in pods_of(ns, name) if p["metadata"]["labels"].get("ray.io/node-type") == "head"],
-                    30, "the head pod", ctx)
+    head = wait_for(
+        lambda: [p for p in pods_of(ns, name) if p["metadata"]["labels"].get("ray.io/node-type") == "head"],
+        30,
+        "the head pod",
+        ctx,
+    )
     assert len(head) == 1 and ns.get(SERVICES, f"{name}-head-svc") is not None
 
     # The scheduler bound every pod by its requests: GPU roles on GPU nodes (tolerating their taint).
@@ -55,7 +82,9 @@ def test_the_gpu_example_is_provisioned_on_gpu_nodes(ns: Api, operator: Operator
         role = pod["metadata"]["labels"].get("kuberl.io/role")
         node = pod["spec"]["nodeName"]
         gpus = pod["spec"]["containers"][0]["resources"].get("limits", {}).get("nvidia.com/gpu")
-        assert (node.startswith("gpu-"), gpus) == ((True, "1") if role in ("actor", "critic", "ref") else (False, None)), pod["metadata"]["name"]
+        assert (node.startswith("gpu-"), gpus) == (
+            (True, "1") if role in ("actor", "critic", "ref") else (False, None)
+        ), pod["metadata"]["name"]
         assert pod["status"]["phase"] == "Running"
     st = status(ns, name)
     assert {r: (s["desired"], s["ready"]) for r, s in st["roles"].items()} == {r: (n, n) for r, n in want.items()}
@@ -70,9 +99,14 @@ def test_the_gpu_example_is_provisioned_on_gpu_nodes(ns: Api, operator: Operator
 def test_kuberay_passes_the_role_resources_to_ray_start(ns: Api, operator: OperatorProcess, job_name: str) -> None:
     """Fact: KubeRay keeps the single-quoted rayStartParams.resources as one shell word of `ray start`."""
     from .jobs import manifest
+
     ns.create(RLTJ, manifest(job_name))
-    pods = wait_for(lambda: len(pods_of(ns, job_name, "critic")) == 2 and pods_of(ns, job_name, "critic"), 60,
-                    "the critic pods", lambda: describe(ns, job_name))
+    pods = wait_for(
+        lambda: len(pods_of(ns, job_name, "critic")) == 2 and pods_of(ns, job_name, "critic"),
+        60,
+        "the critic pods",
+        lambda: describe(ns, job_name),
+    )
     for pod in pods:
         container = pod["spec"]["containers"][0]
         line = " ".join(container.get("command", []) + container.get("args", []))

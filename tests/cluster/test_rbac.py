@@ -25,22 +25,35 @@ pytestmark = pytest.mark.netns
 def render(ns: Api, body: dict, tmp_path: Path) -> list[dict]:
     path = tmp_path / f"{body['metadata']['name']}.yaml"
     path.write_text(yaml.safe_dump(body))
-    out = subprocess.run([*kuberl_command(), "render", str(path), "-n", ns.namespace, "--image", "kuberl-runtime:test"],
-                         capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [*kuberl_command(), "render", str(path), "-n", ns.namespace, "--image", "kuberl-runtime:test"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return list(yaml.safe_load_all(out.stdout))
 
 
 def adopted(ns: Api, obj: dict, owner_uid: str) -> bool:
     from localkube import api as kapi
-    plural = {"ConfigMap": kapi.CONFIGMAPS, "Secret": kapi.SECRETS, "ServiceAccount": kapi.SERVICEACCOUNTS,
-              "Role": kapi.ROLES, "RoleBinding": kapi.ROLEBINDINGS, "RayCluster": RAYCLUSTERS, "Job": kapi.JOBS,
-              "ResourceClaimTemplate": RESOURCECLAIMTEMPLATES}[obj["kind"]]
+
+    plural = {
+        "ConfigMap": kapi.CONFIGMAPS,
+        "Secret": kapi.SECRETS,
+        "ServiceAccount": kapi.SERVICEACCOUNTS,
+        "Role": kapi.ROLES,
+        "RoleBinding": kapi.ROLEBINDINGS,
+        "RayCluster": RAYCLUSTERS,
+        "Job": kapi.JOBS,
+        "ResourceClaimTemplate": RESOURCECLAIMTEMPLATES,
+    }[obj["kind"]]
     live = ns.get(plural, obj["metadata"]["name"]) or {}
     return any(o["uid"] == owner_uid for o in live.get("metadata", {}).get("ownerReferences", []))
 
 
 def test_the_chart_grants_exactly_what_the_operator_uses(
-        cluster: Cluster, ns: Api, admin: Api, operator: OperatorProcess, release: str, kubectl, tmp_path: Path) -> None:
+    cluster: Cluster, ns: Api, admin: Api, operator: OperatorProcess, release: str, kubectl, tmp_path: Path
+) -> None:
     # 1. Made beforehand, unowned (`kuberl render job.yaml | kubectl apply -f -`): the operator adopts each.
     rendered = manifest("adopted")
     objects = render(ns, rendered, tmp_path)
@@ -58,8 +71,15 @@ def test_the_chart_grants_exactly_what_the_operator_uses(
     template = next(o for o in render(ns, dra, tmp_path) if o["kind"] == "ResourceClaimTemplate")
     ns.create(RESOURCECLAIMTEMPLATES, template)
     dra_job = ns.create(RLTJ, dra)
-    wait_for(lambda: adopted(ns, template, dra_job["metadata"]["uid"]) and len(ns.list(RESOURCECLAIMTEMPLATES, "kuberl.io/job=dra")) == 3,
-             60, "claim templates adopted and created", lambda: describe(ns, "dra") + operator.tail(30))
+    wait_for(
+        lambda: (
+            adopted(ns, template, dra_job["metadata"]["uid"])
+            and len(ns.list(RESOURCECLAIMTEMPLATES, "kuberl.io/job=dra")) == 3
+        ),
+        60,
+        "claim templates adopted and created",
+        lambda: describe(ns, "dra") + operator.tail(30),
+    )
     for name in ("adopted", "dra"):
         ns.patch(RLTJ, name, {"spec": {"suspend": True}})
     wait_for(lambda: not ns.list(RESOURCECLAIMTEMPLATES) and not ns.list(RAYCLUSTERS), 60, "suspended", ctx)
