@@ -61,3 +61,19 @@ def test_certificates_and_kubeconfig(tmp_path: Path) -> None:
     )
     config = json.loads(pki.kubeconfig("https://127.0.0.1:6443", path, token="t", namespace="ns"))
     assert config["users"][0]["user"] == {"token": "t"} and config["contexts"][0]["context"]["namespace"] == "ns"
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs openssl")
+def test_a_component_that_does_not_start_is_named_with_its_log_and_a_fix(tmp_path: Path) -> None:
+    from localkube.stack import Cluster, StartError
+
+    (tmp_path / "cache" / "bin").mkdir(parents=True)
+    (tmp_path / "cache" / "crds").mkdir()
+    etcd = tmp_path / "cache" / "bin" / "etcd"
+    etcd.write_text("#!/bin/sh\necho 'member dir: version mismatch'\nexit 1\n")
+    etcd.chmod(0o755)
+    with pytest.raises(StartError) as failed:
+        Cluster(tmp_path / "state", tmp_path / "cache", tie_to_parent=True, log=lambda line: None).start()
+    text = str(failed.value)
+    assert text.startswith("etcd exited") and "version mismatch" in text and "fix:" in text
+    assert not (tmp_path / "state" / "procs.json").exists()  # nothing left running or recorded
