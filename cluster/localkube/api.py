@@ -64,7 +64,7 @@ class Api:
             self.ssl.load_cert_chain(str(cert[0]), str(cert[1]))
         self.headers = {"User-Agent": "kuberl-localkube"} | ({"Authorization": f"Bearer {token}"} if token else {})
 
-    def in_namespace(self, namespace: str) -> "Api":
+    def in_namespace(self, namespace: str) -> Api:
         """The same credentials, another default namespace."""
         other = object.__new__(Api)
         other.__dict__.update(self.__dict__, namespace=namespace)

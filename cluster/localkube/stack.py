@@ -106,7 +106,7 @@ class Cluster:
         path.chmod(0o600)
         return path
 
-    def start(self, nodes: Iterable[NodeSpec] = ()) -> "Cluster":
+    def start(self, nodes: Iterable[NodeSpec] = ()) -> Cluster:
         t0 = time.monotonic()
         for sub in ("logs", "etcd", "run"):
             (self.state / sub).mkdir(parents=True, exist_ok=True)

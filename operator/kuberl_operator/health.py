@@ -91,7 +91,7 @@ class Tracking:
     handled: frozenset[str] = frozenset()
 
     @classmethod
-    def from_status(cls, role_status: Mapping[str, Any]) -> "Tracking":
+    def from_status(cls, role_status: Mapping[str, Any]) -> Tracking:
         return cls(dict(role_status.get("members") or {}), frozenset(role_status.get("handledUIDs", [])))
 
     def to_status(self) -> dict[str, Any]:

@@ -18,11 +18,12 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 import kopf
+from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
 from kuberl.spec import JobSpec, enabled_roles
 from kuberl.topology.matrix import TopologyError, link_score
 from kuberl.version import build_labels
-from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 PHASES = ("Pending", "Provisioning", "Running", "Restarting", "Succeeded", "Failed", "Suspended")
 JOB_LABELS = ("namespace", "job")

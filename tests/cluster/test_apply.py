@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 import yaml
-from localkube.api import JOBS, RAYCLUSTERS, RLTJ, ApiError, Api
+from localkube.api import JOBS, RAYCLUSTERS, RLTJ, Api, ApiError
 
 from .jobs import condition, describe, events, manifest, status
 from .operator_process import OperatorProcess

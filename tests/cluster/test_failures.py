@@ -65,7 +65,7 @@ def test_a_role_fails_in_every_way_and_only_it_restarts(
             victim = mine[0]["metadata"]["name"]
             fail_pod(ns, victim, how)
             st = wait_for(
-                lambda: (s := status(ns, job_name))["roles"][role]["restarts"] == count and s,
+                lambda count=count: (s := status(ns, job_name))["roles"][role]["restarts"] == count and s,
                 150,
                 f"restart {count} of {role} ({how})",
                 ctx,
@@ -75,7 +75,7 @@ def test_a_role_fails_in_every_way_and_only_it_restarts(
             named = [victim] if how != "node-deleted" else [p["metadata"]["name"] for p in mine]
             assert any(n in failure for n in named) and REASONS[how] in failure, failure
             new = wait_for(
-                lambda: replaced(ns, job_name, role, uids(mine), replicas),
+                lambda mine=mine: replaced(ns, job_name, role, uids(mine), replicas),
                 120,
                 f"KubeRay's new {role} pods after {how}",
                 ctx,
@@ -92,7 +92,9 @@ def test_a_role_fails_in_every_way_and_only_it_restarts(
         }
         assert status(ns, job_name)["restarts"] == count
         restarts = wait_for(
-            lambda: (e := events(ns, job_name, "RoleRestart")) and sum(x.get("count", 1) for x in e) == count and e,
+            lambda count=count: (
+                (e := events(ns, job_name, "RoleRestart")) and sum(x.get("count", 1) for x in e) == count and e
+            ),
             30,
             f"{count} RoleRestart Events",
             ctx,

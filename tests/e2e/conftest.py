@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import REPO, in_loopback_only_netns
 from tests.cluster.operator_process import OperatorProcess
+from tests.conftest import REPO, in_loopback_only_netns
 
 CLUSTER = "kuberl-e2e"
 NAMESPACE = "kuberl-e2e"

@@ -76,7 +76,8 @@ def test_one_failure_dooms_the_gang_and_counts_once() -> None:
 def test_a_replacement_made_after_the_failure_is_spared() -> None:
     # KubeRay replaces a failed worker at once (c): it joined after the failure, so it is not of the gang.
     start = assess_role([view("a"), view("b")], Tracking()).tracking
-    health = assess_role([view("a", "container ray-worker exited with code 1"), view("b"), view("c", ready=False)], start)
+    failed = view("a", "container ray-worker exited with code 1")
+    health = assess_role([failed, view("b"), view("c", ready=False)], start)
     assert len(health.failures) == 1 and health.doomed == ("a", "b")
     assert health.tracking == Tracking({"uid-c": "c"}, frozenset({"uid-a", "uid-b"}))
 
