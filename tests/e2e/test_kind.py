@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from tests.operator.harness import OperatorProcess, wait_for
+from tests.cluster.operator_process import OperatorProcess
+from tests.cluster.waits import wait_for
 
 from .conftest import Kubectl
 

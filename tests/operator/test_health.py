@@ -28,6 +28,9 @@ def terminated(code: int, reason: str) -> list[dict[str, Any]]:
     (pod("Running", False, containerStatuses=terminated(1, "Error")), "container ray-worker exited with code 1 (Error)"),
     (pod("Failed", False, reason="Evicted", message="low on memory"), "evicted: low on memory"),
     (pod("Failed", False), "pod failed"),
+    (pod("Failed", False, conditions=[{"type": "DisruptionTarget", "status": "True", "reason": "DeletionByPodGC",
+                                       "message": "PodGC: node no longer exists"}]),
+     "pod failed (DeletionByPodGC: PodGC: node no longer exists)"),
     (pod("Succeeded", False), "worker exited"),
     ({**pod(), "metadata": {**pod()["metadata"], "deletionTimestamp": "2026-01-01T00:00:00Z"}}, "deleted"),
 ])
@@ -68,6 +71,15 @@ def test_one_failure_dooms_the_gang_and_counts_once() -> None:
     # Replacements are new members; their failure is a new restart.
     fresh = assess_role([view("c"), view("d")], gone.tracking)
     assert fresh.failures == () and fresh.ready == 2
+
+
+def test_a_replacement_made_after_the_failure_is_spared() -> None:
+    # KubeRay replaces a failed worker at once (c): it joined after the failure, so it is not of the gang.
+    start = assess_role([view("a"), view("b")], Tracking()).tracking
+    failed = view("a", "container ray-worker exited with code 1")
+    health = assess_role([failed, view("b"), view("c", ready=False)], start)
+    assert len(health.failures) == 1 and health.doomed == ("a", "b")
+    assert health.tracking == Tracking({"uid-c": "c"}, frozenset({"uid-a", "uid-b"}))
 
 
 def test_a_vanished_member_is_a_deletion() -> None:

@@ -1,0 +1,209 @@
+"""The operator under load on the real local control plane (cluster/localkube): N jobs applied at once.
+
+Starts etcd, kube-apiserver, controller-manager, scheduler, kwok (GPU nodes enough for every job)
+and KubeRay from the build cache, installs the chart, runs `kuberl operator -A` with the chart's
+ServiceAccount token, then creates N RLTrainingJobs concurrently. Prints, as JSON lines and text:
+the cluster's warm start time and memory at rest, the time until every job is Running (all roles
+ready), the operator's reconcile latency p50/p99 (its own histogram), its memory, and whether any
+job was lost or any child duplicated.
+
+    unshare -n sh -c 'ip link set lo up && exec .venv/bin/python bench/operator_load.py --jobs 50'
+    .venv/bin/python bench/operator_load.py --quick     # 5 jobs (what tests/cluster/test_bench.py runs)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO / "cluster"), str(REPO)]
+
+from localkube import build, pki  # noqa: E402
+from localkube.api import JOBS, NAMESPACES, PODS, RAYCLUSTERS, RLTJ  # noqa: E402
+from localkube.nodes import NodeSpec, gpu_node  # noqa: E402
+from localkube.stack import Cluster  # noqa: E402
+
+from tests.chart.render import CHART, Helm, find_helm  # noqa: E402
+from tests.cluster.jobs import manifest  # noqa: E402
+from tests.cluster.operator_process import OperatorProcess, http_get  # noqa: E402
+
+GPUS_PER_JOB, PODS_PER_JOB = 5, 8  # actor 2 + critic 2 + ref 1 GPUs; head + 6 workers + driver
+NAMESPACE = "load"
+
+
+def quantile(buckets: list[tuple[float, float]], q: float) -> float:
+    """Prometheus' histogram_quantile over cumulative (upper bound, count) buckets, seconds."""
+    total = buckets[-1][1]
+    rank, prev_bound, prev_count = q * total, 0.0, 0.0
+    for bound, count in buckets:
+        if count >= rank:
+            if math.isinf(bound):
+                return prev_bound
+            return prev_bound + (bound - prev_bound) * (rank - prev_count) / max(count - prev_count, 1e-9)
+        prev_bound, prev_count = bound, count
+    return prev_bound
+
+
+def reconcile_histogram(metrics_url: str) -> tuple[list[tuple[float, float]], float, float]:
+    """(buckets, count, sum) of kuberl_operator_reconcile_duration_seconds."""
+    buckets, count, total = [], 0.0, 0.0
+    for line in http_get(metrics_url)[1].splitlines():
+        if line.startswith("kuberl_operator_reconcile_duration_seconds_bucket"):
+            bound = line.split('le="', 1)[1].split('"', 1)[0]
+            buckets.append((float("inf") if bound == "+Inf" else float(bound), float(line.split()[-1])))
+        elif line.startswith("kuberl_operator_reconcile_duration_seconds_count"):
+            count = float(line.split()[-1])
+        elif line.startswith("kuberl_operator_reconcile_duration_seconds_sum"):
+            total = float(line.split()[-1])
+    return buckets, count, total
+
+
+def emit(record: dict) -> None:
+    print(json.dumps(record), flush=True)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--jobs", type=int, default=50)
+    parser.add_argument("--quick", action="store_true", help="5 jobs")
+    parser.add_argument("--timeout", type=float, default=600, help="seconds to wait for every job Running")
+    args = parser.parse_args()
+    n = 5 if args.quick else args.jobs
+    helm_bin = find_helm()
+    if helm_bin is None:
+        print("error: no helm (make helm)", file=sys.stderr)
+        return 1
+    gpu_nodes = math.ceil(n * GPUS_PER_JOB / 8)
+    nodes = [
+        *(NodeSpec(f"cpu-{i}") for i in range(max(1, math.ceil(n * 3 / 60)))),
+        *(gpu_node(f"gpu-{i}") for i in range(gpu_nodes)),
+    ]
+    with tempfile.TemporaryDirectory(prefix="kuberl-load-") as tmp:
+        work = Path(tmp)
+        cluster = Cluster(work / "cluster", build.ensure_built(), tie_to_parent=True, log=lambda line: None)
+        t0 = time.monotonic()
+        cluster.start(nodes=nodes)
+        start_s = time.monotonic() - t0
+        time.sleep(20)  # at rest: caches filled, nothing to do
+        rest = cluster.memory()
+        emit(
+            {
+                "metric": "cluster_warm_start_s",
+                "value": round(start_s, 2),
+                "nodes": len(nodes),
+                "phases": cluster.phases,
+            }
+        )
+        emit({"metric": "cluster_rss_at_rest_mib", "value": round(sum(rest.values()), 1), "per_component": rest})
+        operator = None
+        try:
+            helm = Helm(helm_bin, work / "helm")
+            helm.run(
+                "install",
+                "kuberl",
+                str(CHART),
+                "-n",
+                "kuberl-system",
+                "--create-namespace",
+                "--kubeconfig",
+                str(cluster.kubeconfig),
+                "--wait",
+                "--timeout",
+                "120s",
+            )
+            admin = cluster.admin(NAMESPACE)
+            kubeconfig = work / "operator.kubeconfig"
+            kubeconfig.write_text(
+                pki.kubeconfig(cluster.server, cluster.pki, token=admin.token("kuberl-system", "kuberl"))
+            )
+            (work / "operator").mkdir()
+            operator = OperatorProcess(kubeconfig, work / "operator", resync_seconds=30)  # the default period
+            operator.start()
+            admin.create(NAMESPACES, {"metadata": {"name": NAMESPACE}}, namespace=None)
+            names = [f"load-{i:03d}" for i in range(n)]
+            rss_idle = operator.rss_mib()
+            t1 = time.monotonic()
+            with ThreadPoolExecutor(8) as pool:
+                list(pool.map(lambda name: admin.create(RLTJ, manifest(name)), names))
+            applied_s = time.monotonic() - t1
+            peak, done_s, phases = rss_idle, None, {}
+            while time.monotonic() - t1 < args.timeout:
+                peak = max(peak, operator.rss_mib())
+                phases = {j["metadata"]["name"]: (j.get("status") or {}).get("phase") for j in admin.list(RLTJ)}
+                if len(phases) == n and all(p == "Running" for p in phases.values()):
+                    done_s = time.monotonic() - t1
+                    break
+                time.sleep(0.5)
+            buckets, count, total = reconcile_histogram(operator.metrics_url)
+            time.sleep(10)
+            rss_after = operator.rss_mib()
+            clusters = admin.list(RAYCLUSTERS)
+            drivers = admin.list(JOBS)
+            pods = admin.list(PODS)
+            per_job = {name: sum(1 for c in clusters if c["metadata"]["name"] == name) for name in names}
+            lost = sorted(set(names) - set(phases))
+            duplicated = sorted(name for name, k in per_job.items() if k != 1)
+            emit(
+                {
+                    "metric": "jobs_all_running_s",
+                    "value": round(done_s, 2) if done_s else None,
+                    "jobs": n,
+                    "apply_s": round(applied_s, 2),
+                    "not_running": sorted(k for k, v in phases.items() if v != "Running"),
+                }
+            )
+            emit(
+                {
+                    "metric": "reconcile_latency_s",
+                    "p50": round(quantile(buckets, 0.5), 4),
+                    "p99": round(quantile(buckets, 0.99), 4),
+                    "mean": round(total / count, 4) if count else None,
+                    "reconciles": int(count),
+                }
+            )
+            emit(
+                {
+                    "metric": "operator_rss_mib",
+                    "idle": round(rss_idle, 1),
+                    "peak": round(peak, 1),
+                    "after": round(rss_after, 1),
+                }
+            )
+            emit(
+                {
+                    "metric": "jobs_lost_or_duplicated",
+                    "lost": lost,
+                    "duplicated": duplicated,
+                    "rayclusters": len(clusters),
+                    "driver_jobs": len(drivers),
+                    "pods": len(pods),
+                    "expected_pods": n * PODS_PER_JOB,
+                }
+            )
+            print(
+                f"\n{n} jobs on {platform.node()} ({platform.machine()}): warm start {start_s:.1f}s, "
+                f"control plane at rest {sum(rest.values()):.0f} MiB; "
+                f"all Running after {done_s and round(done_s, 1)}s; "
+                f"reconcile p50 {quantile(buckets, 0.5) * 1000:.0f} ms, "
+                f"p99 {quantile(buckets, 0.99) * 1000:.0f} ms over {int(count)} reconciles; "
+                f"operator RSS {rss_idle:.0f} -> peak {peak:.0f} MiB; lost {lost or 'none'}, "
+                f"duplicated {duplicated or 'none'}; {len(pods)}/{n * PODS_PER_JOB} pods"
+            )
+            ok = done_s is not None and not lost and not duplicated and len(drivers) == n
+            return 0 if ok else 1
+        finally:
+            if operator is not None:
+                operator.stop()
+            cluster.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

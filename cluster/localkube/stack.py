@@ -1,0 +1,343 @@
+"""Start and stop the whole local control plane in one state folder.
+
+Order: certificates; etcd; kube-apiserver; controller-manager, scheduler and kwok; KubeRay's CRDs
+(server-side apply, then Established); the KubeRay operator; the nodes. Every listener binds
+127.0.0.1 on a port free at start (recorded in ``cluster.json``), so two clusters, or a cluster
+inside a loopback-only network namespace, never collide. A component that does not come up is
+named, with the end of its log and the fix.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import ssl
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from . import api as kapi
+from . import pki, procs
+from .nodes import NodeSpec, node_object
+
+HERE = Path(__file__).resolve().parent
+SERVICE_CIDR = "10.96.0.0/16"  # a setting only: no Service traffic is routed here
+POD_CIDR = "127.64.0.0/16"  # the pod IPs kwok hands out stay in the loopback range
+ISSUER = "https://kubernetes.default.svc.cluster.local"
+KWOK_STAGES = HERE / "kwok-stages.yaml"
+AUDIT_POLICY = HERE / "audit-policy.yaml"
+
+
+class StartError(RuntimeError):
+    pass
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def http_ok(url: str, context: ssl.SSLContext | None = None) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2, context=context) as rsp:
+            return rsp.status == 200
+    except (OSError, urllib.error.URLError):
+        return False
+
+
+@dataclass
+class Cluster:
+    """One local cluster. ``start()`` brings it up; ``stop()`` ends every process it started."""
+
+    state: Path
+    cache: Path  # the build cache folder (bin/, crds/)
+    tie_to_parent: bool = False
+    log: Callable[[str], None] = print
+    ports: dict[str, int] = field(default_factory=dict)
+    procs: list[procs.Proc] = field(default_factory=list)
+
+    @property
+    def pki(self) -> Path:
+        return self.state / "pki"
+
+    @property
+    def server(self) -> str:
+        return f"https://127.0.0.1:{self.ports['apiserver']}"
+
+    @property
+    def audit_log(self) -> Path:
+        return self.state / "audit.log"
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.state / "kubeconfig"
+
+    def admin(self, namespace: str = "default") -> kapi.Api:
+        return kapi.Api(
+            self.server, self.pki / "ca.crt", namespace, cert=(self.pki / "admin.crt", self.pki / "admin.key")
+        )
+
+    def bin(self, name: str) -> str:
+        return str(self.cache / "bin" / name)
+
+    def _start(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> procs.Proc:
+        proc = procs.start(name, argv, self.state / "logs", env, self.tie_to_parent)
+        self.procs.append(proc)
+        procs.save(self.state / "procs.json", self.procs)
+        return proc
+
+    def _wait(self, proc: procs.Proc, ready: Callable[[], bool], timeout: float, fix: str) -> None:
+        deadline = time.monotonic() + timeout
+        while not ready():
+            if not proc.alive() or time.monotonic() > deadline:
+                why = "exited" if not proc.alive() else f"was not ready within {timeout:.0f}s"
+                raise StartError(f"{proc.name} {why}; last lines of {proc.log}:\n{proc.tail()}\nfix: {fix}")
+            time.sleep(0.1)
+
+    def _kubeconfig(self, client: str) -> Path:
+        path = self.state / f"{client}.kubeconfig"
+        path.write_text(pki.kubeconfig(self.server, self.pki, client))
+        path.chmod(0o600)
+        return path
+
+    def start(self, nodes: Iterable[NodeSpec] = ()) -> Cluster:
+        t0 = time.monotonic()
+        for sub in ("logs", "etcd", "run"):
+            (self.state / sub).mkdir(parents=True, exist_ok=True)
+        pki.ensure(self.pki)
+        self.ports = {
+            n: free_port()
+            for n in (
+                "etcd",
+                "etcd-peer",
+                "apiserver",
+                "controller-manager",
+                "scheduler",
+                "kuberay-metrics",
+                "kuberay-probe",
+            )
+        }
+        (self.state / "cluster.json").write_text(json.dumps({"ports": self.ports}, indent=1))
+        self.phases: dict[str, float] = {}  # seconds each step of the start took
+        steps = (
+            ("etcd", self._etcd),
+            ("kube-apiserver", self._apiserver),
+            ("controllers+kwok", self._controllers),
+            ("kuberay", self._kuberay),
+            ("nodes", lambda: self.add_nodes(nodes)),
+        )
+        try:
+            for name, step in steps:
+                t = time.monotonic()
+                step()
+                self.phases[name] = round(time.monotonic() - t, 2)
+        except BaseException:
+            self.stop()
+            raise
+        self.kubeconfig.write_text(pki.kubeconfig(self.server, self.pki, "admin"))
+        self.kubeconfig.chmod(0o600)
+        self.started_in = time.monotonic() - t0
+        self.log(
+            f"cluster up in {self.started_in:.1f}s ({', '.join(f'{k} {v}s' for k, v in self.phases.items())}): "
+            f"{self.server}"
+        )
+        return self
+
+    def _etcd(self) -> None:
+        client, peer = f"http://127.0.0.1:{self.ports['etcd']}", f"http://127.0.0.1:{self.ports['etcd-peer']}"
+        proc = self._start(
+            "etcd",
+            [
+                self.bin("etcd"),
+                "--name=local",
+                f"--data-dir={self.state / 'etcd'}",
+                f"--listen-client-urls={client}",
+                f"--advertise-client-urls={client}",
+                f"--listen-peer-urls={peer}",
+                f"--initial-advertise-peer-urls={peer}",
+                f"--initial-cluster=local={peer}",
+                "--unsafe-no-fsync",
+                "--log-level=warn",
+                "--quota-backend-bytes=2147483648",
+            ],
+        )
+        self._wait(
+            proc,
+            lambda: http_ok(f"{client}/health"),
+            30,
+            f"is the etcd data folder from another version? remove {self.state / 'etcd'}",
+        )
+
+    def _apiserver(self) -> None:
+        p = self.pki
+        proc = self._start(
+            "kube-apiserver",
+            [
+                self.bin("kube-apiserver"),
+                "--bind-address=127.0.0.1",
+                "--advertise-address=127.0.0.1",
+                f"--secure-port={self.ports['apiserver']}",
+                f"--etcd-servers=http://127.0.0.1:{self.ports['etcd']}",
+                f"--client-ca-file={p / 'ca.crt'}",
+                f"--tls-cert-file={p / 'apiserver.crt'}",
+                f"--tls-private-key-file={p / 'apiserver.key'}",
+                f"--service-account-issuer={ISSUER}",
+                f"--service-account-key-file={p / 'sa.pub'}",
+                f"--service-account-signing-key-file={p / 'sa.key'}",
+                f"--service-cluster-ip-range={SERVICE_CIDR}",
+                "--authorization-mode=Node,RBAC",
+                "--endpoint-reconciler-type=none",  # 127.0.0.1 is no Endpoints address
+                f"--audit-policy-file={AUDIT_POLICY}",
+                f"--audit-log-path={self.audit_log}",
+                "--audit-log-format=json",
+                "--audit-log-maxsize=0",
+                "--profiling=false",
+                f"--cert-dir={self.state / 'run'}",
+            ],
+        )
+        admin = ssl.create_default_context(cafile=str(p / "ca.crt"))
+        admin.load_cert_chain(str(p / "admin.crt"), str(p / "admin.key"))
+        self._wait(
+            proc, lambda: http_ok(f"{self.server}/readyz", admin), 90, "see the log: a port in use, or etcd gone"
+        )
+
+    def _controllers(self) -> None:
+        p = self.pki
+        common = ["--bind-address=127.0.0.1", "--leader-elect=false"]
+        cm = self._kubeconfig("controller-manager")
+        manager = self._start(
+            "kube-controller-manager",
+            [
+                self.bin("kube-controller-manager"),
+                *common,
+                f"--secure-port={self.ports['controller-manager']}",
+                f"--kubeconfig={cm}",
+                f"--authentication-kubeconfig={cm}",
+                f"--authorization-kubeconfig={cm}",
+                f"--service-account-private-key-file={p / 'sa.key'}",
+                f"--root-ca-file={p / 'ca.crt'}",
+                f"--cert-dir={self.state / 'run' / 'controller-manager'}",
+                "--use-service-account-credentials=true",
+            ],
+        )  # each controller its own RBAC identity
+        sched = self._kubeconfig("scheduler")
+        scheduler = self._start(
+            "kube-scheduler",
+            [
+                self.bin("kube-scheduler"),
+                *common,
+                f"--secure-port={self.ports['scheduler']}",
+                f"--kubeconfig={sched}",
+                f"--authentication-kubeconfig={sched}",
+                f"--authorization-kubeconfig={sched}",
+                f"--cert-dir={self.state / 'run' / 'scheduler'}",
+            ],
+        )
+        admin = self._kubeconfig("admin")
+        kwok = self._start(
+            "kwok",
+            [
+                self.bin("kwok"),
+                f"--kubeconfig={admin}",
+                f"--config={KWOK_STAGES}",
+                "--manage-all-nodes=true",
+                f"--cidr={POD_CIDR}",
+                "--node-ip=127.0.0.1",
+                "--node-lease-duration-seconds=40",
+            ],
+        )
+        insecure = ssl._create_unverified_context()  # their serving certificates are self-signed, made at start
+        for proc, port in ((manager, "controller-manager"), (scheduler, "scheduler")):
+            self._wait(
+                proc,
+                lambda port=port: http_ok(f"https://127.0.0.1:{self.ports[port]}/healthz", insecure),
+                60,
+                "see the log",
+            )
+        time.sleep(0.5)  # kwok has no health endpoint without a server; its nodes turning Ready is the proof
+        if not kwok.alive():
+            raise StartError(f"kwok exited; last lines of {kwok.log}:\n{kwok.tail()}\nfix: see the log")
+
+    def _kuberay(self) -> None:
+        admin = self.admin()
+        for crd in sorted((self.cache / "crds").glob("*.yaml")):
+            group, plural = crd.stem.split("_", 1)  # ray.io_rayclusters.yaml
+            admin.apply(kapi.CRDS, f"{plural}.{group}", crd.read_text(), namespace=None)
+        for crd in sorted((self.cache / "crds").glob("*.yaml")):
+            group, plural = crd.stem.split("_", 1)
+            wait_established(admin, f"{plural}.{group}")
+        proc = self._start(
+            "ray-operator",
+            [
+                self.bin("ray-operator"),
+                f"--metrics-addr=127.0.0.1:{self.ports['kuberay-metrics']}",
+                f"--health-probe-bind-address=127.0.0.1:{self.ports['kuberay-probe']}",
+                "--enable-leader-election=false",
+                "--log-stdout-encoder=console",
+            ],
+            env={"KUBECONFIG": str(self._kubeconfig("admin"))},
+        )
+        self._wait(proc, lambda: http_ok(f"http://127.0.0.1:{self.ports['kuberay-probe']}/readyz"), 60, "see the log")
+
+    def add_nodes(self, nodes: Iterable[NodeSpec], timeout: float = 30) -> list[dict[str, Any]]:
+        """Create kwok nodes and wait until each is Ready."""
+        admin = self.admin()
+        made = [self._node(admin, n) for n in nodes]
+        deadline = time.monotonic() + timeout
+        for node in made:
+            name = node["metadata"]["name"]
+            while not node_ready(admin.get(kapi.NODES, name, namespace=None)):
+                if time.monotonic() > deadline:
+                    kwok = next(p for p in self.procs if p.name == "kwok")
+                    raise StartError(
+                        f"node {name} did not become Ready in {timeout}s (kwok manages it); kwok log:\n{kwok.tail()}"
+                    )
+                time.sleep(0.1)
+        return made
+
+    @staticmethod
+    def _node(admin: kapi.Api, spec: NodeSpec) -> dict[str, Any]:
+        """Create the node; one kept from an earlier start of the same state folder is reused."""
+        try:
+            return admin.create(kapi.NODES, node_object(spec), namespace=None)
+        except kapi.ApiError as exc:
+            if exc.status != 409:
+                raise
+            return admin.get(kapi.NODES, spec.name, namespace=None)
+
+    def memory(self) -> dict[str, float]:
+        """Resident memory of each component, MiB."""
+        return {p.name: round(p.rss_mib(), 1) for p in self.procs}
+
+    def stop(self) -> None:
+        procs.stop_all(self.procs)
+        self.procs = []
+        (self.state / "procs.json").unlink(missing_ok=True)
+
+    def wipe(self) -> None:
+        """Remove the state folder (etcd data, logs, certificates)."""
+        shutil.rmtree(self.state, ignore_errors=True)
+
+
+def node_ready(node: dict[str, Any] | None) -> bool:
+    conds = ((node or {}).get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conds)
+
+
+def wait_established(admin: kapi.Api, name: str, timeout: float = 60) -> None:
+    """A CRD is usable only once Established (a real API server takes seconds for a large one)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        crd = admin.get(kapi.CRDS, name, namespace=None) or {}
+        conds = (crd.get("status") or {}).get("conditions") or []
+        if any(c["type"] == "Established" and c["status"] == "True" for c in conds):
+            return
+        if time.monotonic() > deadline:
+            raise StartError(f"CRD {name} not Established within {timeout}s: {conds}")
+        time.sleep(0.2)

@@ -1,0 +1,63 @@
+"""The chart's RBAC against what the operator really asked for: the API server's audit log.
+
+The cluster audits every request of a ServiceAccount at Metadata level
+(cluster/localkube/audit-policy.yaml): user, verb, resource, subresource and response code.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from localkube.api import CLUSTERROLES, Api
+
+Permission = tuple[str, str, str]  # (apiGroup, resource[/subresource], verb)
+
+
+def audit_events(path: Path, user: str) -> list[dict[str, Any]]:
+    """The audit log's events of one user once answered (a watch is logged when its response starts)."""
+    out = []
+    for line in path.read_text().splitlines():
+        event = json.loads(line)
+        if event.get("user", {}).get("username") == user and event.get("stage") in (
+            "ResponseStarted",
+            "ResponseComplete",
+        ):
+            out.append(event)
+    return out
+
+
+def permission(event: dict[str, Any]) -> Permission | None:
+    ref = event.get("objectRef") or {}
+    if not ref.get("resource"):
+        return None  # discovery (/api, /apis, /version): not subject to RBAC rules on resources
+    resource = ref["resource"] + (f"/{ref['subresource']}" if ref.get("subresource") else "")
+    return ref.get("apiGroup", ""), resource, event["verb"]
+
+
+def decision(event: dict[str, Any]) -> str | None:
+    """The authorizer's verdict, "allow" or "forbid" (a 403 for another reason, such as a terminating
+    namespace, is no RBAC matter)."""
+    return (event.get("annotations") or {}).get("authorization.k8s.io/decision")
+
+
+def used(events: list[dict[str, Any]]) -> set[Permission]:
+    return {p for e in events if (p := permission(e)) and decision(e) == "allow"}
+
+
+def forbidden(events: list[dict[str, Any]]) -> list[str]:
+    return sorted({f"{e['verb']} {e.get('requestURI')}" for e in events if decision(e) == "forbid"})
+
+
+def granted(admin: Api, cluster_role: str) -> set[Permission]:
+    """Every (group, resource, verb) a ClusterRole grants (the chart writes no wildcards)."""
+    role = admin.get(CLUSTERROLES, cluster_role, namespace=None)
+    assert role is not None, f"ClusterRole {cluster_role} not found"
+    return {
+        (group, resource, verb)
+        for rule in role["rules"]
+        for group in rule.get("apiGroups", [])
+        for resource in rule.get("resources", [])
+        for verb in rule.get("verbs", [])
+    }

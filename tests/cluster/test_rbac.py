@@ -1,0 +1,97 @@
+"""The chart's RBAC is exactly what the operator uses: no 403 in the audit log (nothing missing) and
+every granted verb exercised (nothing unused). The scenario here makes the operator use each verb:
+create, adopt (patch) what `kuberl render | kubectl apply` made, restart a role, suspend, delete."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+from localkube.api import RAYCLUSTERS, RESOURCECLAIMTEMPLATES, RLTJ, Api
+from localkube.stack import Cluster
+
+from .conftest import OPERATOR_USER
+from .faults import fail_pod
+from .jobs import describe, manifest, pods_of, status
+from .operator_process import OperatorProcess, kuberl_command
+from .rbac import audit_events, forbidden, granted, used
+from .waits import wait_for
+
+pytestmark = pytest.mark.netns
+
+
+def render(ns: Api, body: dict, tmp_path: Path) -> list[dict]:
+    path = tmp_path / f"{body['metadata']['name']}.yaml"
+    path.write_text(yaml.safe_dump(body))
+    out = subprocess.run(
+        [*kuberl_command(), "render", str(path), "-n", ns.namespace, "--image", "kuberl-runtime:test"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return list(yaml.safe_load_all(out.stdout))
+
+
+def adopted(ns: Api, obj: dict, owner_uid: str) -> bool:
+    from localkube import api as kapi
+
+    plural = {
+        "ConfigMap": kapi.CONFIGMAPS,
+        "Secret": kapi.SECRETS,
+        "ServiceAccount": kapi.SERVICEACCOUNTS,
+        "Role": kapi.ROLES,
+        "RoleBinding": kapi.ROLEBINDINGS,
+        "RayCluster": RAYCLUSTERS,
+        "Job": kapi.JOBS,
+        "ResourceClaimTemplate": RESOURCECLAIMTEMPLATES,
+    }[obj["kind"]]
+    live = ns.get(plural, obj["metadata"]["name"]) or {}
+    return any(o["uid"] == owner_uid for o in live.get("metadata", {}).get("ownerReferences", []))
+
+
+def test_the_chart_grants_exactly_what_the_operator_uses(
+    cluster: Cluster, ns: Api, admin: Api, operator: OperatorProcess, release: str, kubectl, tmp_path: Path
+) -> None:
+    # 1. Made beforehand, unowned (`kuberl render job.yaml | kubectl apply -f -`): the operator adopts each.
+    rendered = manifest("adopted")
+    objects = render(ns, rendered, tmp_path)
+    kubectl("apply", "--server-side", "-n", ns.namespace, "-f", "-", stdin=yaml.safe_dump_all(objects))
+    job = ns.create(RLTJ, rendered)
+    ctx = lambda: describe(ns, "adopted") + operator.tail(30)  # noqa: E731
+    for obj in objects:
+        wait_for(lambda obj=obj: adopted(ns, obj, job["metadata"]["uid"]), 60, f"{obj['kind']} adopted", ctx)
+    wait_for(lambda: status(ns, "adopted").get("phase") == "Running", 90, "Running", ctx)
+    fail_pod(ns, pods_of(ns, "adopted", "critic")[0]["metadata"]["name"], "exit")  # the gang goes: pods delete
+    wait_for(lambda: status(ns, "adopted")["roles"]["critic"]["restarts"] == 1, 60, "a critic restart", ctx)
+
+    # 2. GPU claim templates (DRA): one made beforehand (adopted), the others created; suspend deletes them.
+    dra = manifest("dra", placement={"mode": "dra"})
+    template = next(o for o in render(ns, dra, tmp_path) if o["kind"] == "ResourceClaimTemplate")
+    ns.create(RESOURCECLAIMTEMPLATES, template)
+    dra_job = ns.create(RLTJ, dra)
+    wait_for(
+        lambda: (
+            adopted(ns, template, dra_job["metadata"]["uid"])
+            and len(ns.list(RESOURCECLAIMTEMPLATES, "kuberl.io/job=dra")) == 3
+        ),
+        60,
+        "claim templates adopted and created",
+        lambda: describe(ns, "dra") + operator.tail(30),
+    )
+    for name in ("adopted", "dra"):
+        ns.patch(RLTJ, name, {"spec": {"suspend": True}})
+    wait_for(lambda: not ns.list(RESOURCECLAIMTEMPLATES) and not ns.list(RAYCLUSTERS), 60, "suspended", ctx)
+
+    # 3. Delete: the operator deletes what the job owns, then releases its finalizer.
+    for name in ("adopted", "dra"):
+        ns.delete(RLTJ, name)
+    wait_for(lambda: not ns.list(RLTJ), 60, "both jobs gone", ctx)
+
+    events = audit_events(cluster.audit_log, OPERATOR_USER)
+    assert events, f"no audit events for {OPERATOR_USER} in {cluster.audit_log}"
+    assert forbidden(events) == [], "the chart's RBAC is missing what the operator asked for"
+    grants, uses = granted(admin, release), used(events)
+    assert sorted(grants - uses) == [], "granted but never used"
+    assert sorted(uses - grants) == []
