@@ -400,6 +400,9 @@ class ResilienceSpec(Section):
                                   "pulled, models built)."
     )
     faults: list[FaultSpec] = Field(default_factory=list, description="Injected faults (testing/demo).")
+    standby: bool = Field(
+        False, description="Keep a warm standby per role (a process started in advance; on Kubernetes a Running "
+                           "pod), which takes a failed role's place at once while a new standby starts.")
 
 
 class PlacementSpec(Section):
