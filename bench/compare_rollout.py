@@ -32,7 +32,6 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
 
 REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable
@@ -225,7 +224,7 @@ def load(paths: list[Path]) -> list[dict]:
     return rows
 
 
-def _k(x: Optional[float]) -> str:
+def _k(x: float | None) -> str:
     return "–" if x is None else f"{x / 1000:,.1f}k"
 
 

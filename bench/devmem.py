@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Optional
 
 
 def _handle(index: int):
@@ -22,7 +21,7 @@ def _handle(index: int):
         return None, None
 
 
-def used_gib(index: int = 0) -> Optional[float]:
+def used_gib(index: int = 0) -> float | None:
     """Memory in use on GPU `index` now, all processes, in GiB (None without NVML)."""
     nvml, h = _handle(index)
     return nvml.nvmlDeviceGetMemoryInfo(h).used / 2**30 if h is not None else None
@@ -44,7 +43,7 @@ class PeakSampler:
             time.sleep(self.period)
         self.peak_gib = peak / 2**30
 
-    def __enter__(self) -> "PeakSampler":
+    def __enter__(self) -> PeakSampler:
         if self.handle is not None:
             self._thread.start()
         return self

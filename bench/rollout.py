@@ -37,8 +37,9 @@ import platform
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any
 
 import torch
 
@@ -46,6 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from devmem import used_gib  # noqa: E402
+
 from kuberl.models import builtin_config, char_tokenizer, load_causal_lm  # noqa: E402
 from kuberl.rollout.fast import SamplingParams, StaticDecoder  # noqa: E402
 from kuberl.spec.model import ModelSource  # noqa: E402
@@ -102,7 +104,7 @@ class Bench:
         return ids, torch.ones_like(ids)
 
     def throughput(self, variant: str, batch: int, top_p: float, times: list[float], tokens: int,
-                   first: Optional[float] = None, **extra) -> None:
+                   first: float | None = None, **extra) -> None:
         med = statistics.median(times)
         self.emit({"kind": "throughput", "variant": variant, "batch": batch, "top_p": top_p,
                    "tokens_per_s": tokens / med, "seconds_median": med, "seconds_all": times, "tokens": tokens,

@@ -10,9 +10,10 @@ import copy
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 import yaml
+
 from kuberl.spec import API_VERSION, KIND, RLTrainingJob, RoleSpec, enabled_roles, role_resource
 from kuberl.spec.contract import Env, ExitCode
 from kuberl.spec.model import node_resource
@@ -362,7 +363,7 @@ def driver_rbac(job: RLTrainingJob, opts: BuildOptions) -> list[dict[str, Any]]:
     ]
 
 
-def auth_secret(job: RLTrainingJob, token: Optional[str], opts: BuildOptions) -> dict[str, Any]:
+def auth_secret(job: RLTrainingJob, token: str | None, opts: BuildOptions) -> dict[str, Any]:
     """The Ray auth token shared by the head, the workers and the driver. The operator makes the token
     when it creates the Secret; without one (`kuberl render`) the Secret carries no value."""
     name = job.metadata.name
@@ -383,7 +384,7 @@ def runtime_objects(job: RLTrainingJob, opts: BuildOptions) -> list[dict[str, An
     return [*gpu_claim_templates(job, opts), ray_cluster(job, opts), driver_job(job, opts)]
 
 
-def all_objects(job: RLTrainingJob, raw_spec: Mapping[str, Any], token: Optional[str],
+def all_objects(job: RLTrainingJob, raw_spec: Mapping[str, Any], token: str | None,
                 opts: BuildOptions) -> list[dict[str, Any]]:
     """Every object of a running job, in creation order (what `kuberl render` prints)."""
     return [

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import yaml
+
 from kuberl.spec import SpecInvalid, load_manifest, parse_yaml
 
 from . import builders, placement

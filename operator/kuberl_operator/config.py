@@ -18,7 +18,7 @@ class OperatorConfig:
     max_gpus_per_node: int = DEFAULT_MAX_GPUS_PER_NODE  # the most GPUs any node has: a bigger replica never fits
 
     @classmethod
-    def from_env(cls) -> "OperatorConfig":
+    def from_env(cls) -> OperatorConfig:
         """KUBERL_RUNTIME_IMAGE, KUBERL_METRICS_PORT, KUBERL_METRICS_ADDRESS, KUBERL_MAX_GPUS_PER_NODE."""
         port = os.environ.get("KUBERL_METRICS_PORT")
         gpus = os.environ.get("KUBERL_MAX_GPUS_PER_NODE")

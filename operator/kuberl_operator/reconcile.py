@@ -20,13 +20,28 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
+
 from kuberl.spec import ROLES as JOB_ROLES
 from kuberl.spec import RLTrainingJob, SpecInvalid, validate_manifest
 
 from . import builders, conditions, names, placement
 from .config import OperatorConfig
-from .kube import (CONFIGMAPS, JOBS, PODS, RAYCLUSTERS, RESOURCECLAIMTEMPLATES, RLTRAININGJOBS, ROLEBINDINGS,
-                   ROLES, SECRETS, SERVICEACCOUNTS, ApiError, Kube, Resource, resource_of)
+from .kube import (
+    CONFIGMAPS,
+    JOBS,
+    PODS,
+    RAYCLUSTERS,
+    RESOURCECLAIMTEMPLATES,
+    RLTRAININGJOBS,
+    ROLEBINDINGS,
+    ROLES,
+    SECRETS,
+    SERVICEACCOUNTS,
+    ApiError,
+    Kube,
+    Resource,
+    resource_of,
+)
 from .metrics import Metrics
 from .progress import Progress
 from .status import PLACEMENT_DEGRADED, Observed, decide, infeasible_status, invalid_spec_status, merge_diff
@@ -61,7 +76,7 @@ class Indices:
     drivers: Mapping[Any, Any]
 
     @classmethod
-    def of(cls, kwargs: Mapping[str, Any]) -> "Indices":
+    def of(cls, kwargs: Mapping[str, Any]) -> Indices:
         return cls(kwargs["worker_pods"], kwargs["progress_reports"], kwargs["driver_jobs"])
 
     def observed(self, namespace: str, name: str, cluster_uid: str | None) -> Observed:

@@ -9,7 +9,7 @@ reward role scores the answers as it scores rollouts, and the step's record gain
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any
 
 from .batch import Batch
 from .spec import JobSpec
@@ -30,7 +30,7 @@ class Evaluator:
         self.padded = rows + rows[: (-len(rows)) % ranks] if rows else rows
 
     @classmethod
-    def for_spec(cls, spec: JobSpec, tokenizer: Any, ranks: int) -> Optional["Evaluator"]:
+    def for_spec(cls, spec: JobSpec, tokenizer: Any, ranks: int) -> Evaluator | None:
         """None when the spec has no eval section. `ranks`: a common multiple of the roles' world sizes."""
         if spec.data.eval is None:
             return None

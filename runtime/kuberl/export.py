@@ -20,7 +20,6 @@ import json
 import sys
 import warnings
 from pathlib import Path
-from typing import Optional
 
 from . import checkpoint
 from .identity import IDENTITY_FILE, Identity
@@ -42,7 +41,7 @@ def checkpoint_root(run_dir: Path) -> Path:
     )
 
 
-def pick_step(root: Path, step: Optional[int]) -> int:
+def pick_step(root: Path, step: int | None) -> int:
     steps = checkpoint.complete_steps(root)
     if not steps:
         raise ExportError(f"{root}: no complete checkpoint (fix: run the job until its first checkpoint)")
@@ -101,7 +100,7 @@ def write_folder(model, tokenizer, spec: JobSpec, out: Path, dtype: str) -> None
     tokenizer.save_pretrained(out)
 
 
-def export(run_dir: Path, out: Path, step: Optional[int] = None, dtype: Optional[str] = None) -> int:
+def export(run_dir: Path, out: Path, step: int | None = None, dtype: str | None = None) -> int:
     """Export the policy of `step` (default: the newest complete checkpoint) of the run at `run_dir`
     into `out`, with the spec its job record holds; returns the step exported."""
     root = checkpoint_root(run_dir)
@@ -109,8 +108,8 @@ def export(run_dir: Path, out: Path, step: Optional[int] = None, dtype: Optional
     return export_policy(root, ident.name, JobSpec.model_validate(ident.spec), out, step, dtype)
 
 
-def export_policy(root: Path, name: str, spec: JobSpec, out: Path, step: Optional[int] = None,
-                  dtype: Optional[str] = None) -> int:
+def export_policy(root: Path, name: str, spec: JobSpec, out: Path, step: int | None = None,
+                  dtype: str | None = None) -> int:
     """Export job `name`'s policy from its checkpoint folder `root` into `out`; returns the step exported."""
     from .models import load_tokenizer
 

@@ -24,7 +24,7 @@ import json
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from . import checkpoint
 from .spec import JobSpec
@@ -33,7 +33,7 @@ IDENTITY_FILE = "job.json"
 OUTPUT_ARTEFACTS = ("metrics.jsonl", "reward_curve.png", "tensorboard", "model")
 """What a run writes under its output folder (what --restart removes; nothing else is touched)."""
 
-_TRAINED: dict[str, Optional[tuple[str, ...]]] = {
+_TRAINED: dict[str, tuple[str, ...] | None] = {
     "model": ("hub", "path", "builtin", "dtype"),
     "algorithm": None,
     "data": ("task", "files", "promptKey", "answerKey", "maxPromptLength", "batchSize", "shuffle"),
@@ -77,11 +77,11 @@ class Identity:
         return fingerprint(self.fields)
 
     @classmethod
-    def of(cls, name: str, spec: JobSpec) -> "Identity":
+    def of(cls, name: str, spec: JobSpec) -> Identity:
         return cls(name, trained_fields(spec), spec.model_dump(by_alias=True, mode="json", exclude_none=True))
 
     @classmethod
-    def read(cls, root: Path) -> Optional["Identity"]:
+    def read(cls, root: Path) -> Identity | None:
         path = root / IDENTITY_FILE
         if not path.is_file():
             return None
@@ -98,7 +98,7 @@ class Identity:
         )
         tmp.rename(root / IDENTITY_FILE)
 
-    def differences(self, other: "Identity") -> list[str]:
+    def differences(self, other: Identity) -> list[str]:
         """'spec.x: old -> new' for each trained field that differs."""
         keys = sorted(set(self.fields) | set(other.fields))
         return [
@@ -111,7 +111,7 @@ class Identity:
 FIX = "fix: give --out a new folder, or pass --restart to delete them and start over"
 
 
-def resume_problem(root: Path, out: Path, mine: Identity) -> Optional[str]:
+def resume_problem(root: Path, out: Path, mine: Identity) -> str | None:
     """Why this job must not run into `root` (checkpoints) and `out` (metrics), or None when it may."""
     theirs = Identity.read(root)
     steps = checkpoint.complete_steps(root)

@@ -10,7 +10,7 @@ touching the network; only a model missing from the cache is downloaded.
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 
 import torch
 from torch import nn
@@ -30,7 +30,6 @@ from transformers import (
 from .spec.model import ModelSource
 from .vocab import CHARS, SPECIALS
 
-
 # name -> (hidden, intermediate, layers, heads, kv heads, vocab); the qwen2 shapes follow the
 # published Qwen2-0.5B / Qwen2-1.5B configs (vocab 151,936, tied embeddings).
 BUILTIN_SHAPES: dict[str, tuple[int, int, int, int, int, int | None]] = {
@@ -40,7 +39,7 @@ BUILTIN_SHAPES: dict[str, tuple[int, int, int, int, int, int | None]] = {
 }
 
 
-@lru_cache(maxsize=None)
+@cache
 def char_tokenizer() -> PreTrainedTokenizerFast:
     """A character-level tokenizer over printable ASCII (`CHARS`), newline and tab."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers

@@ -13,7 +13,7 @@ from __future__ import annotations
 import importlib.util
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from .spec import JobSpec
 
@@ -31,7 +31,7 @@ class PreflightFailed(ValueError):
         return 1
 
 
-def check_job(spec: JobSpec, manifest_dir: Optional[Path] = None) -> list[dict[str, Any]]:
+def check_job(spec: JobSpec, manifest_dir: Path | None = None) -> list[dict[str, Any]]:
     """Raise PreflightFailed listing every problem; returns the training rows (for warnings about them).
     `manifest_dir` is made importable first, so a reward module may sit next to the manifest."""
     from .rewards import RewardImportError, add_import_dir, load_reward_fn

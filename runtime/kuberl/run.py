@@ -13,7 +13,6 @@ import argparse
 import os
 import sys
 from pathlib import Path
-from typing import Optional
 
 from .record import StepRecord
 from .spec import JobSpec, RLTrainingJob, SpecInvalid, enabled_roles, load_manifest, validate_manifest
@@ -32,8 +31,8 @@ def parse_fault(text: str) -> tuple[str, int, str]:
     return parts[0], int(parts[1]), parts[2] if len(parts) == 3 else "kill"
 
 
-def apply_overrides(job: RLTrainingJob, steps: Optional[int], faults: list[str],
-                    metrics_port: Optional[int] = None, metrics_address: Optional[str] = None) -> RLTrainingJob:
+def apply_overrides(job: RLTrainingJob, steps: int | None, faults: list[str],
+                    metrics_port: int | None = None, metrics_address: str | None = None) -> RLTrainingJob:
     """The single-field flags (--steps, --fault, --metrics-*) on a loaded job, re-validated, so they get the
     same field-named errors as the file (`--set` overrides are applied while loading it)."""
     obj = job.model_dump(by_alias=True, exclude_none=True)
@@ -98,7 +97,7 @@ def build_driver(job: RLTrainingJob, out: Path, backend: str, device: str, fault
     return Driver(spec, job.metadata.name, out, make, fault_list, progress)
 
 
-def run_job(job: RLTrainingJob, out: Path, backend: str = "ray", device: str = "auto", ray_address: Optional[str] = None,
+def run_job(job: RLTrainingJob, out: Path, backend: str = "ray", device: str = "auto", ray_address: str | None = None,
             faults: tuple[str, ...] = (), progress: bool = True, export: bool = True) -> list[StepRecord]:
     """Run a validated job to completion; returns this run's per-step records."""
     from .metrics import plot_reward_curve
@@ -145,7 +144,7 @@ def run_job(job: RLTrainingJob, out: Path, backend: str = "ray", device: str = "
     return records
 
 
-def export_last(job: RLTrainingJob, out: Path) -> Optional[Path]:
+def export_last(job: RLTrainingJob, out: Path) -> Path | None:
     """Export the newest checkpoint's policy to <out>/model; a problem is a warning, the run stands."""
     from . import checkpoint
     from .export import ExportError, export_policy
@@ -195,7 +194,7 @@ def run_command(args: argparse.Namespace) -> int:
     return ExitCode.OK
 
 
-def prepare(args: argparse.Namespace) -> tuple[Optional[RLTrainingJob], Path]:
+def prepare(args: argparse.Namespace) -> tuple[RLTrainingJob | None, Path]:
     """Validate the job, its data, reward and model, and its output folder; write the job record.
     Returns (None, out) when the job is already finished (said so on stdout)."""
     from . import checkpoint, identity

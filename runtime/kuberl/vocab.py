@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import string
 from collections import Counter
-from typing import Iterable
+from collections.abc import Iterable
 
 SPECIALS = ["<pad>", "<eos>", "<unk>"]
 _FIRST = string.ascii_lowercase + string.digits + " :+-=#?.,"  # the original vocabulary keeps its ids

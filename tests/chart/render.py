@@ -10,7 +10,7 @@ import json
 import os
 import shutil
 import subprocess
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +52,7 @@ class Helm:
             raise HelmFailed(list(args), proc.stderr)
         return proc.stdout
 
-    @lru_cache(maxsize=None)
+    @cache
     def _template(self, values_json: str, kube_version: str, api_versions: tuple[str, ...]) -> str:
         values_file = self.home / f"values-{abs(hash(values_json))}.yaml"
         values_file.write_text(yaml.safe_dump(json.loads(values_json)))

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import ast
 from collections import defaultdict
-from pathlib import Path
 
 import pytest
 import yaml
@@ -29,8 +28,9 @@ KOPF_NAMESPACES = {("", "namespaces"): {"list", "watch"}}
 
 
 def kopf_needs() -> Needs:
-    import kuberl_operator.handlers  # noqa: F401  (registers the handlers)
     from kopf._core.intents import registries
+
+    import kuberl_operator.handlers  # noqa: F401  (registers the handlers)
 
     registry = registries.get_default_registry()
     assert not registry._webhooks.get_all_handlers(), "admission webhooks need RBAC for webhook configurations"

@@ -7,11 +7,11 @@ import fnmatch
 import json
 import re
 import shlex
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import tomllib
 import yaml
 from packaging.requirements import Requirement
 

@@ -6,12 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import yaml
-from kuberl_operator import builders, names
 
 from kuberl import checkpoint
 from kuberl.metrics import read_jsonl
 from kuberl.run import run_job
 from kuberl.spec import validate_manifest
+from kuberl_operator import builders, names
 
 from .conftest import load_example
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+
 from kuberl.metrics import read_jsonl
 
 from .conftest import REPO, load_example
@@ -177,11 +178,12 @@ def actor_logits(state: dict[str, torch.Tensor], ids: torch.Tensor) -> torch.Ten
 
 def test_export_of_a_two_rank_checkpoint_loads_with_transformers(ray_session, tmp_path: Path) -> None:
     """Two FSDP ranks write the actor's DCP checkpoint; the exported folder's logits equal the actor's."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     from kuberl.driver import Driver
     from kuberl.export import export
     from kuberl.groups import RayWorkerGroup
     from kuberl.identity import Identity
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     job = load_example(
         "quickstart.yaml", **{"trainer.steps": 2, "roles.actor.replicas": 2, "trainer.microBatchSize": 8}

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 import yaml
-from kuberl.spec import load_manifest, validate_manifest
 
+from kuberl.spec import load_manifest, validate_manifest
 from kuberl_operator import builders, names
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from kuberl.cli import main
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "ppo-gpu.yaml"

@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from kuberl.spec import validate_manifest
 
+from kuberl.spec import validate_manifest
 from kuberl_operator import conditions
 from kuberl_operator.metrics import Metrics
 from kuberl_operator.placement import static_problems

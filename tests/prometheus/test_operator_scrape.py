@@ -29,8 +29,8 @@ from tests.chart.render import NAMESPACE as RELEASE_NAMESPACE
 from tests.chart.render import Helm, one
 
 from .conftest import NAMESPACE, REPO, SCRAPE, Scrape
-from .server import Endpoint, Pod, Prometheus, free_port, http_get, service_monitor_scrape
 from .panels import OPERATOR_TARGETS, STEP_S, by_label, no_data, panel_target, run_query
+from .server import Endpoint, Pod, Prometheus, free_port, http_get, service_monitor_scrape
 
 PENDING = ("pending: scraping a real `kuberl operator` needs a real API server, and the real-cluster fixture "
            "(kube-apiserver + KubeRay + kwok; branch cluster, issue 10) has not landed on main")

@@ -25,8 +25,8 @@ from kuberl.topology import (
     read_local,
     read_nvml,
 )
-from kuberl.topology.matrix import format_id_list, parse_id_list
 from kuberl.topology import plan as plan_module
+from kuberl.topology.matrix import format_id_list, parse_id_list
 
 REPO = Path(__file__).resolve().parents[2]
 TOPO = REPO.parent / "shared" / "fixtures" / "topo"

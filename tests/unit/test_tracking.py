@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from kuberl.spec import validate_manifest
 from kuberl.tracking import MLflowTracker, make_trackers, scalars
 

@@ -3,25 +3,24 @@
 from __future__ import annotations
 
 import re
-from typing import Optional
 
 _GSM8K = re.compile(r"####\s*(-?[\d,]*\.?\d+)")
 
 
-def repeat_letter(prompt: str, response: str, answer: Optional[str]) -> float:
+def repeat_letter(prompt: str, response: str, answer: str | None) -> float:
     """Share of the response's characters equal to the requested letter (0 for an empty response)."""
     if not response or not answer:
         return 0.0
     return sum(ch == answer for ch in response) / len(response)
 
 
-def gsm8k_answer(text: str) -> Optional[str]:
+def gsm8k_answer(text: str) -> str | None:
     """The number after the last `#### ` marker, commas removed, or None."""
     found = _GSM8K.findall(text)
     return found[-1].replace(",", "") if found else None
 
 
-def gsm8k(prompt: str, response: str, answer: Optional[str]) -> float:
+def gsm8k(prompt: str, response: str, answer: str | None) -> float:
     """1.0 when the response's `#### <n>` equals the reference (the reference may be a full GSM8K solution)."""
     if answer is None:
         return 0.0

@@ -17,9 +17,10 @@ import inspect
 import os
 import sys
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any
 
 from ..registry import Registry
 from ..spec.model import REWARD_FUNCTION_NAMES
@@ -60,16 +61,16 @@ class RewardCall:
 
     path: str
     fn: RewardFn
-    keywords: Optional[tuple[str, ...]]  # None: positional (prompt, response, answer)
+    keywords: tuple[str, ...] | None  # None: positional (prompt, response, answer)
     needs_answer: bool
 
-    def __call__(self, prompt: str, response: str, answer: Optional[str], row: dict[str, Any]) -> float:
+    def __call__(self, prompt: str, response: str, answer: str | None, row: dict[str, Any]) -> float:
         if self.keywords is None:
             return self.fn(prompt, response, answer)
         given = {"prompt": prompt, "response": response, "answer": answer, "row": row}
         return self.fn(**{k: given[k] for k in self.keywords})
 
-    def score(self, prompt: str, response: str, answer: Optional[str], row: dict[str, Any], origin: str) -> float:
+    def score(self, prompt: str, response: str, answer: str | None, row: dict[str, Any], origin: str) -> float:
         """One sample's score as a float; a failure is a RewardFunctionError naming the user's line and the sample."""
         try:
             value = self(prompt, response, answer, row)
@@ -99,7 +100,7 @@ def load_reward_fn(path: str) -> RewardCall:
     return RewardCall(path, fn, keywords, needs_answer)
 
 
-def calling_convention(fn: RewardFn, path: str) -> tuple[Optional[tuple[str, ...]], bool]:
+def calling_convention(fn: RewardFn, path: str) -> tuple[tuple[str, ...] | None, bool]:
     """(keywords to pass, or None for positional (prompt, response, answer); whether it needs the answer)."""
     try:
         params = list(inspect.signature(fn).parameters.values())

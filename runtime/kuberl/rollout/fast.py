@@ -36,7 +36,8 @@ compiled kernels are then captured in the same CUDA graph. On CPU the same step 
 from __future__ import annotations
 
 import logging
-from typing import Callable, NamedTuple, Optional
+from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -53,7 +54,7 @@ SUPPORTED_ROPE = ("default", "linear", "llama3")
 ATTENTION_BACKENDS = ("auto", "flash", "sdpa")
 
 
-def unsupported_reason(model: nn.Module) -> Optional[str]:
+def unsupported_reason(model: nn.Module) -> str | None:
     """Why `StaticDecoder` cannot run this model, or None when it can."""
     cfg = getattr(model, "config", None)
     if cfg is None or getattr(cfg, "model_type", None) not in SUPPORTED_MODEL_TYPES:
@@ -79,9 +80,9 @@ def unsupported_reason(model: nn.Module) -> Optional[str]:
 class LayerWeights(NamedTuple):
     ln1: torch.Tensor
     wqkv: torch.Tensor             # [q + 2 kv, H]: q_proj, k_proj, v_proj stacked (the HF params are views)
-    bqkv: Optional[torch.Tensor]   # [q + 2 kv] or None
+    bqkv: torch.Tensor | None   # [q + 2 kv] or None
     wo: torch.Tensor
-    bo: Optional[torch.Tensor]
+    bo: torch.Tensor | None
     ln2: torch.Tensor
     wgu: torch.Tensor              # [2 I, H]: gate_proj, up_proj stacked (the HF params are views)
     wd: torch.Tensor
@@ -187,7 +188,7 @@ def decode_last(h: torch.Tensor, attn: torch.Tensor, w: LayerWeights, d: Dims) -
 
 def head_sample(h: torch.Tensor, norm: torch.Tensor, lm_head: torch.Tensor, seed: torch.Tensor, step: torch.Tensor,
                 eps: float, greedy: bool, temperature: float, top_p: float, suppress_eos: bool,
-                eos_id: Optional[int]) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+                eos_id: int | None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Final norm, LM head and sampling: h [B, H] -> tokens [B] (and unresolved nucleus rows [B] or None).
     The sampling parameters are Python scalars, which torch.compile specialises on."""
     logits = F.linear(rms_norm(h, norm, eps), lm_head)
@@ -233,7 +234,7 @@ def flash_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.
 class _State:
     """Static device buffers for one (batch, prompt length, new tokens, sampling) shape."""
 
-    def __init__(self, dec: "StaticDecoder", batch: int, prompt_len: int, new_tokens: int, sp: SamplingParams):
+    def __init__(self, dec: StaticDecoder, batch: int, prompt_len: int, new_tokens: int, sp: SamplingParams):
         dev = dec.device
         self.key = (batch, prompt_len, new_tokens, sp)
         self.batch, self.prompt_len, self.new_tokens, self.sp = batch, prompt_len, new_tokens, sp
@@ -254,13 +255,13 @@ class _State:
         self.finished = torch.zeros(batch, device=dev, dtype=torch.bool)
         self.unresolved = torch.zeros(1, device=dev, dtype=torch.long)      # nucleus draws that fell back
         self.out = torch.zeros(batch, new_tokens, device=dev, dtype=torch.long)
-        self.graph: Optional[torch.cuda.CUDAGraph] = None
+        self.graph: torch.cuda.CUDAGraph | None = None
 
 
 class StaticDecoder:
     """Batched sampling with a static KV cache; on CUDA the decode step is one CUDA graph replay."""
 
-    def __init__(self, model: nn.Module, pad_id: int, eos_id: Optional[int], use_graphs: Optional[bool] = None,
+    def __init__(self, model: nn.Module, pad_id: int, eos_id: int | None, use_graphs: bool | None = None,
                  compile: bool = False, attention: str = "auto"):
         reason = unsupported_reason(model)
         if reason:
@@ -293,7 +294,7 @@ class StaticDecoder:
         if compile:
             self.enable_compile()
         self._cos = self._sin = None
-        self._state: Optional[_State] = None
+        self._state: _State | None = None
 
     # -- attention backend -------------------------------------------------------------------------
     def _pick_attention(self, want: str) -> tuple[str, str]:
@@ -316,7 +317,7 @@ class StaticDecoder:
         return "sdpa", f"flash unavailable: {why}"
 
     @torch.no_grad()
-    def _probe_flash(self) -> Optional[str]:
+    def _probe_flash(self) -> str | None:
         """None when flash_decode agrees with sdpa_decode on random data (ragged lengths), else the reason."""
         d, dev = self.dims, self.device
         b, s = 3, 48
@@ -390,7 +391,7 @@ class StaticDecoder:
         return h[:, -1].contiguous()  # the same layout as in the decode step (one compiled variant)
 
     def _attend(self, st: _State, q: torch.Tensor, layer_cache: torch.Tensor,
-                bias: Optional[torch.Tensor]) -> torch.Tensor:
+                bias: torch.Tensor | None) -> torch.Tensor:
         if self.attention == "flash":
             return flash_decode(q, layer_cache[0], layer_cache[1], st.cu_q, st.cu_k, st.used, st.slots, self.scale)
         return sdpa_decode(q, layer_cache[0], layer_cache[1], bias, st.slots, self.scale)
@@ -426,7 +427,7 @@ class StaticDecoder:
                                      sp.temperature, sp.top_p, sp.suppress_eos, self.eos_id)
         self._emit(st, nxt, unresolved)
 
-    def _emit(self, st: _State, nxt: torch.Tensor, unresolved: Optional[torch.Tensor]) -> None:
+    def _emit(self, st: _State, nxt: torch.Tensor, unresolved: torch.Tensor | None) -> None:
         nxt = torch.where(st.finished, torch.full_like(nxt, self.pad_id), nxt)
         st.out.index_copy_(1, st.step, nxt[:, None])
         if unresolved is not None:

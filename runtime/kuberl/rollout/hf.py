@@ -13,7 +13,6 @@ read those very tensors) stay valid.
 from __future__ import annotations
 
 import logging
-from typing import Optional
 
 import torch
 
@@ -26,7 +25,7 @@ log = logging.getLogger(__name__)
 
 class HFRollout:
     def __init__(self, spec: JobSpec, device: torch.device, dtype: torch.dtype, tokenizer,
-                 fast: Optional[bool] = None, inductor: Optional[bool] = None):
+                 fast: bool | None = None, inductor: bool | None = None):
         """`fast`/`inductor` override the spec (tests, benchmarks): fast=None means
         `spec.rollout.compile and device is CUDA`; inductor=None means "when fast"."""
         self.spec, self.device, self.tok = spec, device, tokenizer
@@ -35,8 +34,8 @@ class HFRollout:
         self.model.requires_grad_(False)
         self.model.generation_config.pad_token_id = tokenizer.pad_token_id
         want_fast = (spec.rollout.compile and device.type == "cuda") if fast is None else fast
-        self.fallback_reason: Optional[str] = None
-        self.fast: Optional[StaticDecoder] = None
+        self.fallback_reason: str | None = None
+        self.fast: StaticDecoder | None = None
         if want_fast:
             self.fallback_reason = unsupported_reason(self.model)
             if self.fallback_reason:

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 
@@ -114,8 +113,8 @@ def _row_max_and_logsum(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return m, (cs * torch.exp(cm - m.unsqueeze(-1))).sum(-1)
 
 
-def sample(logits: torch.Tensor, sp: SamplingParams, eos_id: Optional[int], seed: torch.Tensor,
-           step: torch.Tensor) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+def sample(logits: torch.Tensor, sp: SamplingParams, eos_id: int | None, seed: torch.Tensor,
+           step: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Next tokens [B] from logits [B, V]; with top_p < 1 also the rows left unresolved [B] (bool), else None.
 
     seed [1] and step [1] are int64 tensors keying the noise (same key, same tokens)."""
@@ -123,8 +122,8 @@ def sample(logits: torch.Tensor, sp: SamplingParams, eos_id: Optional[int], seed
 
 
 def sample_scalars(logits: torch.Tensor, greedy: bool, temperature: float, top_p: float, suppress_eos: bool,
-                   eos_id: Optional[int], seed: torch.Tensor,
-                   step: torch.Tensor) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+                   eos_id: int | None, seed: torch.Tensor,
+                   step: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
     """`sample` with the parameters as plain Python scalars (what torch.compile specialises on)."""
     b, v = logits.shape
     lv = logits.float()

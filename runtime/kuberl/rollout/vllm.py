@@ -46,7 +46,6 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import Optional
 
 import torch
 
@@ -71,7 +70,7 @@ def _import_vllm():
     return vllm
 
 
-def builtin_model_dir(spec: JobSpec, tokenizer, device: Optional[torch.device]) -> str:
+def builtin_model_dir(spec: JobSpec, tokenizer, device: torch.device | None) -> str:
     """A directory holding the built-in model (placeholder weights) and tokenizer; made once, then reused."""
     from ..models import load_causal_lm
 
@@ -98,8 +97,8 @@ def builtin_model_dir(spec: JobSpec, tokenizer, device: Optional[torch.device]) 
 class VLLMRollout:
     """RolloutEngine on vLLM. Prompts [B,P] left-padded -> responses [B,R] right-padded with pad."""
 
-    def __init__(self, spec: JobSpec, tokenizer, device: Optional[torch.device] = None,
-                 sleep: Optional[bool] = None, enforce_eager: bool = False):
+    def __init__(self, spec: JobSpec, tokenizer, device: torch.device | None = None,
+                 sleep: bool | None = None, enforce_eager: bool = False):
         """`sleep` overrides spec.rollout.sleepMode and `enforce_eager` skips torch.compile and CUDA graphs
         (tests: a fast start)."""
         vllm = _import_vllm()

@@ -16,7 +16,8 @@ from __future__ import annotations
 import math
 import os
 import time
-from typing import Any, Callable, Optional, TypedDict
+from collections.abc import Callable
+from typing import Any, TypedDict
 
 import torch
 from torch.multiprocessing.reductions import rebuild_cuda_tensor, reduce_tensor
@@ -55,7 +56,7 @@ def export_buffer(buf: torch.Tensor, in_process: bool) -> BufferRef:
             "dtype": str(buf.dtype).removeprefix("torch."), "ipc": ipc}
 
 
-def local_index(uuid: str) -> Optional[int]:
+def local_index(uuid: str) -> int | None:
     """This process's index of the GPU with that UUID, or None if it does not see it."""
     for i in range(torch.cuda.device_count()):
         if device_uuid(i) == uuid:
@@ -109,8 +110,8 @@ class StagedSender:
                  bucket_bytes: int):
         self.rpc, self.device, self.dtype, self.in_process = rpc, device, dtype, in_process
         self.expected, self.bucket_elems = expected, bucket_bytes // dtype.itemsize
-        self.staging: Optional[torch.Tensor] = None
-        self._plan: Optional[tuple[tuple, list[list[StagedEntry]]]] = None
+        self.staging: torch.Tensor | None = None
+        self._plan: tuple[tuple, list[list[StagedEntry]]] | None = None
 
     def _buckets(self, weights: list[tuple[str, torch.Tensor]]) -> list[list[StagedEntry]]:
         signature = tuple((n, tuple(t.shape)) for n, t in weights)

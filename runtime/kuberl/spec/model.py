@@ -190,7 +190,7 @@ class EvalSpec(Section):
         return _check_formats(files)
 
     @model_validator(mode="after")
-    def _one_source(self) -> "EvalSpec":
+    def _one_source(self) -> EvalSpec:
         if self.task and self.files:
             raise ValueError("give either task or files, not both")
         return self
