@@ -341,7 +341,7 @@ def measure_sync(b: Bench, engine, weights: dict[str, torch.Tensor]) -> None:
     for label, sd, reps in (("fp32 on GPU (actor)", weights, 5), ("bf16 on GPU", bf16, 3)):
         times, parts = [], []
         for _ in range(reps):
-            t, _ = b.timed(lambda: engine.load_weights(sd))
+            t, _ = b.timed(lambda sd=sd: engine.load_weights(sd))
             times.append(t)
             parts.append(engine.last_sync)
         b.emit({"kind": "sync", "variant": label, "seconds_median": statistics.median(times), "seconds_all": times,
@@ -397,7 +397,7 @@ def vllm_throughput(b: Bench, engine, batch: int, top_p: float) -> None:
         ids, mask = b.prompts(batch, b.vocab, rep)
         for v in variants:
             engine.llm.reset_prefix_cache()  # every call runs its own prefill
-            t, n = b.timed(lambda: calls[v](ids, mask))
+            t, n = b.timed(lambda v=v, ids=ids, mask=mask: calls[v](ids, mask))
             times[v].append(t)
             tokens[v] = n
     for v in variants:

@@ -88,10 +88,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("-A", "--all-namespaces", action="store_true", help="watch every namespace")
     p.add_argument("--metrics-port", type=int, default=env.metrics_port,
                    help="serve Prometheus /metrics on this port (default: off, or $KUBERL_METRICS_PORT)")
-    p.add_argument("--metrics-address", default=env.metrics_address, help="bind address for /metrics (default 127.0.0.1; the Helm chart sets 0.0.0.0 in the pod)")
-    p.add_argument("--liveness", metavar="URL", help="health endpoint for liveness/readiness probes, e.g. http://0.0.0.0:8081/healthz")
+    p.add_argument("--metrics-address", default=env.metrics_address,
+                   help="bind address for /metrics (default 127.0.0.1; the Helm chart sets 0.0.0.0 in the pod)")
+    p.add_argument("--liveness", metavar="URL",
+                   help="health endpoint for liveness/readiness probes, e.g. http://0.0.0.0:8081/healthz")
     p.add_argument("--image", default=env.image,
-                   help=f"runtime image for Ray pods and the driver, unless a job sets spec.image (default {env.image})")
+                   help="runtime image for Ray pods and the driver, unless a job sets spec.image "
+                        f"(default {env.image})")
     p.add_argument("--max-gpus-per-node", type=positive, default=env.max_gpus_per_node,
                    help="the most GPUs any node has: under placement policy required, a role needing more per "
                         f"replica fails at once (default {DEFAULT_MAX_GPUS_PER_NODE}, or $KUBERL_MAX_GPUS_PER_NODE)")
@@ -101,7 +104,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("render", help="print the objects the operator would create for a job (no cluster)")
     p.add_argument("job", help="RLTrainingJob manifest (YAML)")
     p.add_argument("-n", "--namespace", help="namespace of the objects (default: the manifest's, else default)")
-    p.add_argument("--image", default=env.image, help=f"runtime image unless the job sets spec.image (default {env.image})")
+    p.add_argument("--image", default=env.image,
+                   help=f"runtime image unless the job sets spec.image (default {env.image})")
     p.add_argument("--max-gpus-per-node", type=positive, default=env.max_gpus_per_node,
                    help=f"as for `kuberl operator` (default {env.max_gpus_per_node})")
     p.set_defaults(func=cmd_render)

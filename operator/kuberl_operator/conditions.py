@@ -33,7 +33,8 @@ def set_condition(
     """A new list with one condition set; lastTransitionTime moves only when the status flips."""
     value = "True" if status else "False"
     old = find(conditions, type_)
-    since = old["lastTransitionTime"] if old is not None and old.get("status") == value and old.get("lastTransitionTime") else now
+    kept = old is not None and old.get("status") == value and old.get("lastTransitionTime")
+    since = old["lastTransitionTime"] if kept else now
     new = {"type": type_, "status": value, "reason": reason, "message": message,
            "observedGeneration": generation, "lastTransitionTime": since}
     if old is None:

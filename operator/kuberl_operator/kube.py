@@ -27,7 +27,8 @@ class Resource:
 
     def path(self, namespace: str, name: str | None = None, sub: str | None = None) -> str:
         base = f"/api/{self.version}" if not self.group else f"/apis/{self.group}/{self.version}"
-        return f"{base}/namespaces/{namespace}/{self.plural}" + (f"/{name}" if name else "") + (f"/{sub}" if sub else "")
+        return f"{base}/namespaces/{namespace}/{self.plural}" + (f"/{name}" if name else "") + (
+            f"/{sub}" if sub else "")
 
 
 PODS = Resource("", "v1", "pods")

@@ -189,7 +189,8 @@ async def apply_spec(ctx: Context, body: kopf.Body, patch: kopf.Patch, diff: Seq
         return
     job = validated(body, patch)
     feasible(ctx, body, patch, job)
-    runtime, spec_configmap = runtime_children(name, list(job.spec.roles.extra)), (CONFIGMAPS, names.spec_configmap(name))
+    runtime, spec_configmap = runtime_children(name, list(job.spec.roles.extra)), (CONFIGMAPS,
+                                                                                   names.spec_configmap(name))
     created = []
     # a fresh token each pass: `ensure` creates the Secret (with it) only when it does not exist yet
     for obj in builders.all_objects(job, body["spec"], secrets.token_urlsafe(32), ctx.options(namespace)):
@@ -225,7 +226,8 @@ async def delete_children(ctx: Context, body: kopf.Body) -> None:
         await delete_owned(ctx, res, body.meta.namespace, child, body.meta.uid)
 
 
-async def reconcile_job(ctx: Context, body: kopf.Body, patch: kopf.Patch, diff: Sequence[Any], indices: Indices) -> None:
+async def reconcile_job(ctx: Context, body: kopf.Body, patch: kopf.Patch, diff: Sequence[Any],
+                        indices: Indices) -> None:
     """The spec changed (or the job appeared, or the operator started): apply it, then the status."""
     async with ctx.lock(body.meta.namespace, body.meta.name):
         try:
@@ -267,7 +269,8 @@ async def reconcile_once(ctx: Context, namespace: str, name: str, indices: Indic
         return True
     old = body.get("status") or {}
     cluster = await ctx.kube.get(RAYCLUSTERS, namespace, names.cluster(name))
-    live = cluster is not None and owned_by(cluster, body["metadata"]["uid"]) and not cluster["metadata"].get("deletionTimestamp")
+    live = (cluster is not None and owned_by(cluster, body["metadata"]["uid"])
+            and not cluster["metadata"].get("deletionTimestamp"))
     cluster_uid = cluster["metadata"]["uid"] if live else None
     if conditions.terminal(old.get("conditions", [])):  # sticky; includes InvalidSpec, which cannot be decided
         if cluster_uid is not None:
@@ -280,12 +283,14 @@ async def reconcile_once(ctx: Context, namespace: str, name: str, indices: Indic
         return True  # the spec handler reports it
     if placement.static_problems(job, ctx.config.max_gpus_per_node):
         return True  # likewise
-    decision = decide(job, body["metadata"].get("generation", 1), old, indices.observed(namespace, name, cluster_uid), now())
+    decision = decide(job, body["metadata"].get("generation", 1), old, indices.observed(namespace, name, cluster_uid),
+                      now())
     patch = merge_diff(old, decision.status)
     if patch is not None:
         precondition = {"resourceVersion": body["metadata"]["resourceVersion"]}
         try:
-            await ctx.kube.patch(RLTRAININGJOBS, namespace, name, {"metadata": precondition, "status": patch}, sub="status")
+            await ctx.kube.patch(RLTRAININGJOBS, namespace, name, {"metadata": precondition, "status": patch},
+                                 sub="status")
         except ApiError as exc:
             if exc.status == 409:
                 return False

@@ -69,13 +69,17 @@ def add_run_parser(sub: argparse._SubParsersAction) -> None:
                    help="do not export the last step's policy to <out>/model (kuberl export does it later)")
     p.add_argument("--restart", action="store_true",
                    help="delete this output folder's checkpoints and outputs and start over (instead of resuming)")
-    p.add_argument("--backend", choices=["ray", "local"], default="ray", help="ray: one Ray actor group per role; local: in-process, no Ray")
+    p.add_argument("--backend", choices=["ray", "local"], default="ray",
+                   help="ray: one Ray actor group per role; local: in-process, no Ray")
     p.add_argument("--ray-address", help="connect to an existing Ray cluster instead of starting one")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
-    p.add_argument("--fault", action="append", default=[], metavar="ROLE:STEP", help="kill ROLE's worker process at STEP (repeatable)")
+    p.add_argument("--fault", action="append", default=[], metavar="ROLE:STEP",
+                   help="kill ROLE's worker process at STEP (repeatable)")
     p.add_argument("--no-progress", action="store_true", help="plain log lines instead of a progress bar")
-    p.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port (overrides spec.trainer.metrics.prometheusPort)")
-    p.add_argument("--metrics-address", help="bind address for /metrics (default 127.0.0.1; the operator passes 0.0.0.0 in the driver pod)")
+    p.add_argument("--metrics-port", type=int,
+                   help="serve Prometheus /metrics on this port (overrides spec.trainer.metrics.prometheusPort)")
+    p.add_argument("--metrics-address",
+                   help="bind address for /metrics (default 127.0.0.1; the operator passes 0.0.0.0 in the driver pod)")
     p.set_defaults(func=cmd_run)
 
 
@@ -97,7 +101,8 @@ def _plugins() -> list[Callable[[argparse._SubParsersAction], None]]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="kuberl", description="RL post-training of language models, on Kubernetes or one machine.")
+    parser = argparse.ArgumentParser(prog="kuberl",
+                                     description="RL post-training of language models, on Kubernetes or one machine.")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("validate", help="check an RLTrainingJob manifest and what a run of it needs")
     p.add_argument("job")

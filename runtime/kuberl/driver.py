@@ -41,7 +41,6 @@ class Driver:
                  on_step: Callable[[StepRecord], None] | None = None):
         self.spec, self.name, self.out = spec, name, out_dir
         self.progress, self.on_step = progress, on_step
-        tr = spec.trainer
         self.ckpt_root = checkpoint.root_for(spec, out_dir)
         self.roles = Roles(spec, make_group, faults, self.ckpt_root, name)
         self.roles.on_budget_spent.append(self._final_checkpoint)

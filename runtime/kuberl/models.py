@@ -119,7 +119,10 @@ def load_causal_lm(src: ModelSource, dtype: torch.dtype = torch.float32, seed: i
 
 
 class ValueModel(nn.Module):
-    """Critic: a transformer trunk plus a scalar head. forward(input_ids [B,S], attention_mask [B,S]) -> values [B,S]."""
+    """Critic: a transformer trunk plus a scalar head.
+
+    forward(input_ids [B,S], attention_mask [B,S]) -> values [B,S].
+    """
 
     def __init__(self, trunk: nn.Module, hidden_size: int):
         super().__init__()

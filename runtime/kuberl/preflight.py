@@ -4,7 +4,8 @@ The manifest has already passed the spec model. Here: the reward function import
 signature; the data (and eval) files exist, are readable, parse, are not empty and hold the prompt
 key (and the answer key when the reward takes the answer); the tracking packages the spec asks for are
 installed; the models' tokenizers load; every other extension point named by an import path
-(advantage estimator, policy loss, KL estimator, an extra role's worker class) resolves. Every problem is one line naming the field and the fix;
+(advantage estimator, policy loss, KL estimator,
+ an extra role's worker class) resolves. Every problem is one line naming the field and the fix;
 all of them are reported, not only the first.
 """
 

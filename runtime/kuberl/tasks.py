@@ -70,9 +70,11 @@ def read_rows(path: str, field: str) -> list[tuple[str, dict[str, Any]]]:
                 try:
                     obj = json.loads(line)
                 except json.JSONDecodeError as exc:
-                    raise DataError(f"{field}: {path} line {i} is not JSON ({exc.msg}) (fix: one JSON object per line)") from None
+                    raise DataError(f"{field}: {path} line {i} is not JSON ({exc.msg}) "
+                                    "(fix: one JSON object per line)") from None
                 if not isinstance(obj, dict):
-                    raise DataError(f"{field}: {path} line {i} is a JSON {type(obj).__name__}, not an object (fix: one JSON object per line)")
+                    raise DataError(f"{field}: {path} line {i} is a JSON {type(obj).__name__}, not an object "
+                                    "(fix: one JSON object per line)")
                 rows.append((f"{path}:{i}", obj))
         return rows
     import pyarrow.parquet as pq

@@ -52,7 +52,7 @@ class Helm:
             raise HelmFailed(list(args), proc.stderr)
         return proc.stdout
 
-    @cache
+    @cache  # noqa: B019 (one Helm per test session: the cache lives as long as it does)
     def _template(self, values_json: str, kube_version: str, api_versions: tuple[str, ...]) -> str:
         values_file = self.home / f"values-{abs(hash(values_json))}.yaml"
         values_file.write_text(yaml.safe_dump(json.loads(values_json)))
@@ -121,7 +121,8 @@ _LABEL_SELECTOR = {
     },
 }
 _NAMESPACE_SELECTOR = {"type": "object", "additionalProperties": False,
-                       "properties": {"any": {"type": "boolean"}, "matchNames": {"type": "array", "items": {"type": "string"}}}}
+                       "properties": {"any": {"type": "boolean"}, "matchNames": {"type": "array",
+                                                                                 "items": {"type": "string"}}}}
 MONITOR_SCHEMAS = {
     "ServiceMonitor": {
         "type": "object", "required": ["apiVersion", "kind", "metadata", "spec"],
@@ -132,7 +133,8 @@ MONITOR_SCHEMAS = {
                                     "jobLabel": {"type": "string"},
                                     "endpoints": {"type": "array", "minItems": 1, "items": {
                                         "type": "object", "additionalProperties": False,
-                                        "properties": {**_ENDPOINT_COMMON, "targetPort": {"type": ["integer", "string"]}}}}}},
+                                        "properties": {**_ENDPOINT_COMMON, "targetPort": {"type": ["integer",
+                                                                                                   "string"]}}}}}},
         },
     },
     "PodMonitor": {
@@ -146,7 +148,8 @@ MONITOR_SCHEMAS = {
                                     "podMetricsEndpoints": {"type": "array", "minItems": 1, "items": {
                                         "type": "object", "additionalProperties": False,
                                         "properties": {**_ENDPOINT_COMMON,
-                                                       "portNumber": {"type": "integer", "minimum": 1, "maximum": 65535}}}}}},
+                                                       "portNumber": {"type": "integer", "minimum": 1,
+                                                                      "maximum": 65535}}}}}},
         },
     },
     "PrometheusRule": {

@@ -184,7 +184,8 @@ def test_watch_namespaces_gives_roles_not_cluster_wide_rights(helm: Helm) -> Non
         assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "kuberl-op", "namespace": NAMESPACE}]
         assert binding["roleRef"]["kind"] == "Role"
     cluster_role = one(objects, "ClusterRole")
-    assert {r for rule in cluster_role["rules"] for r in rule["resources"]} == {"customresourcedefinitions", "namespaces"}
+    assert {r for rule in cluster_role["rules"] for r in rule["resources"]} == {"customresourcedefinitions",
+                                                                                "namespaces"}
     assert {v for rule in cluster_role["rules"] for v in rule["verbs"]} == {"list", "watch"}
 
 
@@ -291,7 +292,8 @@ def test_podmonitor_driver_endpoint_targets_the_driver_container(helm: Helm) -> 
     driver_ep = monitor["spec"]["podMetricsEndpoints"][0]
     assert driver_ep["honorLabels"] is True  # the runtime's `job` label is the RLTrainingJob's name
     keeps = {r["sourceLabels"][0]: r["regex"] for r in driver_ep["relabelings"] if r.get("action") == "keep"}
-    driver_templates = [t for t in job_pod_templates() if t["metadata"]["labels"].get("app.kubernetes.io/component") == "driver"]
+    driver_templates = [t for t in job_pod_templates()
+                        if t["metadata"]["labels"].get("app.kubernetes.io/component") == "driver"]
     assert len(driver_templates) == 1
     template = driver_templates[0]
     component = template["metadata"]["labels"]["app.kubernetes.io/component"]
@@ -346,7 +348,8 @@ def test_driver_serves_metrics_where_the_podmonitor_scrapes() -> None:
     assert names.DRIVER_METRICS_PORT == values["podMonitor"]["driver"]["port"]
     job = load_manifest(REPO / "examples" / "ppo-gpu.yaml")
     raw = yaml.safe_load((REPO / "examples" / "ppo-gpu.yaml").read_text())["spec"]
-    driver = next(o for o in builders.all_objects(job, raw, "t", builders.BuildOptions(namespace="ns")) if o["kind"] == "Job")
+    driver = next(o for o in builders.all_objects(job, raw, "t",
+                                                  builders.BuildOptions(namespace="ns")) if o["kind"] == "Job")
     container = driver["spec"]["template"]["spec"]["containers"][0]
     args = container["command"]
     assert args[args.index("--metrics-port") + 1] == str(names.DRIVER_METRICS_PORT)

@@ -58,7 +58,8 @@ def test_every_dashboard_metric_exists_in_code() -> None:
 def test_dashboard_shows(metric: str) -> None:
     """The issue's list: tokens/s, step time by phase, reward, KL, MFU, per-role restarts and recovery,
     per-role ready replicas, GPU memory per role."""
-    panels = [p for p in dashboard()["panels"] for t in p.get("targets", []) if metric in {n for n, _ in metrics_in(t["expr"])}]
+    panels = [p for p in dashboard()["panels"] for t in p.get("targets", []) if metric in {n for n,
+                                                                                           _ in metrics_in(t["expr"])}]
     assert panels, f"no panel queries {metric}"
 
 

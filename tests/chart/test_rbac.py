@@ -72,7 +72,9 @@ def api_calls() -> Needs:
                 first = call.args[0] if call.args else None
                 if isinstance(first, ast.Name) and first.id in resources:
                     res = resources[first.id]
-                    sub = next((k.value.value for k in call.keywords if k.arg == "sub" and isinstance(k.value, ast.Constant)), None)
+                    sub = next((k.value.value for k in call.keywords if k.arg == "sub" and isinstance(k.value,
+                                                                                                      ast.Constant)),
+                                                                                                      None)
                     needs[(res.group, f"{res.plural}/{sub}" if sub else res.plural)].add(f.attr)
                 elif func.name not in GENERIC:
                     problems.append(f"{path.name}:{call.lineno} {func.name}: kube.{f.attr} on a computed resource; "

@@ -59,7 +59,8 @@ def test_create_gives_a_raycluster_and_a_driver(kubectl: Kubectl, operator: Oper
     cluster = kubectl.get("raycluster", "e2e-create")
     assert [g["groupName"] for g in cluster["spec"]["workerGroupSpecs"]] == ["actor", "critic", "ref", "reward"]
     assert kubectl.get("job", "e2e-create-driver") is not None
-    assert {r: s["ready"] for r, s in status(kubectl, "e2e-create")["roles"].items()} == {"actor": 1, "critic": 2, "ref": 1, "reward": 1}
+    assert {r: s["ready"] for r, s in status(kubectl, "e2e-create")["roles"].items()} == {"actor": 1, "critic": 2,
+                                                                                          "ref": 1, "reward": 1}
 
 
 def test_invalid_spec_is_reported(kubectl: Kubectl, operator: OperatorProcess) -> None:
@@ -76,8 +77,10 @@ def test_a_failed_critic_restarts_only_the_critic(kubectl: Kubectl, operator: Op
     others = {p["metadata"]["uid"] for p in pods if p["metadata"]["labels"]["kuberl.io/role"] != "critic"}
     old = {p["metadata"]["uid"] for p in pods} - others
     kubectl.delete("pod", worker_pods(kubectl, "e2e-critic", "critic")[0]["metadata"]["name"])
-    wait_for(lambda: status(kubectl, "e2e-critic")["roles"]["critic"]["restarts"] == 1, 60, "restarts = 1", operator.tail, interval=1)
-    wait_for(lambda: status(kubectl, "e2e-critic").get("phase") == "Running", POD_TIMEOUT, "Running again", operator.tail, interval=2)
+    wait_for(lambda: status(kubectl, "e2e-critic")["roles"]["critic"]["restarts"] == 1, 60, "restarts = 1",
+             operator.tail, interval=1)
+    wait_for(lambda: status(kubectl, "e2e-critic").get("phase") == "Running", POD_TIMEOUT, "Running again",
+             operator.tail, interval=2)
     now = worker_pods(kubectl, "e2e-critic")
     assert not old & {p["metadata"]["uid"] for p in now}
     assert others == {p["metadata"]["uid"] for p in now if p["metadata"]["labels"]["kuberl.io/role"] != "critic"}
@@ -88,17 +91,20 @@ def test_an_exhausted_budget_fails_the_job(kubectl: Kubectl, operator: OperatorP
     kubectl.delete("pod", worker_pods(kubectl, "e2e-budget", "ref")[0]["metadata"]["name"])
     wait_for(lambda: status(kubectl, "e2e-budget").get("phase") == "Failed", 60, "Failed", operator.tail, interval=1)
     assert condition(kubectl, "e2e-budget", "Failed")["reason"] == "ReachedMaxRestarts"
-    wait_for(lambda: kubectl.get("raycluster", "e2e-budget") is None, 120, "RayCluster deleted", operator.tail, interval=2)
+    wait_for(lambda: kubectl.get("raycluster", "e2e-budget") is None, 120, "RayCluster deleted", operator.tail,
+             interval=2)
 
 
 def test_suspend_and_resume(kubectl: Kubectl, operator: OperatorProcess) -> None:
     running(kubectl, operator, "e2e-suspend")
     kubectl.patch("rltj", "e2e-suspend", {"spec": {"suspend": True}})
-    wait_for(lambda: status(kubectl, "e2e-suspend").get("phase") == "Suspended", 60, "Suspended", operator.tail, interval=1)
+    wait_for(lambda: status(kubectl, "e2e-suspend").get("phase") == "Suspended", 60, "Suspended", operator.tail,
+             interval=1)
     wait_for(lambda: not worker_pods(kubectl, "e2e-suspend"), 180, "worker pods gone", operator.tail, interval=2)
     assert kubectl.get("raycluster", "e2e-suspend") is None and kubectl.get("job", "e2e-suspend-driver") is None
     kubectl.patch("rltj", "e2e-suspend", {"spec": {"suspend": False}})
-    wait_for(lambda: status(kubectl, "e2e-suspend").get("phase") == "Running", POD_TIMEOUT, "Running again", operator.tail, interval=2)
+    wait_for(lambda: status(kubectl, "e2e-suspend").get("phase") == "Running", POD_TIMEOUT, "Running again",
+             operator.tail, interval=2)
     assert status(kubectl, "e2e-suspend")["restarts"] == 0
 
 
@@ -106,8 +112,10 @@ def test_delete_removes_everything(kubectl: Kubectl, operator: OperatorProcess) 
     running(kubectl, operator, "e2e-delete")
     kubectl.delete("rltj", "e2e-delete", wait=True)
     for kind, name in [("raycluster", "e2e-delete"), ("job", "e2e-delete-driver"), ("configmap", "e2e-delete-spec"),
-                       ("configmap", "e2e-delete-progress"), ("secret", "e2e-delete-ray-auth"), ("serviceaccount", "e2e-delete-driver")]:
-        wait_for(lambda: kubectl.get(kind, name) is None, 120, f"{kind} {name} deleted", operator.tail, interval=2)
+                       ("configmap", "e2e-delete-progress"), ("secret", "e2e-delete-ray-auth"),
+                       ("serviceaccount", "e2e-delete-driver")]:
+        wait_for(lambda kind=kind, name=name: kubectl.get(kind, name) is None, 120, f"{kind} {name} deleted",
+                 operator.tail, interval=2)
 
 
 def test_operator_restart_adopts_what_exists(kubectl: Kubectl, operator: OperatorProcess) -> None:

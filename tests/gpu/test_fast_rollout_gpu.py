@@ -100,7 +100,8 @@ def test_inductor_graphs_agree_with_plain_graphs(qwen05) -> None:
 def test_weight_sync_in_place_keeps_graphs_valid() -> None:
     """After load_weights, replaying the graph captured with the old weights gives what an eager run
     of the same step gives with the new weights (the graph reads the parameters in place)."""
-    spec = JobSpec.model_validate({"model": {"builtin": "qwen2-0.5b", "dtype": "bfloat16"}, "data": {"task": "repeat-letter"},
+    spec = JobSpec.model_validate({"model": {"builtin": "qwen2-0.5b", "dtype": "bfloat16"},
+                                   "data": {"task": "repeat-letter"},
                                    "reward": {"function": "kuberl.rewards.builtin:repeat_letter"},
                                    "rollout": {"maxNewTokens": 32, "compile": True, "fixedLength": True}})
     engine = HFRollout(spec, torch.device("cuda"), torch.bfloat16, TOK, inductor=False)

@@ -190,7 +190,8 @@ def test_raising_reward_function_fails_the_job_with_the_error_not_a_restart_loop
                           env=env)
     assert proc.returncode == 3, proc.stderr[-2000:]
     (line,) = [ln for ln in proc.stderr.splitlines() if ln.startswith("error: job failed: role reward raised ")]
-    assert "badreward:score raised ZeroDivisionError: division by zero" in line and f"{tmp_path / 'badreward.py'}:2" in line
+    assert "badreward:score raised ZeroDivisionError: division by zero" in line
+    assert f"{tmp_path / 'badreward.py'}:2" in line
     assert "Traceback" not in proc.stderr.split("error: job failed")[-1]
 
 

@@ -73,7 +73,8 @@ def test_worker_group_settings() -> None:
     assert container["resources"]["requests"] == container["resources"]["limits"]
     assert pod["restartPolicy"] == "Never"
     assert pod["tolerations"][0]["key"] == "nvidia.com/gpu"
-    assert pod["securityContext"]["runAsNonRoot"] is True and container["securityContext"]["allowPrivilegeEscalation"] is False
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert container["securityContext"]["allowPrivilegeEscalation"] is False
     assert actor["template"]["metadata"]["labels"][names.LABEL_ROLE] == "actor"
     assert json.loads(actor["rayStartParams"]["resources"].strip("'")) == {"kuberl_role_actor": 4,
                                                                           "kuberl_node_$(KUBERL_NODE_NAME)": 4}
@@ -112,7 +113,8 @@ def test_driver_job_runs_kuberl_against_the_head_with_the_spec_mounted() -> None
     pod = objs["Job"]["spec"]["template"]["spec"]
     driver = pod["containers"][0]
     assert driver["command"] == ["kuberl", "run", "/etc/kuberl/job.yaml", "--ray-address", "j-head-svc:6379",
-                                 "--out", "/kuberl/out", "--no-progress", "--metrics-port", "9500", "--metrics-address", "0.0.0.0"]
+                                 "--out", "/kuberl/out", "--no-progress", "--metrics-port", "9500", "--metrics-address",
+                                 "0.0.0.0"]
     env = {e["name"]: e for e in driver["env"]}
     assert env["KUBERL_PROGRESS_CONFIGMAP"]["value"] == "j-progress"
     assert env["KUBERL_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
@@ -124,7 +126,8 @@ def test_driver_job_runs_kuberl_against_the_head_with_the_spec_mounted() -> None
     assert "j-head-svc" in pod["initContainers"][0]["command"][-1]
     # `kuberl run` exits 3 when the job failed for good: no retries then; evictions cost no retry.
     rules = objs["Job"]["spec"]["podFailurePolicy"]["rules"]
-    assert rules[0] == {"action": "FailJob", "onExitCodes": {"containerName": "driver", "operator": "In", "values": [1, 3]}}
+    assert rules[0] == {"action": "FailJob",
+                        "onExitCodes": {"containerName": "driver", "operator": "In", "values": [1, 3]}}
     assert rules[1]["action"] == "Ignore" and rules[1]["onPodConditions"][0]["type"] == "DisruptionTarget"
 
 
@@ -153,13 +156,15 @@ def test_workers_advertise_their_node_as_a_ray_resource() -> None:
     for group in builders.ray_cluster(job(roles={"actor": {"gpus": 2}}), OPTS)["spec"]["workerGroupSpecs"]:
         container = group["template"]["spec"]["containers"][0]
         env = {e["name"]: e for e in container["env"]}
-        assert env[names.NODE_NAME_ENV] == {"name": "KUBERL_NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}
+        assert env[names.NODE_NAME_ENV] == {"name": "KUBERL_NODE_NAME",
+                                            "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}
         # KubeRay's args: `ulimit -n 65536; ray start --resources='{...}' ...`; the shell strips the quotes.
         args = f"ulimit -n 65536; ray start --resources={group['rayStartParams']['resources']} --block"
         line = expand(args, {"KUBERL_NODE_NAME": "gpu-node-7.example.internal"})
         resources = json.loads(re.search(r"--resources='([^']*)'", line).group(1))
         units = 2 if group["groupName"] == "actor" else 1
-        assert resources == {f"kuberl_role_{group['groupName']}": units, node_resource("gpu-node-7.example.internal"): units}
+        assert resources == {f"kuberl_role_{group['groupName']}": units,
+                             node_resource("gpu-node-7.example.internal"): units}
         assert node_resource("n") == "kuberl_node_n"
 
 
@@ -170,9 +175,11 @@ def test_dra_gives_each_gpu_role_a_claim_template_instead_of_device_plugin_gpus(
     assert list(templates) == ["j-actor-gpus", "j-critic-gpus", "j-ref-gpus"]  # reward runs on CPU: none
     actor = templates["j-actor-gpus"]
     assert actor["apiVersion"] == "resource.k8s.io/v1" and actor["metadata"]["namespace"] == "ml"
-    assert actor["metadata"]["labels"][names.LABEL_JOB] == "j" and actor["metadata"]["labels"][names.LABEL_ROLE] == "actor"
+    labels = actor["metadata"]["labels"]
+    assert labels[names.LABEL_JOB] == "j" and labels[names.LABEL_ROLE] == "actor"
     assert actor["spec"]["spec"]["devices"] == {
-        "requests": [{"name": "gpus", "exactly": {"deviceClassName": "gpu.nvidia.com", "allocationMode": "ExactCount", "count": 4}}],
+        "requests": [{"name": "gpus", "exactly": {"deviceClassName": "gpu.nvidia.com", "allocationMode": "ExactCount",
+                                                  "count": 4}}],
         "constraints": [{"requests": ["gpus"], "matchAttribute": "resource.kubernetes.io/pcieRoot"}],
     }
     # One GPU: no constraint (matchAttribute would also exclude GPUs that do not publish the attribute).
@@ -188,7 +195,8 @@ def test_dra_gives_each_gpu_role_a_claim_template_instead_of_device_plugin_gpus(
         assert container["resources"]["claims"] == [{"name": "gpus"}]
         assert "nvidia.com/gpu" not in container["resources"]["limits"]
         assert container["resources"]["limits"] == container["resources"]["requests"]
-        assert groups[role]["rayStartParams"]["num-gpus"] == str(getattr(spec.spec.roles, role).gpus)  # KubeRay cannot infer it
+        assert groups[role]["rayStartParams"]["num-gpus"] == str(getattr(spec.spec.roles,
+                                                                         role).gpus)  # KubeRay cannot infer it
     assert "resourceClaims" not in groups["reward"]["template"]["spec"]
     assert validator(builders.ray_cluster(spec, OPTS)) == []
 
@@ -207,11 +215,13 @@ def test_dra_constraint_and_device_class_follow_the_spec(validator) -> None:
 def test_the_jobs_own_image_overrides_the_operators() -> None:
     def images(objs: list[dict[str, Any]]) -> set[str]:
         rc, driver = by_kind(objs)["RayCluster"]["spec"], by_kind(objs)["Job"]["spec"]["template"]["spec"]
-        pods = [rc["headGroupSpec"]["template"]["spec"], *(g["template"]["spec"] for g in rc["workerGroupSpecs"]), driver]
+        pods = [rc["headGroupSpec"]["template"]["spec"], *(g["template"]["spec"] for g in rc["workerGroupSpecs"]),
+                driver]
         return {c["image"] for p in pods for c in [*p["containers"], *p.get("initContainers", [])]}
 
     assert images(builders.all_objects(job(), {}, "t", OPTS)) == {"runtime:1"}
-    assert images(builders.all_objects(job(image="registry.example.com/rl:2"), {}, "t", OPTS)) == {"registry.example.com/rl:2"}
+    assert images(builders.all_objects(job(image="registry.example.com/rl:2"), {}, "t",
+                                       OPTS)) == {"registry.example.com/rl:2"}
 
 
 def test_a_checkpoint_pvc_is_mounted_in_the_driver_and_every_worker(validator) -> None:
@@ -237,7 +247,8 @@ def test_a_checkpoint_pvc_is_mounted_in_the_driver_and_every_worker(validator) -
     # A path of its own is where the PVC goes.
     raw["trainer"]["checkpoint"]["path"] = "/mnt/ckpt"
     made = builders.all_objects(job(**raw), raw, "t", OPTS)
-    assert {"name": "checkpoints", "mountPath": "/mnt/ckpt"} in by_kind(made)["Job"]["spec"]["template"]["spec"]["containers"][0]["volumeMounts"]
+    driver = by_kind(made)["Job"]["spec"]["template"]["spec"]["containers"][0]
+    assert {"name": "checkpoints", "mountPath": "/mnt/ckpt"} in driver["volumeMounts"]
     assert spec_of(made)["spec"]["trainer"]["checkpoint"]["path"] == "/mnt/ckpt"
 
 

@@ -44,12 +44,14 @@ def test_render_of_a_dra_job_has_claim_templates_the_workers_use(capsys: pytest.
     assert main(["render", str(DRA_EXAMPLE), "-n", "ml"]) == 0
     objs = list(yaml.safe_load_all(capsys.readouterr().out))
     templates = [o for o in objs if o["kind"] == "ResourceClaimTemplate"]
-    assert [t["metadata"]["name"] for t in templates] == ["ppo-gpu-dra-actor-gpus", "ppo-gpu-dra-critic-gpus", "ppo-gpu-dra-ref-gpus"]
+    assert [t["metadata"]["name"] for t in templates] == ["ppo-gpu-dra-actor-gpus", "ppo-gpu-dra-critic-gpus",
+                                                          "ppo-gpu-dra-ref-gpus"]
     for obj in objs:
         assert validator(obj) == [], (obj["kind"], validator(obj))
     (cluster,) = [o for o in objs if o["kind"] == "RayCluster"]
     claims = {g["groupName"]: g["template"]["spec"].get("resourceClaims") for g in cluster["spec"]["workerGroupSpecs"]}
-    assert claims["actor"] == [{"name": "gpus", "resourceClaimTemplateName": "ppo-gpu-dra-actor-gpus"}] and claims["reward"] is None
+    assert claims["actor"] == [{"name": "gpus",
+                                "resourceClaimTemplateName": "ppo-gpu-dra-actor-gpus"}] and claims["reward"] is None
 
 
 def test_render_refuses_a_placement_no_node_can_give(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -86,7 +88,8 @@ def test_broken_input_exits_1_with_one_line_and_no_traceback(tmp_path: Path, tex
     path = tmp_path / "job.yaml"
     path.write_text(text)
     for target in (path, tmp_path / "missing.yaml"):
-        proc = subprocess.run([sys.executable, "-m", "kuberl.cli", "render", str(target)], capture_output=True, text=True, timeout=60)
+        proc = subprocess.run([sys.executable, "-m", "kuberl.cli", "render", str(target)], capture_output=True,
+                              text=True, timeout=60)
         assert proc.returncode == 1 and proc.stdout == "" and proc.stderr.count("\n") == 1
         assert proc.stderr.startswith("error: ") and "Traceback" not in proc.stderr
 

@@ -25,7 +25,8 @@ def terminated(code: int, reason: str) -> list[dict[str, Any]]:
     (pod(), None),
     (pod("Pending", False), None),
     (pod("Failed", False, containerStatuses=terminated(137, "OOMKilled")), "container ray-worker OOMKilled"),
-    (pod("Running", False, containerStatuses=terminated(1, "Error")), "container ray-worker exited with code 1 (Error)"),
+    (pod("Running", False, containerStatuses=terminated(1, "Error")),
+     "container ray-worker exited with code 1 (Error)"),
     (pod("Failed", False, reason="Evicted", message="low on memory"), "evicted: low on memory"),
     (pod("Failed", False), "pod failed"),
     (pod("Failed", False, conditions=[{"type": "DisruptionTarget", "status": "True", "reason": "DeletionByPodGC",
@@ -45,7 +46,8 @@ def test_pod_view_reads_role_owner_and_readiness() -> None:
 
 
 def view(name: str, failure: str | None = None, ready: bool = True, deleting: bool = False) -> PodView:
-    return PodView(name=name, uid=f"uid-{name}", role="critic", owner="rc", ready=ready, failure=failure, deleting=deleting)
+    return PodView(name=name, uid=f"uid-{name}", role="critic", owner="rc", ready=ready, failure=failure,
+                   deleting=deleting)
 
 
 def test_healthy_pods_become_members() -> None:

@@ -32,7 +32,8 @@ def test_a_replica_bigger_than_any_node_is_refused_under_required() -> None:
     big = {"actor": {"gpus": 16}, "critic": {"gpus": 4}}
     problems = static_problems(job({"policy": "required"}, **big), max_gpus_per_node=8)
     assert fields(problems) == ["spec.roles.actor.gpus"]
-    assert "role actor needs 16 GPUs per replica" in problems[0].message and "--max-gpus-per-node" in problems[0].message
+    assert "role actor needs 16 GPUs per replica" in problems[0].message
+    assert "--max-gpus-per-node" in problems[0].message
     assert str(problems[0]).startswith("spec.roles.actor.gpus: role actor")
     assert static_problems(job({"policy": "required"}, **big), max_gpus_per_node=16) == []
     # preferred: nothing is refused here (the pods stay Pending; the driver reports links it finds).
@@ -44,7 +45,8 @@ def test_a_replica_bigger_than_any_node_is_refused_under_required() -> None:
     ({"mode": "dra", "minLink": "NV"}, {"actor": {"gpus": 2}}, ["spec.placement.minLink"]),
     ({"mode": "dra", "minLink": "NV", "draConstraint": "numaNode"}, {"actor": {"gpus": 2}}, ["spec.placement.minLink"]),
     # numaNode admits NODE links: a PCIe level needs pcieRoot.
-    ({"mode": "dra", "minLink": "PHB", "draConstraint": "numaNode"}, {"actor": {"gpus": 2}}, ["spec.placement.draConstraint"]),
+    ({"mode": "dra", "minLink": "PHB", "draConstraint": "numaNode"}, {"actor": {"gpus": 2}},
+     ["spec.placement.draConstraint"]),
     ({"mode": "dra", "minLink": "NODE", "draConstraint": "numaNode"}, {"actor": {"gpus": 2}}, []),
     ({"mode": "dra", "minLink": "PIX", "draConstraint": "pcieRoot"}, {"actor": {"gpus": 2}}, []),
     # The device plugin asks nothing of the scheduler: the driver checks NV at start.
@@ -83,7 +85,8 @@ def sample(text: str, name: str) -> dict[tuple, float]:
     for line in text.splitlines():
         if line.startswith(name + "{"):
             labels, value = line[len(name) + 1:].rsplit("} ", 1)
-            out[tuple(sorted(part.split("=", 1)[0] + "=" + part.split("=", 1)[1].strip('"') for part in labels.split(",")))] = float(value)
+            pairs = (part.split("=", 1) for part in labels.split(","))
+            out[tuple(sorted(key + "=" + val.strip('"') for key, val in pairs))] = float(value)
     return out
 
 

@@ -34,7 +34,8 @@ HELP_UNITS = [
     (re.compile(r"\bunix time\b", re.I), lambda n: n.endswith("_timestamp_seconds"), "end in _timestamp_seconds"),
     (re.compile(r"(?<!per )\bseconds\b|\btime spent\b", re.I), lambda n: "_seconds" in n, "carry _seconds"),
     (re.compile(r"\bmemory\b|\bbytes\b", re.I), lambda n: "_bytes" in n, "carry _bytes"),
-    (re.compile(r"\bfraction\b|\butili[sz]ation\b|\bshare of\b", re.I), lambda n: n.endswith("_ratio"), "end in _ratio"),
+    (re.compile(r"\bfraction\b|\butili[sz]ation\b|\bshare of\b", re.I), lambda n: n.endswith("_ratio"),
+     "end in _ratio"),
     (re.compile(r"\bper second\b", re.I), lambda n: n.endswith("_per_second"), "end in _per_second"),
 ]
 RESERVED = ("_bucket", "_count", "_sum", "_created")

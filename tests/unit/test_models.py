@@ -159,7 +159,8 @@ def test_position_ids_skip_left_padding() -> None:
 
 def manual_logprobs(model, input_ids, attention_mask, responses, temperature=1.0):
     with torch.no_grad():
-        logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids(attention_mask)).logits
+        logits = model(input_ids=input_ids, attention_mask=attention_mask,
+                       position_ids=position_ids(attention_mask)).logits
     r = responses.shape[1]
     pred = logits[:, -r - 1 : -1].float() / temperature  # position P+t-1 predicts response token t
     return torch.log_softmax(pred, dim=-1).gather(-1, responses[..., None]).squeeze(-1)

@@ -95,7 +95,8 @@ def load_error(path: str) -> str:
 
 
 def test_user_module_on_sys_path_loads(user_modules) -> None:
-    user_modules("kuberl_test_reward_ok", "def score(prompt, response, answer):\n    return float(response == answer)\n")
+    user_modules("kuberl_test_reward_ok",
+                 "def score(prompt, response, answer):\n    return float(response == answer)\n")
     fn = load_reward_fn("kuberl_test_reward_ok:score")
     assert fn("p", "x", "x", {}) == 1.0 and fn("p", "x", "y", {}) == 0.0
 
@@ -164,7 +165,8 @@ def test_reward_exception_reports_user_file_line_and_sample(user_modules, tmp_pa
         call.score("say a:", "aaa", None, {"level": 3}, "train.jsonl:7")
     msg = str(info.value)
     assert "\n" not in msg and msg.startswith(f"spec.reward.function {name}:score raised ValueError: math domain error")
-    assert f"at {tmp_path / (name + '.py')}:4 (in score)" in msg and "on sample train.jsonl:7" in msg and "'say a:'" in msg
+    assert f"at {tmp_path / (name + '.py')}:4 (in score)" in msg
+    assert "on sample train.jsonl:7" in msg and "'say a:'" in msg
     with pytest.raises(RewardFunctionError, match="raised TypeError"):  # a non-number return
         load_reward_fn(user_modules("kuberl_test_reward_str", "def score(p, r, a):\n    return None\n") + ":score"
                        ).score("p", "r", None, {}, "x:1")

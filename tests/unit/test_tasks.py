@@ -62,7 +62,8 @@ def test_jsonl_loads_and_normalises(tmp_path: Path) -> None:
     path = tmp_path / "train.jsonl"
     path.write_text('{"question": "2+2=", "solution": 4}\n\n{"question": "no answer"}\n')
     rows = load_rows(DataSpec(files=[str(path)], prompt_key="question", answer_key="solution"))
-    assert rows == [{"prompt": "2+2=", "answer": "4", "row": {"question": "2+2=", "solution": 4}, "origin": f"{path}:1"},
+    assert rows == [{"prompt": "2+2=", "answer": "4", "row": {"question": "2+2=", "solution": 4},
+                     "origin": f"{path}:1"},
                     {"prompt": "no answer", "answer": None, "row": {"question": "no answer"}, "origin": f"{path}:3"}]
 
 
@@ -70,7 +71,8 @@ def test_parquet_loads(tmp_path: Path) -> None:
     path = write_parquet(tmp_path / "train.parquet", [{"prompt": "say a:", "answer": "a", "extra": 1},
                                                       {"prompt": "say b:", "answer": "b", "extra": 2}])
     rows = load_rows(DataSpec(files=[path]))
-    assert [(r["prompt"], r["answer"], r["origin"]) for r in rows] == [("say a:", "a", f"{path} row 0"), ("say b:", "b", f"{path} row 1")]
+    assert [(r["prompt"], r["answer"], r["origin"]) for r in rows] == [("say a:", "a", f"{path} row 0"),
+                                                                       ("say b:", "b", f"{path} row 1")]
     assert rows[1]["row"] == {"prompt": "say b:", "answer": "b", "extra": 2}  # every field reaches the reward
 
 
@@ -126,7 +128,8 @@ def test_answer_key_required_when_the_reward_takes_it(tmp_path: Path) -> None:
     assert len(load_rows(DataSpec(files=[path]))) == 2  # no reward needs it: a missing answer is None
     with pytest.raises(DataError) as info:
         load_rows(DataSpec(files=[path]), need_answer="my.mod:score")
-    assert str(info.value).startswith(f"spec.data.answerKey: {path}:2 has no field 'answer', which the reward my.mod:score takes")
+    assert str(info.value).startswith(
+        f"spec.data.answerKey: {path}:2 has no field 'answer', which the reward my.mod:score takes")
 
 
 def test_unreadable_and_non_utf8_files_are_data_errors(tmp_path: Path) -> None:

@@ -212,10 +212,13 @@ mlx5_0  SYS     SYS     SYS     SYS      X
         (RTX[: RTX.index("\nGPU3") + 21], "row GPU3 has 2 link cells, expected 5"),
         # cut after GPU1's row
         ("\n".join(RTX.splitlines()[:3]), "no row for GPU2, GPU3 (input truncated?)"),
-        (RTX.replace("GPU1    SYS      X      SYS", "GPU1    SYS      X      FOO"), "row GPU1 has unknown link level 'FOO' in column GPU2"),
-        (RTX.replace("0-7     0-1\nGPU2", "0-7\nGPU2"), "row GPU1 has 1 affinity cells, expected 2 (CPU Affinity, NUMA Affinity)"),
+        (RTX.replace("GPU1    SYS      X      SYS", "GPU1    SYS      X      FOO"),
+         "row GPU1 has unknown link level 'FOO' in column GPU2"),
+        (RTX.replace("0-7     0-1\nGPU2", "0-7\nGPU2"),
+         "row GPU1 has 1 affinity cells, expected 2 (CPU Affinity, NUMA Affinity)"),
         (RTX.replace("GPU1    SYS      X ", "GPU1    SYS     PIX"), "row GPU1 has 'PIX' in its own column"),
-        (RTX.replace("GPU0     X      SYS", "GPU0     X      PIX"), "asymmetric links: GPU0-GPU1 is PIX but GPU1-GPU0 is SYS"),
+        (RTX.replace("GPU0     X      SYS", "GPU0     X      PIX"),
+         "asymmetric links: GPU0-GPU1 is PIX but GPU1-GPU0 is SYS"),
         (RTX.replace("GPU0     X      SYS ", "GPU0     X       X  "), "row GPU0 has 'X' in column GPU1"),
         (RTX.replace("GPU3    SYS", "GPU2    SYS"), "duplicate row GPU2"),
         (RTX.replace("GPU3    SYS", "GPU9    SYS"), "row GPU9 has no column in the header"),
@@ -284,7 +287,8 @@ def test_worst_link_then_nvlink_count() -> None:
     # the NV18 pair over index order ([0,1],[2,3]).
     links[1][3] = links[3][1] = "NV4"
     plan = plan_groups(synthetic(links), 2)
-    assert (plan.groups, plan.worst_link, plan.score) == ([[0, 2], [1, 3]], "NV4", link_score("NV18") + link_score("NV4"))
+    assert (plan.groups, plan.worst_link, plan.score) == ([[0, 2], [1, 3]], "NV4",
+                                                          link_score("NV18") + link_score("NV4"))
 
 
 def hierarchy(n: int, perm: list[int]) -> LinkMatrix:
@@ -417,7 +421,8 @@ def test_read_local_falls_back_to_nvidia_smi(monkeypatch: pytest.MonkeyPatch, tm
     smi.write_text(f"#!/bin/sh\nprintf '{RTX}'\n")
     smi.chmod(0o755)
     assert read_local().size == 4 and read_local().source == "nvidia-smi"
-    smi.write_text("#!/bin/sh\necho 'NVIDIA-SMI has failed because it could not communicate with the driver' >&2\nexit 9\n")
+    smi.write_text("#!/bin/sh\necho 'NVIDIA-SMI has failed because it could not communicate with the driver' >&2\n"
+                   "exit 9\n")
     with pytest.raises(TopologyError, match="nvidia-smi topo -m exited 9: NVIDIA-SMI has failed"):
         read_local()
 

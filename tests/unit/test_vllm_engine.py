@@ -145,7 +145,7 @@ class _StandInLLM:
     def generate(self, prompts, params, use_tqdm=False):
         self.calls.append("generate")
         out = []
-        for prompt, p in zip(prompts, params):
+        for _prompt, p in zip(prompts, params):
             completion = type("Completion", (), {"token_ids": [3 + p.seed % 7] * p.max_tokens})()
             out.append(type("Request", (), {"outputs": [completion], "num_cached_tokens": 0})())
         return out

@@ -52,6 +52,7 @@ __all__ = ["SamplingParams", "StaticDecoder", "unsupported_reason"]
 SUPPORTED_MODEL_TYPES = ("qwen2", "llama")
 SUPPORTED_ROPE = ("default", "linear", "llama3")
 ATTENTION_BACKENDS = ("auto", "flash", "sdpa")
+DEFAULT_SAMPLING = SamplingParams()  # immutable: safe as a default argument
 
 
 def unsupported_reason(model: nn.Module) -> str | None:
@@ -490,7 +491,7 @@ class StaticDecoder:
 
     @torch.no_grad()
     def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new_tokens: int,
-                 sp: SamplingParams = SamplingParams(), prompt_multiple: int = 16) -> torch.Tensor:
+                 sp: SamplingParams = DEFAULT_SAMPLING, prompt_multiple: int = 16) -> torch.Tensor:
         """Left-padded prompts [B, P] -> responses [B, max_new_tokens], right-padded with `pad` after EOS.
 
         Prompts are left-padded further to a multiple of `prompt_multiple`, so that one captured graph

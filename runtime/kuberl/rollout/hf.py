@@ -77,7 +77,8 @@ class HFRollout:
             except Exception as exc:  # inductor/Triton problems on an unusual setup: keep the graphs, drop compile
                 if not self.fast.compiled:
                     raise
-                log.warning("hf rollout: torch.compile of the decode step failed (%s: %s); using CUDA graphs without it",
+                log.warning("hf rollout: torch.compile of the decode step failed (%s: %s); "
+                            "using CUDA graphs without it",
                             type(exc).__name__, exc)
                 self.fast.disable_compile()
                 torch.manual_seed(seed)

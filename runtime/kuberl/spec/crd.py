@@ -17,13 +17,15 @@ STATUS_SCHEMA: dict[str, Any] = {
     # prunes undeclared status fields, so a field missing here would silently vanish.
     "type": "object",
     "properties": {
-        "phase": {"type": "string", "enum": ["Pending", "Provisioning", "Running", "Restarting", "Succeeded", "Failed", "Suspended"]},
+        "phase": {"type": "string", "enum": ["Pending", "Provisioning", "Running", "Restarting", "Succeeded", "Failed",
+                                             "Suspended"]},
         "step": {"type": "integer", "description": "Last training step the driver reported."},
         "totalSteps": {"type": "integer"},
         "tokensPerSec": {"type": "number"},
         "restarts": {"type": "integer", "description": "Restarts summed over roles."},
         "rayCluster": {"type": "string", "description": "Name of the live RayCluster."},
-        "rayClusterUID": {"type": "string", "description": "UID of the live RayCluster: pods of another cluster never count."},
+        "rayClusterUID": {"type": "string",
+                          "description": "UID of the live RayCluster: pods of another cluster never count."},
         "observedGeneration": {"type": "integer"},
         "message": {"type": "string"},
         "conditions": {
@@ -50,9 +52,11 @@ STATUS_SCHEMA: dict[str, Any] = {
                     "desired": {"type": "integer"},
                     "ready": {"type": "integer"},
                     "restarts": {"type": "integer", "description": "max(podRestarts, the driver's count)."},
-                    "podRestarts": {"type": "integer", "description": "Restarts the operator counted from pod failures."},
+                    "podRestarts": {"type": "integer",
+                                    "description": "Restarts the operator counted from pod failures."},
                     "lastFailure": {"type": "string"},
-                    "worstLink": {"type": "string", "description": "Worst GPU link inside the role's groups (NV#, PIX, PXB, PHB, NODE, SYS)."},
+                    "worstLink": {"type": "string", "description": "Worst GPU link inside the role's groups "
+                                                                  "(NV#, PIX, PXB, PHB, NODE, SYS)."},
                     "members": {"type": "object", "additionalProperties": {"type": "string"},
                                 "description": "Pods seen alive, uid -> name (a member that vanishes was deleted)."},
                     "handledUIDs": {"type": "array", "items": {"type": "string"},
@@ -144,7 +148,8 @@ def generate_crd() -> dict[str, Any]:
         "spec": {
             "group": GROUP,
             "scope": "Namespaced",
-            "names": {"kind": KIND, "plural": PLURAL, "singular": KIND.lower(), "shortNames": [SHORT_NAME], "categories": ["kuberl"]},
+            "names": {"kind": KIND, "plural": PLURAL, "singular": KIND.lower(), "shortNames": [SHORT_NAME],
+                      "categories": ["kuberl"]},
             "versions": [
                 {
                     "name": VERSION,

@@ -18,11 +18,13 @@ from .yaml_loader import load_all
 def validate_manifest(obj: Any) -> RLTrainingJob:
     """A parsed manifest (dict) -> RLTrainingJob, or SpecInvalid listing every problem."""
     if not isinstance(obj, dict):
-        raise SpecInvalid([SpecError("(manifest)", f"must be a mapping, got {type(obj).__name__}", f"write an {KIND} manifest with apiVersion, kind, metadata and spec")])
+        raise SpecInvalid([SpecError("(manifest)", f"must be a mapping, got {type(obj).__name__}",
+                                     f"write an {KIND} manifest with apiVersion, kind, metadata and spec")])
     if obj.get("kind") != KIND:
         raise SpecInvalid([SpecError("kind", f"must be {KIND} (got {obj.get('kind')!r})", f"set kind: {KIND}")])
     if obj.get("apiVersion") != API_VERSION:
-        raise SpecInvalid([SpecError("apiVersion", f"must be {API_VERSION} (got {obj.get('apiVersion')!r})", f"set apiVersion: {API_VERSION}")])
+        raise SpecInvalid([SpecError("apiVersion", f"must be {API_VERSION} (got {obj.get('apiVersion')!r})",
+                                     f"set apiVersion: {API_VERSION}")])
     try:
         # by alias only: a manifest spells fields as the CRD does (batchSize); a snake_case key would
         # be pruned by the API server, so it is an unknown field here too
@@ -44,7 +46,8 @@ def parse_yaml(text: str, source: str = "<manifest>") -> Any:
                else "fix the YAML syntax (indentation, colons, quotes)")
         raise SpecInvalid([SpecError(source, f"is not valid YAML at {where}: {problem}", fix)]) from None
     if len(docs) != 1:
-        raise SpecInvalid([SpecError(source, f"must hold exactly one YAML document (found {len(docs)})", f"put one {KIND} in the file")])
+        raise SpecInvalid([SpecError(source, f"must hold exactly one YAML document (found {len(docs)})",
+                                     f"put one {KIND} in the file")])
     return docs[0]
 
 
@@ -117,5 +120,6 @@ def read_manifest(path: str | Path) -> Any:
     except OSError as exc:
         raise SpecInvalid([SpecError(str(p), f"cannot be read: {exc.strerror or exc}", "check the path")]) from None
     except UnicodeDecodeError as exc:
-        raise SpecInvalid([SpecError(str(p), f"is not UTF-8 text (byte {exc.start})", "save the manifest as UTF-8 YAML")]) from None
+        raise SpecInvalid([SpecError(str(p), f"is not UTF-8 text (byte {exc.start})",
+                                     "save the manifest as UTF-8 YAML")]) from None
     return parse_yaml(text, str(p))

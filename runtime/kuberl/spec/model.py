@@ -273,7 +273,8 @@ class MetricsSpec(Section):
 
 
 class MLflowSpec(Section):
-    tracking_uri: str | None = Field(None, description="MLflow tracking URI; default: MLflow's own (MLFLOW_TRACKING_URI).")
+    tracking_uri: str | None = Field(None,
+                                     description="MLflow tracking URI; default: MLflow's own (MLFLOW_TRACKING_URI).")
     experiment: str | None = Field(None, min_length=1, description="Experiment name; default: the job's name.")
 
 
