@@ -60,6 +60,21 @@ def pod_failure(pod: Mapping[str, Any]) -> str | None:
         return "pod failed" + (f" ({why}" + (f": {detail})" if detail else ")") if why else "")
     if status.get("phase") == "Succeeded":
         return "worker exited"  # a Ray worker never finishes on its own
+    return node_lost(status)
+
+
+def node_lost(status: Mapping[str, Any]) -> str | None:
+    """A pod on a node that stopped answering: phase Unknown or reason NodeLost (its node's state cannot be
+    read), or the node controller's mark on the pods of a NotReady node: Ready False, with no reason, while
+    the containers still report ready (the kubelet, when it is the one to set Ready False, gives a reason).
+    Its processes may still run, but no one can reach them: the pod is lost."""
+    if status.get("phase") == "Unknown" or status.get("reason") == "NodeLost":
+        return "node lost (pod phase Unknown)" + (f": {status['message']}" if status.get("message") else "")
+    ready = next((c for c in status.get("conditions", []) if c.get("type") == "Ready"), None)
+    containers = status.get("containerStatuses") or []
+    if (status.get("phase") == "Running" and ready and ready.get("status") == "False" and not ready.get("reason")
+            and containers and all(cs.get("ready") for cs in containers)):
+        return "node lost (node NotReady: the node controller marked the pod not ready)"
     return None
 
 

@@ -69,15 +69,16 @@ class Context:
 
 @dataclass(frozen=True)
 class Indices:
-    """kopf's in-memory indices of a job's worker pods, progress reports and driver Job."""
+    """kopf's in-memory indices of a job's worker pods, progress reports, driver Job and head pods."""
 
     pods: Mapping[Any, Any]
     progress: Mapping[Any, Any]
     drivers: Mapping[Any, Any]
+    heads: Mapping[Any, Any] = field(default_factory=dict)
 
     @classmethod
     def of(cls, kwargs: Mapping[str, Any]) -> Indices:
-        return cls(kwargs["worker_pods"], kwargs["progress_reports"], kwargs["driver_jobs"])
+        return cls(kwargs["worker_pods"], kwargs["progress_reports"], kwargs["driver_jobs"], kwargs["head_pods"])
 
     def observed(self, namespace: str, name: str, cluster_uid: str | None) -> Observed:
         key = (namespace, name)
@@ -86,6 +87,7 @@ class Indices:
             pods=tuple(self.pods.get(key, ())),
             progress=next(iter(self.progress.get(key, ())), Progress()),
             driver=next(iter(self.drivers.get(key, ())), None),
+            head=tuple(self.heads.get(key, ())),
         )
 
 

@@ -34,6 +34,13 @@ def terminated(code: int, reason: str) -> list[dict[str, Any]]:
      "pod failed (DeletionByPodGC: PodGC: node no longer exists)"),
     (pod("Succeeded", False), "worker exited"),
     ({**pod(), "metadata": {**pod()["metadata"], "deletionTimestamp": "2026-01-01T00:00:00Z"}}, "deleted"),
+    (pod("Unknown", False), "node lost (pod phase Unknown)"),
+    # the node controller's mark on a NotReady node's pods: Ready False with no reason, containers still ready
+    (pod("Running", False, containerStatuses=[{"name": "ray-worker", "ready": True, "state": {"running": {}}}]),
+     "node lost (node NotReady: the node controller marked the pod not ready)"),
+    # the kubelet's own not-ready (a container not ready, with a reason) is not a lost node
+    (pod("Running", True, conditions=[{"type": "Ready", "status": "False", "reason": "ContainersNotReady"}],
+         containerStatuses=[{"name": "ray-worker", "ready": False, "state": {"running": {}}}]), None),
 ])
 def test_pod_failure_modes(body: dict[str, Any], expected: str | None) -> None:
     assert pod_failure(body) == expected
