@@ -12,6 +12,7 @@ from kuberl.spec.contract import Env
 
 PREFIX = GROUP  # kopf's progress/diff-base annotations and our finalizer live under kuberl.io
 FINALIZER = f"{GROUP}/finalizer"
+TOKEN_FINALIZER = f"{GROUP}/ray-token"  # on the Ray auth Secret: a hand-deleted one is made anew with its token
 LABEL_JOB = f"{GROUP}/job"
 LABEL_ROLE = f"{GROUP}/role"
 LABEL_COMPONENT = "app.kubernetes.io/component"
@@ -27,6 +28,8 @@ AUTH_TOKEN_KEY = "auth_token"
 GPU_CLAIM = "gpus"  # the pod's resourceClaims entry (and the template's device request) under DRA
 NODE_NAME_ENV = Env.NODE_NAME  # a worker's Kubernetes node, from the downward API
 CHECKPOINT_VOLUME = "checkpoints"
+TMP_VOLUME, CACHE_VOLUME = "tmp", "cache"  # emptyDirs beside the read-only root filesystem
+CACHE_DIR = "/kuberl/cache"
 DEFAULT_CHECKPOINT_PATH = "/checkpoints"  # where a checkpoint PVC is mounted unless the spec names a path
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import datetime
 import logging
-import secrets
 from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,7 +23,7 @@ import kopf
 from kuberl.spec import ROLES as JOB_ROLES
 from kuberl.spec import RLTrainingJob, SpecInvalid, validate_manifest
 
-from . import builders, conditions, names, placement
+from . import builders, conditions, names, placement, ray_token
 from .config import OperatorConfig
 from .kube import (
     CONFIGMAPS,
@@ -194,8 +193,11 @@ async def apply_spec(ctx: Context, body: kopf.Body, patch: kopf.Patch, diff: Seq
     runtime, spec_configmap = runtime_children(name, list(job.spec.roles.extra)), (CONFIGMAPS,
                                                                                    names.spec_configmap(name))
     created = []
-    # a fresh token each pass: `ensure` creates the Secret (with it) only when it does not exist yet
-    for obj in builders.all_objects(job, body["spec"], secrets.token_urlsafe(32), ctx.options(namespace)):
+    # `ensure` creates the Secret (with this token) only when it does not exist yet
+    token = await ray_token.token_for(ctx.kube, namespace, name, body.status.get("rayClusterUID") is not None)
+    if token.event is not None:
+        kopf.event(body, type=token.event[0], reason=token.event[1], message=token.event[2])
+    for obj in builders.all_objects(job, body["spec"], token.value, ctx.options(namespace)):
         key = (resource_of(obj), obj["metadata"]["name"])
         if job.spec.suspend and key in runtime:
             continue
@@ -226,6 +228,9 @@ async def delete_children(ctx: Context, body: kopf.Body) -> None:
     """Delete what the job owns: garbage collection would, via owner references, but not at once."""
     for res, child in children(body.meta.name):
         await delete_owned(ctx, res, body.meta.namespace, child, body.meta.uid)
+    secret = await ctx.kube.get(SECRETS, body.meta.namespace, names.auth_secret(body.meta.name))
+    if secret is not None and owned_by(secret, body.meta.uid):
+        await ray_token.release(ctx.kube, body.meta.namespace, secret)
 
 
 async def reconcile_job(ctx: Context, body: kopf.Body, patch: kopf.Patch, diff: Sequence[Any],
