@@ -259,7 +259,9 @@ def ray_cluster(job: RLTrainingJob, opts: BuildOptions) -> dict[str, Any]:
 
 
 def driver_job(job: RLTrainingJob, opts: BuildOptions) -> dict[str, Any]:
-    """The driver (single controller) as a batch/v1 Job, like KubeRay's RayJob submitter."""
+    """The driver (single controller) as a batch/v1 Job, like KubeRay's RayJob submitter. It runs with
+    ``--no-export``: exporting loads the whole policy into the driver's process, which a driver sized for
+    control (DRIVER_RESOURCES) cannot hold for a real model; `kuberl export` does it from the checkpoints."""
     name = job.metadata.name
     head = f"{names.head_service(name)}:{names.GCS_PORT}"
     wait_for_gcs = (
@@ -318,7 +320,7 @@ def driver_job(job: RLTrainingJob, opts: BuildOptions) -> dict[str, Any]:
                         "image": image,
                         "imagePullPolicy": opts.pull_policy,
                         "command": ["kuberl", "run", f"{names.SPEC_MOUNT}/{names.SPEC_FILE}",
-                                    "--ray-address", head, "--out", out, "--no-progress",
+                                    "--ray-address", head, "--out", out, "--no-progress", "--no-export",
                                     "--metrics-port", str(names.DRIVER_METRICS_PORT), "--metrics-address", "0.0.0.0"],
                         "ports": [{"name": "metrics", "containerPort": names.DRIVER_METRICS_PORT}],
                         "env": env,

@@ -113,8 +113,8 @@ def test_driver_job_runs_kuberl_against_the_head_with_the_spec_mounted() -> None
     pod = objs["Job"]["spec"]["template"]["spec"]
     driver = pod["containers"][0]
     assert driver["command"] == ["kuberl", "run", "/etc/kuberl/job.yaml", "--ray-address", "j-head-svc:6379",
-                                 "--out", "/kuberl/out", "--no-progress", "--metrics-port", "9500", "--metrics-address",
-                                 "0.0.0.0"]
+                                 "--out", "/kuberl/out", "--no-progress", "--no-export", "--metrics-port", "9500",
+                                 "--metrics-address", "0.0.0.0"]
     env = {e["name"]: e for e in driver["env"]}
     assert env["KUBERL_PROGRESS_CONFIGMAP"]["value"] == "j-progress"
     assert env["KUBERL_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
