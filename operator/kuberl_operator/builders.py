@@ -175,6 +175,11 @@ def gpu_claim_templates(job: RLTrainingJob, opts: BuildOptions) -> list[dict[str
     return [gpu_claim_template(job, role, opts) for role in enabled_roles(job.spec) if uses_dra(job, role)]
 
 
+def group_size(job: RLTrainingJob, role: str) -> int:
+    """A role's pods: its replicas, and with spec.resilience.standby one more, Running, for its standby."""
+    return job.spec.roles.get(role).replicas + int(job.spec.resilience.standby)
+
+
 def worker_group(job: RLTrainingJob, role: str, opts: BuildOptions) -> dict[str, Any]:
     """One KubeRay worker group per role: groupName = role, a fixed size, its own Ray resource."""
     spec: RoleSpec = job.spec.roles.get(role)
@@ -205,11 +210,12 @@ def worker_group(job: RLTrainingJob, role: str, opts: BuildOptions) -> dict[str,
                                        "resourceClaimTemplateName": names.claim_template(name, role)}]
     if spec.gpus:
         pod_spec["tolerations"] = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    pods = group_size(job, role)
     return {
         "groupName": role,
-        "replicas": spec.replicas,
-        "minReplicas": spec.replicas,
-        "maxReplicas": spec.replicas,
+        "replicas": pods,
+        "minReplicas": pods,
+        "maxReplicas": pods,
         "rayStartParams": {"resources": ray_resources_param(role, spec), "num-gpus": str(spec.gpus)},
         "template": {"metadata": {"labels": names.labels(name, "worker", role)}, "spec": pod_spec},
     }

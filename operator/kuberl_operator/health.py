@@ -121,7 +121,7 @@ class RoleHealth:
     doomed: tuple[str, ...]  # names of pods to delete now (the rest of the gang, and failed pods)
 
 
-def assess_role(pods: Sequence[PodView], tracking: Tracking) -> RoleHealth:
+def assess_role(pods: Sequence[PodView], tracking: Tracking, gang: bool = True) -> RoleHealth:
     """Count new failures of one role's pods and say which pods must go.
 
     ``pods`` are the role's pods of the current RayCluster. A new failure is a failed pod that is
@@ -130,13 +130,16 @@ def assess_role(pods: Sequence[PodView], tracking: Tracking) -> RoleHealth:
     pods failed. A pod that is neither (KubeRay's replacement of the failed one, made since the last
     pass) joined after the failure and is spared: deleting KubeRay's brand-new pod stalls its group
     for minutes (its scale expectations wait for a pod it never saw).
+
+    Without ``gang`` (a role with a standby pod), only the failed pods go: the standby takes their
+    place in the role, the others stay, and KubeRay's replacement becomes the next standby.
     """
     current = {p.uid: p for p in pods}
     failures = [f"pod {p.name}: {p.failure}" for p in pods if p.failure and p.uid not in tracking.handled]
     failures += [f"pod {name}: deleted" for uid, name in sorted(tracking.members.items(), key=lambda m: m[1])
                  if uid not in current and uid not in tracking.handled]
-    gang = {uid for uid, p in current.items() if uid in tracking.members or p.failure}
-    handled = (tracking.handled | (gang if failures else set())) & current.keys()
+    doomed_now = {uid for uid, p in current.items() if (gang and uid in tracking.members) or p.failure}
+    handled = (tracking.handled | (doomed_now if failures else set())) & current.keys()
     members = {p.uid: p.name for p in pods if not p.failure and p.uid not in handled}
     doomed = tuple(sorted(p.name for p in pods if p.uid in handled and not p.deleting))
     ready = sum(1 for p in pods if p.ready and not p.failure and p.uid not in handled)

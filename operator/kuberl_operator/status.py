@@ -72,7 +72,8 @@ def role_outcome(role: str, job: RLTrainingJob, old: Mapping[str, Any], seen: Ob
     doomed: tuple[str, ...] = ()
     if accounting:
         same_cluster = old.get("rayClusterUID") == seen.cluster_uid
-        health = assess_role(pods, Tracking.from_status(prev) if same_cluster else Tracking())
+        health = assess_role(pods, Tracking.from_status(prev) if same_cluster else Tracking(),
+                             gang=not job.spec.resilience.standby)
         failures, doomed, tracking, ready = health.failures, health.doomed, health.tracking, health.ready
         if cluster_restart:
             failures, ready, tracking = (), 0, Tracking({}, frozenset(p.uid for p in pods))
@@ -82,8 +83,10 @@ def role_outcome(role: str, job: RLTrainingJob, old: Mapping[str, Any], seen: Ob
             last_failure = f"{now}: {'; '.join(failures)}"
     else:
         tracking, ready = Tracking(), 0
+    standby = int(job.spec.resilience.standby)
     status = {
-        "desired": spec.replicas,
+        "desired": spec.replicas + standby,  # the role's pods, its standby's included
+        **({"standby": standby} if standby else {}),
         "ready": ready,
         "restarts": max(pod_restarts, seen.progress.restarts_of(role)),
         "podRestarts": pod_restarts,
@@ -186,8 +189,10 @@ def decide(job: RLTrainingJob, generation: int, old: Mapping[str, Any], seen: Ob
     roles = {r: role_outcome(r, job, old, seen, accounting, now, cluster_restart=bool(head.failures))
              for r in enabled_roles(job.spec)}
     events = [Event("Warning", HEAD_FAILED, head_failed_message(head))] if head.failures else []
+    action = ("its standby takes the failed pods' place, and a new standby pod is made" if job.spec.resilience.standby
+              else "restarting the role's pods")
     events += [Event("Warning", "RoleRestart",
-                    f"role {r}: {'; '.join(o.failures)}; restarting the role's pods "
+                    f"role {r}: {'; '.join(o.failures)}; {action} "
                     f"(restart {o.status['restarts']} of at most {job.spec.roles.get(r).max_restarts})")
               for r, o in roles.items() if o.failures]
     ended = verdict(job, roles, seen)

@@ -247,3 +247,18 @@ def test_the_head_failing_restarts_the_whole_cluster_and_no_role_counts_it() -> 
 def test_a_head_that_is_not_ready_keeps_the_job_provisioning() -> None:
     st = run({}, Observed("rc", pods(), head=heads(ready=False))).status
     assert st["phase"] == "Provisioning" and "the Ray head" in st["message"]
+
+
+def test_a_standby_is_one_more_pod_per_role_and_a_failure_takes_only_the_failed_pod() -> None:
+    spec = job().model_copy(deep=True)
+    spec.spec.resilience.standby = True
+    both = (*pods(), *(PodView(f"s-{r}", f"u-s-{r}", r, "rc", True, None, False) for r in ("actor", "critic", "ref",
+                                                                                         "reward")))
+    running = decide(spec, 1, decide(spec, 1, {}, Observed("rc", both), T0).status, Observed("rc", both), T0).status
+    assert running["phase"] == "Running" and running["roles"]["critic"] == {**running["roles"]["critic"],
+                                                                           "desired": 3, "ready": 3, "standby": 1}
+    failed = tuple(PodView(p.name, p.uid, p.role, p.owner, p.name != "c0", "container ray-worker exited with code 1"
+                           if p.name == "c0" else None, False) for p in both)
+    decision = decide(spec, 1, running, Observed("rc", failed), T1)
+    assert decision.delete_pods == ("c0",) and decision.status["roles"]["critic"]["restarts"] == 1
+    assert "its standby takes the failed pods' place" in decision.events[0].message

@@ -62,7 +62,8 @@ STATUS_SCHEMA: dict[str, Any] = {
             "additionalProperties": {
                 "type": "object",
                 "properties": {
-                    "desired": {"type": "integer"},
+                    "desired": {"type": "integer", "description": "The role's pods (replicas, and its standby)."},
+                    "standby": {"type": "integer", "description": "Standby pods (spec.resilience.standby)."},
                     "ready": {"type": "integer"},
                     "restarts": {"type": "integer", "description": "max(podRestarts, the driver's count)."},
                     "podRestarts": {"type": "integer",
