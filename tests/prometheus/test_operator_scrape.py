@@ -3,9 +3,8 @@ the operator through the chart's ServiceMonitor.
 
 Two sources of operator metrics:
 
-- a real `kuberl operator` against the real control plane of the real-cluster suite (tests/cluster's
-  session fixtures: kube-apiserver + KubeRay + kwok, the chart installed, the operator on the chart's
-  token), reconciling a job with one critic restart;
+- a real `kuberl operator` against the real control plane: tests/cluster/test_operator_scrape.py, beside
+  the real-cluster suite's session fixtures (one control plane per session), with these helpers;
 - the operator's own metrics code (``kuberl_operator.metrics.Metrics``, what `kuberl operator` serves),
   fed by this test with the statuses a reconcile writes for the quickstart (one critic restart) and
   timed reconciles, one in four failing. It checks the operator panels' PromQL and the ServiceMonitor
@@ -24,12 +23,9 @@ import pytest
 from tests.chart.render import NAMESPACE as RELEASE_NAMESPACE
 from tests.chart.render import Helm, one
 
-# the real-cluster suite's session fixtures (the control plane, the chart installed, the operator on its token)
-from tests.cluster.conftest import admin, cluster, cluster_cache, operator, operator_kubeconfig, release  # noqa: F401
-
 from .conftest import NAMESPACE, REPO, SCRAPE, Scrape
 from .panels import OPERATOR_TARGETS, STEP_S, by_label, no_data, panel_target, run_query
-from .server import Endpoint, Pod, Prometheus, free_port, http_get, service_monitor_scrape
+from .server import Endpoint, Pod, Prometheus, free_port, service_monitor_scrape
 
 JOB = "quickstart"
 
@@ -110,58 +106,6 @@ def test_service_monitor_keeps_the_jobs_labels(registry_scrape: Scrape) -> None:
     assert info[0]["metric"]["namespace"] == RELEASE_NAMESPACE and info[0]["metric"]["service"].endswith("-metrics")
 
 
-# -- a real operator --------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def real_operator_scrape(request: pytest.FixtureRequest, promtool, helm: Helm,
-                         tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scrape]:
-    """The real-cluster suite's `kuberl operator` (the chart installed, the chart's token, every namespace)
-    reconciling a job in namespace team-a on kube-apiserver + KubeRay + kwok, with one critic restart;
-    Prometheus scrapes it through the chart's ServiceMonitor."""
-    from localkube.api import NAMESPACES, RLTJ
-
-    from tests.cluster.faults import fail_pod
-    from tests.cluster.jobs import describe, manifest, pods_of, status
-    from tests.cluster.waits import wait_for
-
-    request.getfixturevalue("release")
-    kube, op = request.getfixturevalue("admin"), request.getfixturevalue("operator")
-    kube.create(NAMESPACES, {"metadata": {"name": NAMESPACE}}, namespace=None)
-    ns = kube.in_namespace(NAMESPACE)
-    monitor, endpoint = operator_endpoint(helm, op.metrics_port)
-    work = tmp_path_factory.mktemp("prometheus-real-operator")
-    prom = Prometheus(work, [service_monitor_scrape(monitor, 0, endpoint)])
-    ctx = lambda: describe(ns, JOB) + op.tail(30)  # noqa: E731
-    try:
-        start = time.time()
-        ns.create(RLTJ, manifest(JOB))
-        wait_for(lambda: status(ns, JOB).get("phase") == "Running", 90, "phase Running", ctx)
-        fail_pod(ns, pods_of(ns, JOB, "critic")[0]["metadata"]["name"], "exit")
-        wait_for(lambda: status(ns, JOB).get("restarts") == 1, 60, "a critic restart", ctx)
-        wait_for(lambda: status(ns, JOB).get("phase") == "Running", 120, "Running again", ctx)
-        prom.wait_for(f'kuberl_operator_job_phase{{namespace="{NAMESPACE}", job="{JOB}"}}', 60,
-                      "the operator's job series")
-        assert http_get(op.metrics_url)
-        yield scrape_for(prom, start, 5.0)
-    finally:
-        prom.stop()
-        ns.delete(RLTJ, JOB)
-        wait_for(lambda: ns.get(RLTJ, JOB) is None, 60, "the job deleted", ctx)
-        kube.delete(NAMESPACES, NAMESPACE, namespace=None)
-
-
-def test_the_real_operator_counts_the_restart(real_operator_scrape: Scrape) -> None:
-    from kuberl.spec import validate_manifest
-    from tests.cluster.jobs import manifest
-
-    roles = validate_manifest(manifest(JOB)).spec.roles
-    budgets = {r: roles.get(r).max_restarts - (r == "critic") for r in ("actor", "critic", "ref", "reward")}
-    result = run_query(real_operator_scrape, panel_target("Restart budget left per role"))
-    left = {series["metric"]["role"]: float(series["values"][-1][1]) for series in result}  # after the restart
-    assert left == budgets, left
-
-
 @pytest.mark.parametrize("target", OPERATOR_TARGETS, ids=str)
-@pytest.mark.parametrize("source", ["real_operator_scrape", "registry_scrape"])
-def test_operator_panel_returns_data(request: pytest.FixtureRequest, source: str, target) -> None:
-    scrape = request.getfixturevalue(source)
-    assert run_query(scrape, target), no_data(scrape, target)
+def test_operator_panel_returns_data(registry_scrape: Scrape, target) -> None:
+    assert run_query(registry_scrape, target), no_data(registry_scrape, target)
