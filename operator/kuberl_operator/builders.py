@@ -396,8 +396,8 @@ def driver_rbac(job: RLTrainingJob, opts: BuildOptions) -> list[dict[str, Any]]:
 
 def auth_secret(job: RLTrainingJob, token: str | None, opts: BuildOptions) -> dict[str, Any]:
     """The Ray auth token shared by the head, the workers and the driver. The operator makes the token
-    when it creates the Secret, with its finalizer (``ray_token``); without one (`kuberl render`) the
-    Secret carries neither."""
+    when it creates the Secret, and keeps it (``ray_token``); without one (`kuberl render`) the Secret
+    carries no value."""
     name = job.metadata.name
     secret = {
         "apiVersion": "v1",
@@ -407,7 +407,6 @@ def auth_secret(job: RLTrainingJob, token: str | None, opts: BuildOptions) -> di
     }
     if token is not None:
         secret["stringData"] = {names.AUTH_TOKEN_KEY: token}
-        secret["metadata"]["finalizers"] = [names.TOKEN_FINALIZER]
     return secret
 
 

@@ -12,7 +12,6 @@ from kuberl.spec.contract import Env
 
 PREFIX = GROUP  # kopf's progress/diff-base annotations and our finalizer live under kuberl.io
 FINALIZER = f"{GROUP}/finalizer"
-TOKEN_FINALIZER = f"{GROUP}/ray-token"  # on the Ray auth Secret: a hand-deleted one is made anew with its token
 LABEL_JOB = f"{GROUP}/job"
 LABEL_ROLE = f"{GROUP}/role"
 LABEL_COMPONENT = "app.kubernetes.io/component"

@@ -2,26 +2,25 @@
 
 Ray reads its token once, when each process starts, so a new token in the Secret would lock every
 pod that starts later (a restarted role, a retried driver) out of the running cluster. The operator
-puts a finalizer of its own on the Secret it makes. A Secret deleted by hand then lingers, with its
-token, until the operator's next pass, which removes the finalizer and makes the Secret anew with the
-same token (Event ``RayTokenKept``). Only a Secret whose finalizer was also stripped by hand loses its
-token: the Secret is made with a new one, and an Event ``RayTokenLost`` says the job must restart
-(suspend, then resume) for its pods to agree again.
+remembers each job's token from the Secret it made or last read (every pass reads it), and makes a
+Secret deleted by hand anew with that same token (Event ``RayTokenKept``). Only a Secret deleted
+while the operator was away, before its first pass since, is gone with its token: the Secret is made
+with a new one, and an Event ``RayTokenLost`` says the job must restart (suspend, then resume) for
+its pods to agree again. No finalizer: a job removed while the operator is away leaves nothing behind.
 """
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import secrets
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
 from . import names
 from .kube import SECRETS, Kube
 
-GONE_WAIT_S = 10.0  # how long a pass waits for the old Secret to go once its finalizer is removed
+Key = tuple[str, str, str]  # (namespace, job, job uid): a re-created job of the same name is another job
 
 
 @dataclass(frozen=True)
@@ -36,34 +35,22 @@ def stored(secret: Mapping[str, Any]) -> str | None:
     return base64.b64decode(raw).decode() if raw else None
 
 
-def without_finalizer(secret: Mapping[str, Any]) -> list[str]:
-    return [f for f in secret["metadata"].get("finalizers", []) if f != names.TOKEN_FINALIZER]
-
-
-async def release(kube: Kube, namespace: str, secret: Mapping[str, Any]) -> None:
-    """Remove our finalizer (when the job goes, or to make the Secret anew)."""
-    if names.TOKEN_FINALIZER in secret["metadata"].get("finalizers", []):
-        await kube.patch(SECRETS, namespace, secret["metadata"]["name"],
-                         {"metadata": {"finalizers": without_finalizer(secret),
-                                       "resourceVersion": secret["metadata"]["resourceVersion"]}})
-
-
-async def token_for(kube: Kube, namespace: str, job: str, cluster_running: bool) -> Token:
-    """The token to make the job's Secret with, should it not exist: the one being deleted, else a new one."""
+async def token_for(kube: Kube, known: MutableMapping[Key, str], key: Key, cluster_running: bool) -> Token:
+    """The token to make the job's Secret with, should it not exist; remembers the one it holds."""
+    namespace, job, _ = key
     name = names.auth_secret(job)
     secret = await kube.get(SECRETS, namespace, name)
-    if secret is not None and secret["metadata"].get("deletionTimestamp") and (old := stored(secret)):
-        await release(kube, namespace, secret)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + GONE_WAIT_S
-        while await kube.get(SECRETS, namespace, name) is not None and loop.time() < deadline:
-            await asyncio.sleep(0.2)
-        return Token(old, ("Normal", "RayTokenKept",
-                           f"Secret {name} was deleted; made it anew with the token the running Ray cluster uses"))
-    fresh = secrets.token_urlsafe(32)
+    if secret is not None and (value := stored(secret)):
+        known[key] = value
+        return Token(value)
+    if secret is None and key in known:
+        return Token(known[key], ("Normal", "RayTokenKept",
+                                  f"Secret {name} was deleted; made it anew with the token the running Ray cluster "
+                                  f"uses"))
+    known[key] = secrets.token_urlsafe(32)
     if secret is None and cluster_running:
-        return Token(fresh, ("Warning", "RayTokenLost",
-                             f"Secret {name} is gone with its token (its finalizer {names.TOKEN_FINALIZER} was removed "
-                             f"by hand); made it with a new token, which the running Ray cluster does not know: "
-                             f"suspend and resume the job (spec.suspend) so that every pod starts with the new token"))
-    return Token(fresh)
+        return Token(known[key], ("Warning", "RayTokenLost",
+                                  f"Secret {name} was deleted while the operator was away, and its token with it; "
+                                  f"made it with a new token, which the running Ray cluster does not know: suspend "
+                                  f"and resume the job (spec.suspend) so that every pod starts with the new token"))
+    return Token(known[key])

@@ -57,6 +57,7 @@ class Context:
     config: OperatorConfig
     metrics: Metrics
     locks: dict[tuple[str, str], asyncio.Lock] = field(default_factory=dict)
+    tokens: dict[ray_token.Key, str] = field(default_factory=dict)  # each job's Ray token, as last read
 
     def lock(self, namespace: str, name: str) -> asyncio.Lock:
         """One status writer per job at a time inside this process."""
@@ -194,7 +195,8 @@ async def apply_spec(ctx: Context, body: kopf.Body, patch: kopf.Patch, diff: Seq
                                                                                    names.spec_configmap(name))
     created = []
     # `ensure` creates the Secret (with this token) only when it does not exist yet
-    token = await ray_token.token_for(ctx.kube, namespace, name, body.status.get("rayClusterUID") is not None)
+    token = await ray_token.token_for(ctx.kube, ctx.tokens, (namespace, name, body.meta.uid),
+                                      body.status.get("rayClusterUID") is not None)
     if token.event is not None:
         kopf.event(body, type=token.event[0], reason=token.event[1], message=token.event[2])
     for obj in builders.all_objects(job, body["spec"], token.value, ctx.options(namespace)):
@@ -228,9 +230,7 @@ async def delete_children(ctx: Context, body: kopf.Body) -> None:
     """Delete what the job owns: garbage collection would, via owner references, but not at once."""
     for res, child in children(body.meta.name):
         await delete_owned(ctx, res, body.meta.namespace, child, body.meta.uid)
-    secret = await ctx.kube.get(SECRETS, body.meta.namespace, names.auth_secret(body.meta.name))
-    if secret is not None and owned_by(secret, body.meta.uid):
-        await ray_token.release(ctx.kube, body.meta.namespace, secret)
+    ctx.tokens.pop((body.meta.namespace, body.meta.name, body.meta.uid), None)
 
 
 async def reconcile_job(ctx: Context, body: kopf.Body, patch: kopf.Patch, diff: Sequence[Any],
