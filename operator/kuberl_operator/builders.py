@@ -27,6 +27,8 @@ DRIVER_BACKOFF_LIMIT = 2
 GCS_WAIT_S = 1800  # the driver's init container gives up on the Ray head after this long
 RAY_UID = 1000  # the `ray` user of rayproject images
 RAY_GID = 100
+CACHE_ENV = {"XDG_CACHE_HOME": "", "HF_HOME": "huggingface", "TRITON_CACHE_DIR": "triton",
+             "TORCHINDUCTOR_CACHE_DIR": "torchinductor"}
 DRA_API_VERSION = "resource.k8s.io/v1"  # GA (and served by default) since Kubernetes 1.34
 # Standard DRA device attributes (kubernetes.io/docs/reference/node/dra-standard-device-attributes):
 # devices sharing a PCIe root complex, or a NUMA node. A matchAttribute constraint only picks devices
@@ -58,7 +60,20 @@ def pod_security() -> dict[str, Any]:
 
 
 def container_security() -> dict[str, Any]:
-    return {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+    """Every container: no privilege escalation, no capabilities, a read-only root filesystem (what a
+    process writes goes to the emptyDirs of ``scratch``, or to the checkpoint and output volumes)."""
+    return {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}, "readOnlyRootFilesystem": True}
+
+
+def scratch() -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+    """(volumes, volumeMounts, env) for what Ray and the runtime write beside a read-only root: /tmp (Ray's
+    session dir /tmp/ray, its logs and spill files; Python's tempfiles) and a cache dir that the libraries'
+    cache variables point at (torch, triton, Hugging Face). Both emptyDirs: they go with the pod."""
+    volumes = [{"name": names.TMP_VOLUME, "emptyDir": {}}, {"name": names.CACHE_VOLUME, "emptyDir": {}}]
+    mounts = [{"name": names.TMP_VOLUME, "mountPath": "/tmp"},
+              {"name": names.CACHE_VOLUME, "mountPath": names.CACHE_DIR}]
+    env = [{"name": var, "value": f"{names.CACHE_DIR}/{sub}".rstrip("/")} for var, sub in CACHE_ENV.items()]
+    return volumes, mounts, env
 
 
 def ray_auth_env(job: str) -> list[dict[str, Any]]:
@@ -160,24 +175,31 @@ def gpu_claim_templates(job: RLTrainingJob, opts: BuildOptions) -> list[dict[str
     return [gpu_claim_template(job, role, opts) for role in enabled_roles(job.spec) if uses_dra(job, role)]
 
 
+def group_size(job: RLTrainingJob, role: str) -> int:
+    """A role's pods: its replicas, and with spec.resilience.standby one more, Running, for its standby."""
+    return job.spec.roles.get(role).replicas + int(job.spec.resilience.standby)
+
+
 def worker_group(job: RLTrainingJob, role: str, opts: BuildOptions) -> dict[str, Any]:
     """One KubeRay worker group per role: groupName = role, a fixed size, its own Ray resource."""
     spec: RoleSpec = job.spec.roles.get(role)
     name = job.metadata.name
     dra = uses_dra(job, role)
-    volumes, mounts = checkpoint_storage(job)
+    (volumes, mounts), (tmp_volumes, tmp_mounts, tmp_env) = checkpoint_storage(job), scratch()
+    volumes, mounts = [*tmp_volumes, *volumes], [*tmp_mounts, *mounts]
     container: dict[str, Any] = {
         "name": "ray-worker",
         "image": image_of(job, opts),
         "imagePullPolicy": opts.pull_policy,
         "resources": quantities(spec, device_plugin=not dra),
-        "env": [*topology_env(), *ray_auth_env(name)],
+        "env": [*topology_env(), *ray_auth_env(name), *tmp_env],
         "securityContext": container_security(),
     }
     if mounts:
         container["volumeMounts"] = mounts
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",  # a dead worker stays dead; the operator restarts the role as a gang
+        "automountServiceAccountToken": False,  # user reward code runs here: no API credentials
         "securityContext": pod_security(),
         "containers": [container],
     }
@@ -188,11 +210,12 @@ def worker_group(job: RLTrainingJob, role: str, opts: BuildOptions) -> dict[str,
                                        "resourceClaimTemplateName": names.claim_template(name, role)}]
     if spec.gpus:
         pod_spec["tolerations"] = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    pods = group_size(job, role)
     return {
         "groupName": role,
-        "replicas": spec.replicas,
-        "minReplicas": spec.replicas,
-        "maxReplicas": spec.replicas,
+        "replicas": pods,
+        "minReplicas": pods,
+        "maxReplicas": pods,
         "rayStartParams": {"resources": ray_resources_param(role, spec), "num-gpus": str(spec.gpus)},
         "template": {"metadata": {"labels": names.labels(name, "worker", role)}, "spec": pod_spec},
     }
@@ -201,12 +224,15 @@ def worker_group(job: RLTrainingJob, role: str, opts: BuildOptions) -> dict[str,
 def head_group(job: RLTrainingJob, opts: BuildOptions) -> dict[str, Any]:
     """The head runs the GCS and the dashboard and no work (num-cpus 0)."""
     name = job.metadata.name
+    volumes, mounts, env = scratch()
     return {
         "rayStartParams": {"dashboard-host": "0.0.0.0", "num-cpus": "0"},
         "template": {
             "metadata": {"labels": names.labels(name, "head")},
             "spec": {
+                "automountServiceAccountToken": False,
                 "securityContext": pod_security(),
+                "volumes": volumes,
                 "containers": [{
                     "name": "ray-head",
                     "image": image_of(job, opts),
@@ -215,7 +241,8 @@ def head_group(job: RLTrainingJob, opts: BuildOptions) -> dict[str, Any]:
                     "ports": [{"name": "gcs", "containerPort": names.GCS_PORT},
                               {"name": "dashboard", "containerPort": 8265},
                               {"name": "client", "containerPort": 10001}],
-                    "env": ray_auth_env(name),
+                    "env": [*ray_auth_env(name), *env],
+                    "volumeMounts": mounts,
                     "securityContext": container_security(),
                 }],
             },
@@ -238,7 +265,9 @@ def ray_cluster(job: RLTrainingJob, opts: BuildOptions) -> dict[str, Any]:
 
 
 def driver_job(job: RLTrainingJob, opts: BuildOptions) -> dict[str, Any]:
-    """The driver (single controller) as a batch/v1 Job, like KubeRay's RayJob submitter."""
+    """The driver (single controller) as a batch/v1 Job, like KubeRay's RayJob submitter. It runs with
+    ``--no-export``: exporting loads the whole policy into the driver's process, which a driver sized for
+    control (DRIVER_RESOURCES) cannot hold for a real model; `kuberl export` does it from the checkpoints."""
     name = job.metadata.name
     head = f"{names.head_service(name)}:{names.GCS_PORT}"
     wait_for_gcs = (
@@ -258,7 +287,8 @@ def driver_job(job: RLTrainingJob, opts: BuildOptions) -> dict[str, Any]:
         *ray_auth_env(name),
     ]
     image = image_of(job, opts)
-    volumes, mounts = checkpoint_storage(job)
+    (volumes, mounts), (tmp_volumes, tmp_mounts, tmp_env) = checkpoint_storage(job), scratch()
+    volumes, mounts, env = [*tmp_volumes, *volumes], [*tmp_mounts, *mounts], [*env, *tmp_env]
     out = driver_out(job)
     if out == names.OUT_DIR:
         volumes, mounts = [{"name": "out", "emptyDir": {}}, *volumes], [{"name": "out", "mountPath": out}, *mounts]
@@ -281,7 +311,8 @@ def driver_job(job: RLTrainingJob, opts: BuildOptions) -> dict[str, Any]:
                 "metadata": {"labels": names.labels(name, "driver")},
                 "spec": {
                     "restartPolicy": "Never",
-                    "serviceAccountName": names.driver(name),
+                    "serviceAccountName": names.driver(name),  # the one pod with a token: it patches its progress
+                    "automountServiceAccountToken": True,
                     "securityContext": pod_security(),
                     "initContainers": [{
                         "name": "wait-for-ray",
@@ -295,7 +326,7 @@ def driver_job(job: RLTrainingJob, opts: BuildOptions) -> dict[str, Any]:
                         "image": image,
                         "imagePullPolicy": opts.pull_policy,
                         "command": ["kuberl", "run", f"{names.SPEC_MOUNT}/{names.SPEC_FILE}",
-                                    "--ray-address", head, "--out", out, "--no-progress",
+                                    "--ray-address", head, "--out", out, "--no-progress", "--no-export",
                                     "--metrics-port", str(names.DRIVER_METRICS_PORT), "--metrics-address", "0.0.0.0"],
                         "ports": [{"name": "metrics", "containerPort": names.DRIVER_METRICS_PORT}],
                         "env": env,
@@ -365,7 +396,8 @@ def driver_rbac(job: RLTrainingJob, opts: BuildOptions) -> list[dict[str, Any]]:
 
 def auth_secret(job: RLTrainingJob, token: str | None, opts: BuildOptions) -> dict[str, Any]:
     """The Ray auth token shared by the head, the workers and the driver. The operator makes the token
-    when it creates the Secret; without one (`kuberl render`) the Secret carries no value."""
+    when it creates the Secret, and keeps it (``ray_token``); without one (`kuberl render`) the Secret
+    carries no value."""
     name = job.metadata.name
     secret = {
         "apiVersion": "v1",

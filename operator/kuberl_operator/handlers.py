@@ -20,6 +20,7 @@ from .progress import driver_outcome, parse_progress
 
 JOB = names.JOB_RESOURCE
 WORKERS = {names.LABEL_JOB: kopf.PRESENT, names.LABEL_ROLE: kopf.PRESENT}
+HEADS = {names.LABEL_JOB: kopf.PRESENT, names.LABEL_COMPONENT: "head"}
 PROGRESS = {names.LABEL_JOB: kopf.PRESENT, names.LABEL_COMPONENT: "progress"}
 DRIVER = {names.LABEL_JOB: kopf.PRESENT, names.LABEL_COMPONENT: "driver"}
 RESYNC_SECONDS = float(os.environ.get("KUBERL_RESYNC_SECONDS", "30"))
@@ -65,6 +66,11 @@ def worker_pods(namespace: str, labels: kopf.Labels, body: kopf.Body, **_: Any) 
     return {(namespace, labels[names.LABEL_JOB]): pod_view(body)}
 
 
+@kopf.index("pods", labels=HEADS)
+def head_pods(namespace: str, labels: kopf.Labels, body: kopf.Body, **_: Any) -> dict:
+    return {(namespace, labels[names.LABEL_JOB]): pod_view(body)}
+
+
 @kopf.index("configmaps", labels=PROGRESS)
 def progress_reports(namespace: str, labels: kopf.Labels, body: kopf.Body, **_: Any) -> dict:
     return {(namespace, labels[names.LABEL_JOB]): parse_progress((body.get("data") or {}).get("progress"))}
@@ -76,10 +82,11 @@ def driver_jobs(namespace: str, labels: kopf.Labels, body: kopf.Body, **_: Any) 
 
 
 @kopf.on.event("pods", labels=WORKERS)
+@kopf.on.event("pods", labels=HEADS)
 @kopf.on.event("configmaps", labels=PROGRESS)
 @kopf.on.event("batch", "jobs", labels=DRIVER)
 async def child_changed(namespace: str, labels: kopf.Labels, memo: kopf.Memo, **kwargs: Any) -> None:
-    """A worker pod, the progress report or the driver Job changed: refresh the job's status."""
+    """A worker or head pod, the progress report or the driver Job changed: refresh the job's status."""
     with memo.ctx.metrics.reconcile():
         await reconcile.reconcile_status(memo.ctx, namespace, labels[names.LABEL_JOB], reconcile.Indices.of(kwargs))
 

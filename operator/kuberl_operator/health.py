@@ -60,6 +60,21 @@ def pod_failure(pod: Mapping[str, Any]) -> str | None:
         return "pod failed" + (f" ({why}" + (f": {detail})" if detail else ")") if why else "")
     if status.get("phase") == "Succeeded":
         return "worker exited"  # a Ray worker never finishes on its own
+    return node_lost(status)
+
+
+def node_lost(status: Mapping[str, Any]) -> str | None:
+    """A pod on a node that stopped answering: phase Unknown or reason NodeLost (its node's state cannot be
+    read), or the node controller's mark on the pods of a NotReady node: Ready False, with no reason, while
+    the containers still report ready (the kubelet, when it is the one to set Ready False, gives a reason).
+    Its processes may still run, but no one can reach them: the pod is lost."""
+    if status.get("phase") == "Unknown" or status.get("reason") == "NodeLost":
+        return "node lost (pod phase Unknown)" + (f": {status['message']}" if status.get("message") else "")
+    ready = next((c for c in status.get("conditions", []) if c.get("type") == "Ready"), None)
+    containers = status.get("containerStatuses") or []
+    if (status.get("phase") == "Running" and ready and ready.get("status") == "False" and not ready.get("reason")
+            and containers and all(cs.get("ready") for cs in containers)):
+        return "node lost (node NotReady: the node controller marked the pod not ready)"
     return None
 
 
@@ -106,7 +121,7 @@ class RoleHealth:
     doomed: tuple[str, ...]  # names of pods to delete now (the rest of the gang, and failed pods)
 
 
-def assess_role(pods: Sequence[PodView], tracking: Tracking) -> RoleHealth:
+def assess_role(pods: Sequence[PodView], tracking: Tracking, gang: bool = True) -> RoleHealth:
     """Count new failures of one role's pods and say which pods must go.
 
     ``pods`` are the role's pods of the current RayCluster. A new failure is a failed pod that is
@@ -115,13 +130,16 @@ def assess_role(pods: Sequence[PodView], tracking: Tracking) -> RoleHealth:
     pods failed. A pod that is neither (KubeRay's replacement of the failed one, made since the last
     pass) joined after the failure and is spared: deleting KubeRay's brand-new pod stalls its group
     for minutes (its scale expectations wait for a pod it never saw).
+
+    Without ``gang`` (a role with a standby pod), only the failed pods go: the standby takes their
+    place in the role, the others stay, and KubeRay's replacement becomes the next standby.
     """
     current = {p.uid: p for p in pods}
     failures = [f"pod {p.name}: {p.failure}" for p in pods if p.failure and p.uid not in tracking.handled]
     failures += [f"pod {name}: deleted" for uid, name in sorted(tracking.members.items(), key=lambda m: m[1])
                  if uid not in current and uid not in tracking.handled]
-    gang = {uid for uid, p in current.items() if uid in tracking.members or p.failure}
-    handled = (tracking.handled | (gang if failures else set())) & current.keys()
+    doomed_now = {uid for uid, p in current.items() if (gang and uid in tracking.members) or p.failure}
+    handled = (tracking.handled | (doomed_now if failures else set())) & current.keys()
     members = {p.uid: p.name for p in pods if not p.failure and p.uid not in handled}
     doomed = tuple(sorted(p.name for p in pods if p.uid in handled and not p.deleting))
     ready = sum(1 for p in pods if p.ready and not p.failure and p.uid not in handled)

@@ -27,6 +27,8 @@ AUTH_TOKEN_KEY = "auth_token"
 GPU_CLAIM = "gpus"  # the pod's resourceClaims entry (and the template's device request) under DRA
 NODE_NAME_ENV = Env.NODE_NAME  # a worker's Kubernetes node, from the downward API
 CHECKPOINT_VOLUME = "checkpoints"
+TMP_VOLUME, CACHE_VOLUME = "tmp", "cache"  # emptyDirs beside the read-only root filesystem
+CACHE_DIR = "/kuberl/cache"
 DEFAULT_CHECKPOINT_PATH = "/checkpoints"  # where a checkpoint PVC is mounted unless the spec names a path
 
 

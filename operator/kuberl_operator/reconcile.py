@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import datetime
 import logging
-import secrets
 from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,7 +23,7 @@ import kopf
 from kuberl.spec import ROLES as JOB_ROLES
 from kuberl.spec import RLTrainingJob, SpecInvalid, validate_manifest
 
-from . import builders, conditions, names, placement
+from . import builders, conditions, names, placement, ray_token
 from .config import OperatorConfig
 from .kube import (
     CONFIGMAPS,
@@ -58,6 +57,7 @@ class Context:
     config: OperatorConfig
     metrics: Metrics
     locks: dict[tuple[str, str], asyncio.Lock] = field(default_factory=dict)
+    tokens: dict[ray_token.Key, str] = field(default_factory=dict)  # each job's Ray token, as last read
 
     def lock(self, namespace: str, name: str) -> asyncio.Lock:
         """One status writer per job at a time inside this process."""
@@ -69,15 +69,16 @@ class Context:
 
 @dataclass(frozen=True)
 class Indices:
-    """kopf's in-memory indices of a job's worker pods, progress reports and driver Job."""
+    """kopf's in-memory indices of a job's worker pods, progress reports, driver Job and head pods."""
 
     pods: Mapping[Any, Any]
     progress: Mapping[Any, Any]
     drivers: Mapping[Any, Any]
+    heads: Mapping[Any, Any] = field(default_factory=dict)
 
     @classmethod
     def of(cls, kwargs: Mapping[str, Any]) -> Indices:
-        return cls(kwargs["worker_pods"], kwargs["progress_reports"], kwargs["driver_jobs"])
+        return cls(kwargs["worker_pods"], kwargs["progress_reports"], kwargs["driver_jobs"], kwargs["head_pods"])
 
     def observed(self, namespace: str, name: str, cluster_uid: str | None) -> Observed:
         key = (namespace, name)
@@ -86,6 +87,7 @@ class Indices:
             pods=tuple(self.pods.get(key, ())),
             progress=next(iter(self.progress.get(key, ())), Progress()),
             driver=next(iter(self.drivers.get(key, ())), None),
+            head=tuple(self.heads.get(key, ())),
         )
 
 
@@ -192,8 +194,12 @@ async def apply_spec(ctx: Context, body: kopf.Body, patch: kopf.Patch, diff: Seq
     runtime, spec_configmap = runtime_children(name, list(job.spec.roles.extra)), (CONFIGMAPS,
                                                                                    names.spec_configmap(name))
     created = []
-    # a fresh token each pass: `ensure` creates the Secret (with it) only when it does not exist yet
-    for obj in builders.all_objects(job, body["spec"], secrets.token_urlsafe(32), ctx.options(namespace)):
+    # `ensure` creates the Secret (with this token) only when it does not exist yet
+    token = await ray_token.token_for(ctx.kube, ctx.tokens, (namespace, name, body.meta.uid),
+                                      body.status.get("rayClusterUID") is not None)
+    if token.event is not None:
+        kopf.event(body, type=token.event[0], reason=token.event[1], message=token.event[2])
+    for obj in builders.all_objects(job, body["spec"], token.value, ctx.options(namespace)):
         key = (resource_of(obj), obj["metadata"]["name"])
         if job.spec.suspend and key in runtime:
             continue
@@ -224,6 +230,7 @@ async def delete_children(ctx: Context, body: kopf.Body) -> None:
     """Delete what the job owns: garbage collection would, via owner references, but not at once."""
     for res, child in children(body.meta.name):
         await delete_owned(ctx, res, body.meta.namespace, child, body.meta.uid)
+    ctx.tokens.pop((body.meta.namespace, body.meta.name, body.meta.uid), None)
 
 
 async def reconcile_job(ctx: Context, body: kopf.Body, patch: kopf.Patch, diff: Sequence[Any],

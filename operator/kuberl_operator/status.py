@@ -22,6 +22,7 @@ from .progress import DriverOutcome, Progress
 PENDING, PROVISIONING, RUNNING, RESTARTING = "Pending", "Provisioning", "Running", "Restarting"
 SUCCEEDED, FAILED, SUSPENDED = "Succeeded", "Failed", "Suspended"
 ROLE_RESTARTING = "RoleRestarting"
+HEAD_FAILED = "RayHeadFailed"  # the Ray head pod failed: the whole Ray cluster restarts
 PLACEMENT_DEGRADED = Reason.PLACEMENT_DEGRADED.value  # the driver refused GPUs linked below spec.placement.minLink
 
 
@@ -30,9 +31,10 @@ class Observed:
     """What the operator sees of a job's world at one moment."""
 
     cluster_uid: str | None  # the live RayCluster's UID; None when absent or being deleted
-    pods: Sequence[PodView] = ()
+    pods: Sequence[PodView] = ()  # worker pods (they carry a role)
     progress: Progress = field(default_factory=Progress)
     driver: DriverOutcome | None = None
+    head: Sequence[PodView] = ()  # the Ray head pod (more than one while KubeRay replaces it)
 
 
 @dataclass(frozen=True)
@@ -58,8 +60,9 @@ class RoleOutcome:
 
 
 def role_outcome(role: str, job: RLTrainingJob, old: Mapping[str, Any], seen: Observed, accounting: bool,
-                 now: str) -> RoleOutcome:
-    """One role's status; with ``accounting`` on, new pod failures are counted and its gang doomed."""
+                 now: str, cluster_restart: bool = False) -> RoleOutcome:
+    """One role's status; with ``accounting`` on, new pod failures are counted and its gang doomed. On a
+    ``cluster_restart`` (the head failed) every pod of the role goes, and none of it counts as the role's failure."""
     spec = job.spec.roles.get(role)
     prev = (old.get("roles") or {}).get(role) or {}
     pods = [p for p in seen.pods if p.role == role and seen.cluster_uid is not None and p.owner == seen.cluster_uid]
@@ -69,15 +72,21 @@ def role_outcome(role: str, job: RLTrainingJob, old: Mapping[str, Any], seen: Ob
     doomed: tuple[str, ...] = ()
     if accounting:
         same_cluster = old.get("rayClusterUID") == seen.cluster_uid
-        health = assess_role(pods, Tracking.from_status(prev) if same_cluster else Tracking())
+        health = assess_role(pods, Tracking.from_status(prev) if same_cluster else Tracking(),
+                             gang=not job.spec.resilience.standby)
         failures, doomed, tracking, ready = health.failures, health.doomed, health.tracking, health.ready
+        if cluster_restart:
+            failures, ready, tracking = (), 0, Tracking({}, frozenset(p.uid for p in pods))
+            doomed = tuple(sorted(p.name for p in pods if not p.deleting))
         if failures:
             pod_restarts += 1
             last_failure = f"{now}: {'; '.join(failures)}"
     else:
         tracking, ready = Tracking(), 0
+    standby = int(job.spec.resilience.standby)
     status = {
-        "desired": spec.replicas,
+        "desired": spec.replicas + standby,  # the role's pods, its standby's included
+        **({"standby": standby} if standby else {}),
         "ready": ready,
         "restarts": max(pod_restarts, seen.progress.restarts_of(role)),
         "podRestarts": pod_restarts,
@@ -86,6 +95,36 @@ def role_outcome(role: str, job: RLTrainingJob, old: Mapping[str, Any], seen: Ob
         **tracking.to_status(),
     }
     return RoleOutcome(status, failures, doomed)
+
+
+@dataclass
+class HeadOutcome:
+    status: dict[str, Any]
+    failures: tuple[str, ...]
+    doomed: tuple[str, ...]
+    observed: bool  # a head pod of the current cluster is listed
+    ready: bool
+
+
+def head_outcome(old: Mapping[str, Any], seen: Observed, accounting: bool, now: str) -> HeadOutcome:
+    """The Ray head's status (``status.head``), counted like a role of one pod: a head pod that fails,
+    is deleted, or whose node is lost is a new failure, once."""
+    prev = old.get("head") or {}
+    pods = [p for p in seen.head if seen.cluster_uid is not None and p.owner == seen.cluster_uid]
+    restarts, last_failure = int(prev.get("restarts", 0)), prev.get("lastFailure")
+    failures: tuple[str, ...] = ()
+    doomed: tuple[str, ...] = ()
+    tracking, ready = Tracking(), False
+    if accounting:
+        same_cluster = old.get("rayClusterUID") == seen.cluster_uid
+        health = assess_role(pods, Tracking.from_status(prev) if same_cluster else Tracking())
+        failures, doomed, tracking, ready = health.failures, health.doomed, health.tracking, health.ready > 0
+        if failures:
+            restarts += 1
+            last_failure = f"{now}: {'; '.join(failures)}"
+    status = {"ready": ready, "restarts": restarts, **({"lastFailure": last_failure} if last_failure else {}),
+              **tracking.to_status()}
+    return HeadOutcome(status, failures, doomed, bool(pods), ready)
 
 
 def verdict(job: RLTrainingJob, roles: Mapping[str, RoleOutcome], seen: Observed) -> tuple[str, str, str] | None:
@@ -106,14 +145,26 @@ def verdict(job: RLTrainingJob, roles: Mapping[str, RoleOutcome], seen: Observed
     return FAILED, report.reason or "DriverFailed", message
 
 
+def head_failed_message(head: HeadOutcome) -> str:
+    return (f"Ray head {'; '.join(head.failures)}: the whole Ray cluster restarts (every role's pods are "
+            f"replaced; the driver resumes from its last checkpoint)")
+
+
 def active_phase(job: RLTrainingJob, roles: Mapping[str, RoleOutcome], seen: Observed,
-                 ready: Mapping[str, Any] | None) -> tuple[str, str, str]:
+                 ready: Mapping[str, Any] | None, head: HeadOutcome | None = None) -> tuple[str, str, str]:
     """(phase, Ready reason, message) of a job that runs; ``ready`` is the previous Ready condition."""
     restarting = [r for r, o in roles.items() if o.failures]
     waiting = [f"{r} {o.status['ready']}/{o.status['desired']}" for r, o in roles.items()
                if o.status["ready"] < o.status["desired"]]
     if seen.cluster_uid is None:
         return PENDING, "WaitingForRayCluster", f"waiting for RayCluster {names.cluster(job.metadata.name)}"
+    if head is not None and head.failures:
+        return RESTARTING, HEAD_FAILED, head_failed_message(head)
+    head_down = head is not None and head.observed and not head.ready
+    if ready is not None and ready.get("reason") == HEAD_FAILED and (waiting or head is None or not head.ready):
+        return RESTARTING, HEAD_FAILED, ready["message"]  # until the new head and every role are ready
+    if head_down:
+        waiting.insert(0, "the Ray head")
     if restarting:
         return RESTARTING, ROLE_RESTARTING, f"restarting {', '.join(restarting)}"
     if waiting and ready is not None and ready.get("reason") == ROLE_RESTARTING:
@@ -134,9 +185,14 @@ def decide(job: RLTrainingJob, generation: int, old: Mapping[str, Any], seen: Ob
         conds = cond.set_condition(conds, type_, status, reason, message, generation, now)
 
     accounting = not job.spec.suspend and seen.cluster_uid is not None
-    roles = {r: role_outcome(r, job, old, seen, accounting, now) for r in enabled_roles(job.spec)}
-    events = [Event("Warning", "RoleRestart",
-                    f"role {r}: {'; '.join(o.failures)}; restarting the role's pods "
+    head = head_outcome(old, seen, accounting, now)
+    roles = {r: role_outcome(r, job, old, seen, accounting, now, cluster_restart=bool(head.failures))
+             for r in enabled_roles(job.spec)}
+    events = [Event("Warning", HEAD_FAILED, head_failed_message(head))] if head.failures else []
+    action = ("its standby takes the failed pods' place, and a new standby pod is made" if job.spec.resilience.standby
+              else "restarting the role's pods")
+    events += [Event("Warning", "RoleRestart",
+                    f"role {r}: {'; '.join(o.failures)}; {action} "
                     f"(restart {o.status['restarts']} of at most {job.spec.roles.get(r).max_restarts})")
               for r, o in roles.items() if o.failures]
     ended = verdict(job, roles, seen)
@@ -154,7 +210,7 @@ def decide(job: RLTrainingJob, generation: int, old: Mapping[str, Any], seen: Ob
     else:
         if cond.find(conds, cond.SUSPENDED) is not None:
             put(cond.SUSPENDED, False, "Resumed", "spec.suspend is false")
-        phase, reason, message = active_phase(job, roles, seen, cond.find(conds, cond.READY))
+        phase, reason, message = active_phase(job, roles, seen, cond.find(conds, cond.READY), head)
         put(cond.READY, phase == RUNNING, reason, message)
         if phase == RUNNING and old.get("phase") != RUNNING:
             events.append(Event("Normal", "Running", message))
@@ -163,15 +219,15 @@ def decide(job: RLTrainingJob, generation: int, old: Mapping[str, Any], seen: Ob
 
     status = {k: v for k, v in old.items() if k not in ("rayCluster", "rayClusterUID")}
     status.update(phase=phase, message=message, conditions=conds, observedGeneration=generation,
-                  roles={r: o.status for r, o in roles.items()},
-                  restarts=sum(o.status["restarts"] for o in roles.values()))
+                  roles={r: o.status for r, o in roles.items()}, head=head.status,
+                  restarts=sum(o.status["restarts"] for o in roles.values()) + head.status["restarts"])
     if seen.cluster_uid is not None:
         status.update(rayCluster=names.cluster(job.metadata.name), rayClusterUID=seen.cluster_uid)
     progress = {"step": seen.progress.step, "totalSteps": seen.progress.total_steps,
                 "tokensPerSec": seen.progress.tokens_per_sec}
     status.update({k: v for k, v in progress.items() if v is not None})
     terminal = ended is not None
-    delete_pods = () if terminal else tuple(p for o in roles.values() for p in o.doomed)
+    delete_pods = () if terminal else (*head.doomed, *(p for o in roles.values() for p in o.doomed))
     return Decision(status, tuple(events), delete_pods, teardown=terminal and seen.cluster_uid is not None)
 
 

@@ -113,8 +113,8 @@ def test_driver_job_runs_kuberl_against_the_head_with_the_spec_mounted() -> None
     pod = objs["Job"]["spec"]["template"]["spec"]
     driver = pod["containers"][0]
     assert driver["command"] == ["kuberl", "run", "/etc/kuberl/job.yaml", "--ray-address", "j-head-svc:6379",
-                                 "--out", "/kuberl/out", "--no-progress", "--metrics-port", "9500", "--metrics-address",
-                                 "0.0.0.0"]
+                                 "--out", "/kuberl/out", "--no-progress", "--no-export", "--metrics-port", "9500",
+                                 "--metrics-address", "0.0.0.0"]
     env = {e["name"]: e for e in driver["env"]}
     assert env["KUBERL_PROGRESS_CONFIGMAP"]["value"] == "j-progress"
     assert env["KUBERL_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
@@ -236,7 +236,8 @@ def test_a_checkpoint_pvc_is_mounted_in_the_driver_and_every_worker(validator) -
     assert len(pods) == 5
     for pod in pods:
         assert volume in pod["volumes"] and mount in pod["containers"][0]["volumeMounts"]
-    assert "volumes" not in objs["RayCluster"]["spec"]["headGroupSpec"]["template"]["spec"]  # the head does no work
+    head = objs["RayCluster"]["spec"]["headGroupSpec"]["template"]["spec"]
+    assert {v["name"] for v in head["volumes"]} == {"tmp", "cache"}  # the head does no work: no checkpoints
     # The driver reads the path from its spec: the mount point, since the manifest named none.
     assert spec_of(made)["spec"]["trainer"]["checkpoint"] == {"volumeClaim": "ckpt", "path": "/checkpoints"}
     assert validate_manifest(spec_of(made)).spec.trainer.checkpoint.path == "/checkpoints"
@@ -276,3 +277,20 @@ def test_without_a_checkpoint_pvc_every_pod_gets_a_writable_emptydir() -> None:
         assert volume in group["template"]["spec"]["volumes"]
         assert mount in group["template"]["spec"]["containers"][0]["volumeMounts"]
     assert spec_of(made)["spec"] == {"trainer": {"steps": 3, "checkpoint": {"path": "/checkpoints"}}}
+
+
+def test_pods_mount_no_api_token_but_the_drivers_and_every_root_filesystem_is_read_only() -> None:
+    objs = by_kind(builders.all_objects(job(), {}, "t", OPTS))
+    rc, driver = objs["RayCluster"]["spec"], objs["Job"]["spec"]["template"]["spec"]
+    ray_pods = [rc["headGroupSpec"]["template"]["spec"], *(g["template"]["spec"] for g in rc["workerGroupSpecs"])]
+    assert all(p["automountServiceAccountToken"] is False for p in ray_pods)  # user reward code runs there
+    assert driver["automountServiceAccountToken"] is True and driver["serviceAccountName"] == "j-driver"
+    for pod in [*ray_pods, driver]:
+        for c in [*pod["containers"], *pod.get("initContainers", [])]:
+            assert c["securityContext"]["readOnlyRootFilesystem"] is True, c["name"]
+        main = pod["containers"][0]
+        mounts = {m["mountPath"]: m["name"] for m in main["volumeMounts"]}
+        assert mounts["/tmp"] == "tmp" and mounts["/kuberl/cache"] == "cache"  # Ray's /tmp/ray; caches
+        assert {v["name"]: v for v in pod["volumes"]}["tmp"] == {"name": "tmp", "emptyDir": {}}
+        env = {e["name"]: e.get("value") for e in main["env"]}
+        assert env["XDG_CACHE_HOME"].startswith("/kuberl/cache") and env["HF_HOME"] == "/kuberl/cache/huggingface"

@@ -34,6 +34,13 @@ def terminated(code: int, reason: str) -> list[dict[str, Any]]:
      "pod failed (DeletionByPodGC: PodGC: node no longer exists)"),
     (pod("Succeeded", False), "worker exited"),
     ({**pod(), "metadata": {**pod()["metadata"], "deletionTimestamp": "2026-01-01T00:00:00Z"}}, "deleted"),
+    (pod("Unknown", False), "node lost (pod phase Unknown)"),
+    # the node controller's mark on a NotReady node's pods: Ready False with no reason, containers still ready
+    (pod("Running", False, containerStatuses=[{"name": "ray-worker", "ready": True, "state": {"running": {}}}]),
+     "node lost (node NotReady: the node controller marked the pod not ready)"),
+    # the kubelet's own not-ready (a container not ready, with a reason) is not a lost node
+    (pod("Running", True, conditions=[{"type": "Ready", "status": "False", "reason": "ContainersNotReady"}],
+         containerStatuses=[{"name": "ray-worker", "ready": False, "state": {"running": {}}}]), None),
 ])
 def test_pod_failure_modes(body: dict[str, Any], expected: str | None) -> None:
     assert pod_failure(body) == expected
@@ -100,3 +107,13 @@ def test_tracking_round_trips_through_status() -> None:
     tracking = Tracking({"u1": "p1"}, frozenset({"u2"}))
     assert Tracking.from_status(tracking.to_status()) == tracking
     assert tracking.to_status() == {"members": {"u1": "p1"}, "handledUIDs": ["u2"]}
+
+
+def test_with_a_standby_only_the_failed_pod_goes() -> None:
+    start = assess_role([view("a"), view("b"), view("s")], Tracking(), gang=False).tracking
+    first = assess_role([view("a", "container ray-worker exited with code 1"), view("b"), view("s")], start, gang=False)
+    assert first.failures == ("pod a: container ray-worker exited with code 1",) and first.doomed == ("a",)
+    assert first.ready == 2 and first.tracking.members == {"uid-b": "b", "uid-s": "s"}
+    # KubeRay's replacement (the next standby) joins; nothing more is counted.
+    after = assess_role([view("b"), view("s"), view("n")], first.tracking, gang=False)
+    assert after.failures == () and after.ready == 3 and after.doomed == ()

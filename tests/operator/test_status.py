@@ -217,3 +217,48 @@ def test_every_status_field_written_is_declared_in_the_crd() -> None:
     bogus = {"apiVersion": "kuberl.io/v1alpha1", "kind": "RLTrainingJob", "metadata": {"name": "j"}, "spec": spec,
              "status": {**st, "roles": {"actor": {"surprise": 1}}}}
     assert any("surprise" in p for p in schema.problems(bogus))  # nothing undeclared slips through
+
+
+def heads(cluster: str = "rc", failed: str | None = None, name: str = "h0", ready: bool = True) -> tuple[PodView, ...]:
+    return (PodView(name=name, uid=f"u-{name}", role=None, owner=cluster, ready=ready and not failed, failure=failed,
+                    deleting=False),)
+
+
+def test_the_head_failing_restarts_the_whole_cluster_and_no_role_counts_it() -> None:
+    running = run(run({}, Observed("rc", pods(), head=heads())).status, Observed("rc", pods(), head=heads())).status
+    assert running["phase"] == "Running" and running["head"]["ready"] is True
+    decision = run(running, Observed("rc", pods(), head=heads(failed="container ray-head exited with code 1")))
+    st = decision.status
+    assert st["phase"] == "Restarting" and cond(st, "Ready")["reason"] == "RayHeadFailed"
+    assert "whole Ray cluster restarts" in st["message"] and "pod h0" in st["message"]
+    assert st["head"]["restarts"] == 1 and "pod h0" in st["head"]["lastFailure"] and st["restarts"] == 1
+    assert [e.reason for e in decision.events] == ["RayHeadFailed"]
+    assert set(decision.delete_pods) == {"h0", "a0", "c0", "c1", "r0", "w0"}  # every pod of the cluster
+    assert all(r["restarts"] == 0 for r in st["roles"].values())
+    # The workers vanish (deleted by us), the new head is not ready yet: still Restarting, nothing more counted.
+    again = run(st, Observed("rc", (), head=heads(name="h1", ready=False)))
+    assert again.status["phase"] == "Restarting" and again.status["head"]["restarts"] == 1 and again.events == ()
+    assert all(r["restarts"] == 0 for r in again.status["roles"].values())
+    new = tuple(PodView(p.name + "n", p.uid + "n", p.role, p.owner, True, None, False) for p in pods())
+    back = run(again.status, Observed("rc", new, head=heads(name="h1")))
+    assert back.status["phase"] == "Running" and back.status["restarts"] == 1
+
+
+def test_a_head_that_is_not_ready_keeps_the_job_provisioning() -> None:
+    st = run({}, Observed("rc", pods(), head=heads(ready=False))).status
+    assert st["phase"] == "Provisioning" and "the Ray head" in st["message"]
+
+
+def test_a_standby_is_one_more_pod_per_role_and_a_failure_takes_only_the_failed_pod() -> None:
+    spec = job().model_copy(deep=True)
+    spec.spec.resilience.standby = True
+    both = (*pods(), *(PodView(f"s-{r}", f"u-s-{r}", r, "rc", True, None, False) for r in ("actor", "critic", "ref",
+                                                                                         "reward")))
+    running = decide(spec, 1, decide(spec, 1, {}, Observed("rc", both), T0).status, Observed("rc", both), T0).status
+    assert running["phase"] == "Running" and running["roles"]["critic"] == {**running["roles"]["critic"],
+                                                                           "desired": 3, "ready": 3, "standby": 1}
+    failed = tuple(PodView(p.name, p.uid, p.role, p.owner, p.name != "c0", "container ray-worker exited with code 1"
+                           if p.name == "c0" else None, False) for p in both)
+    decision = decide(spec, 1, running, Observed("rc", failed), T1)
+    assert decision.delete_pods == ("c0",) and decision.status["roles"]["critic"]["restarts"] == 1
+    assert "its standby takes the failed pods' place" in decision.events[0].message

@@ -3,9 +3,8 @@ the operator through the chart's ServiceMonitor.
 
 Two sources of operator metrics:
 
-- a real `kuberl operator` against a real control plane: pending. It needs the real-cluster fixture
-  (kube-apiserver + KubeRay + kwok, branch `cluster`, issue 10), which has not landed; the test is
-  written and skips with that reason. An emulated API server would not be an honest substitute.
+- a real `kuberl operator` against the real control plane: tests/cluster/test_operator_scrape.py, beside
+  the real-cluster suite's session fixtures (one control plane per session), with these helpers;
 - the operator's own metrics code (``kuberl_operator.metrics.Metrics``, what `kuberl operator` serves),
   fed by this test with the statuses a reconcile writes for the quickstart (one critic restart) and
   timed reconciles, one in four failing. It checks the operator panels' PromQL and the ServiceMonitor
@@ -14,26 +13,20 @@ Two sources of operator metrics:
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import yaml
 
 from tests.chart.render import NAMESPACE as RELEASE_NAMESPACE
 from tests.chart.render import Helm, one
 
 from .conftest import NAMESPACE, REPO, SCRAPE, Scrape
 from .panels import OPERATOR_TARGETS, STEP_S, by_label, no_data, panel_target, run_query
-from .server import Endpoint, Pod, Prometheus, free_port, http_get, service_monitor_scrape
+from .server import Endpoint, Pod, Prometheus, free_port, service_monitor_scrape
 
-PENDING = ("pending: scraping a real `kuberl operator` needs a real API server, and the real-cluster fixture "
-           "(kube-apiserver + KubeRay + kwok; branch cluster, issue 10) has not landed on main")
 JOB = "quickstart"
 
 
@@ -113,56 +106,6 @@ def test_service_monitor_keeps_the_jobs_labels(registry_scrape: Scrape) -> None:
     assert info[0]["metric"]["namespace"] == RELEASE_NAMESPACE and info[0]["metric"]["service"].endswith("-metrics")
 
 
-# -- a real operator --------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def real_cluster(request: pytest.FixtureRequest):
-    """The real control plane's fixture, once the real-cluster package provides one (a kubeconfig and
-    kubectl that reach a kube-apiserver with KubeRay's CRDs)."""
-    try:
-        return request.getfixturevalue("real_control_plane")
-    except pytest.FixtureLookupError:
-        pytest.skip(PENDING)
-
-
-@pytest.fixture(scope="module")
-def real_operator_scrape(real_cluster, promtool, helm: Helm,
-                         tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scrape]:
-    work = tmp_path_factory.mktemp("prometheus-real-operator")
-    env = {**os.environ, "KUBECONFIG": str(real_cluster.kubeconfig)}
-
-    def kubectl(*args: str, stdin: str | None = None) -> str:
-        proc = subprocess.run([real_cluster.kubectl, *args], input=stdin, capture_output=True, text=True, env=env,
-                              timeout=120)
-        assert proc.returncode == 0, proc.stderr
-        return proc.stdout
-
-    kubectl("apply", "--server-side", "-f", str(REPO / "crds" / "rltrainingjobs.kuberl.io.yaml"))
-    kubectl("wait", "--for=condition=Established", "crd/rltrainingjobs.kuberl.io", "--timeout=60s")
-    kubectl("create", "namespace", NAMESPACE)
-    port = free_port()
-    log = (work / "operator.log").open("w")
-    operator = subprocess.Popen([sys.executable, "-m", "kuberl_operator", "operator", "-n", NAMESPACE,
-                                 "--metrics-port", str(port), "--metrics-address", "127.0.0.1"],
-                                env=env, stdout=log, stderr=subprocess.STDOUT)
-    monitor, endpoint = operator_endpoint(helm, port)
-    prom = Prometheus(work, [service_monitor_scrape(monitor, 0, endpoint)])
-    try:
-        start = time.time()
-        job = yaml.safe_load((REPO / "examples" / "quickstart.yaml").read_text())
-        kubectl("apply", "-n", NAMESPACE, "-f", "-", stdin=yaml.safe_dump(job))
-        prom.wait_for(f'kuberl_operator_job_phase{{namespace="{NAMESPACE}", job="{JOB}"}}', 120,
-                      "the operator's job series")
-        assert http_get(f"http://127.0.0.1:{port}/metrics")
-        yield scrape_for(prom, start, 5.0)
-    finally:
-        operator.terminate()
-        operator.wait(timeout=30)
-        log.close()
-        prom.stop()
-
-
 @pytest.mark.parametrize("target", OPERATOR_TARGETS, ids=str)
-@pytest.mark.parametrize("operator", ["real_operator_scrape", "registry_scrape"])
-def test_operator_panel_returns_data(request: pytest.FixtureRequest, operator: str, target) -> None:
-    scrape = request.getfixturevalue(operator)
-    assert run_query(scrape, target), no_data(scrape, target)
+def test_operator_panel_returns_data(registry_scrape: Scrape, target) -> None:
+    assert run_query(registry_scrape, target), no_data(registry_scrape, target)

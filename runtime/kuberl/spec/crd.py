@@ -43,13 +43,27 @@ STATUS_SCHEMA: dict[str, Any] = {
                 },
             },
         },
+        "head": {
+            "type": "object",
+            "description": "The Ray head pod: its failure restarts the whole Ray cluster (docs/operator.md).",
+            "properties": {
+                "ready": {"type": "boolean"},
+                "restarts": {"type": "integer", "description": "Whole-cluster restarts after the head pod failed."},
+                "lastFailure": {"type": "string"},
+                "members": {"type": "object", "additionalProperties": {"type": "string"},
+                            "description": "Head pods seen alive, uid -> name."},
+                "handledUIDs": {"type": "array", "items": {"type": "string"},
+                                "description": "Head pods whose failure is already counted."},
+            },
+        },
         "roles": {
             "type": "object",
             "description": "Per role: health, restarts, worst GPU link, and the operator's pod bookkeeping.",
             "additionalProperties": {
                 "type": "object",
                 "properties": {
-                    "desired": {"type": "integer"},
+                    "desired": {"type": "integer", "description": "The role's pods (replicas, and its standby)."},
+                    "standby": {"type": "integer", "description": "Standby pods (spec.resilience.standby)."},
                     "ready": {"type": "integer"},
                     "restarts": {"type": "integer", "description": "max(podRestarts, the driver's count)."},
                     "podRestarts": {"type": "integer",
