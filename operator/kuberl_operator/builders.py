@@ -19,6 +19,7 @@ from kuberl.spec.contract import Env, ExitCode
 from kuberl.spec.model import node_resource
 
 from . import names
+from .scheduling import pod_scheduling
 
 DEFAULT_IMAGE = "ghcr.io/kuberl/kuberl-runtime:0.1.0"
 HEAD_RESOURCES = {"cpu": "1", "memory": "4Gi"}
@@ -186,8 +187,7 @@ def worker_group(job: RLTrainingJob, role: str, opts: BuildOptions) -> dict[str,
     if dra:  # each pod gets its own ResourceClaim made from the role's template
         pod_spec["resourceClaims"] = [{"name": names.GPU_CLAIM,
                                        "resourceClaimTemplateName": names.claim_template(name, role)}]
-    if spec.gpus:
-        pod_spec["tolerations"] = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    pod_spec.update(pod_scheduling(spec))
     return {
         "groupName": role,
         "replicas": spec.replicas,

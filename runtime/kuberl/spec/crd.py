@@ -57,6 +57,8 @@ STATUS_SCHEMA: dict[str, Any] = {
                     "lastFailure": {"type": "string"},
                     "worstLink": {"type": "string", "description": "Worst GPU link inside the role's groups "
                                                                   "(NV#, PIX, PXB, PHB, NODE, SYS)."},
+                    "unschedulable": {"type": "string",
+                                      "description": "Why the role's pods wait for a node, in the scheduler's words."},
                     "members": {"type": "object", "additionalProperties": {"type": "string"},
                                 "description": "Pods seen alive, uid -> name (a member that vanishes was deleted)."},
                     "handledUIDs": {"type": "array", "items": {"type": "string"},
