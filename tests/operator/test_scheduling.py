@@ -3,15 +3,19 @@ that no node fits reported in status and Events with the scheduler's reason."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
-from kuberl.spec import validate_manifest
+import yaml
+
+from kuberl.spec import load_manifest, validate_manifest
 from kuberl_operator import builders
 from kuberl_operator.health import PodView, pod_view
 from kuberl_operator.status import Observed, decide
 
 from .schemas import CrdSchema
 
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 OPTS = builders.BuildOptions(namespace="ml", image="runtime:1")
 T1, T2 = "2026-01-01T00:01:00Z", "2026-01-01T00:02:00Z"
 WAIT = "0/6 nodes are available: 6 node(s) didn't match Pod's node affinity/selector."
@@ -55,11 +59,23 @@ def test_each_roles_fields_land_in_its_own_worker_group(validator) -> None:
     # Nothing leaks across roles; a CPU role without fields gets no scheduling keys at all.
     assert "affinity" not in pods["actor"] and "nodeSelector" not in pods["critic"]
     assert pods["critic"]["tolerations"] == [gpu]
-    assert not {"nodeSelector", "tolerations", "affinity", "priorityClassName", "runtimeClassName"} & set(pods["reward"])
+    fields = {"nodeSelector", "tolerations", "affinity", "priorityClassName", "runtimeClassName"}
+    assert not fields & set(pods["reward"])
     # KubeRay's schema accepts the RayCluster; ours accepts the job (the API server prunes nothing).
     job = validate_manifest(manifest(**roles))
     assert validator(builders.ray_cluster(job, OPTS)) == []
     assert validator(manifest(**roles)) == []
+
+
+def test_the_heterogeneous_example_renders_valid_objects(validator) -> None:
+    path = EXAMPLES / "ppo-hetero.yaml"
+    job = load_manifest(path)
+    objs = builders.all_objects(job, yaml.safe_load(path.read_text())["spec"], "token", OPTS)
+    assert [p for o in objs for p in validator(o)] == []
+    pods = {g["groupName"]: g["template"]["spec"] for g in builders.ray_cluster(job, OPTS)["spec"]["workerGroupSpecs"]}
+    assert {r: p.get("nodeSelector", {}).get("nvidia.com/gpu.product") for r, p in pods.items()} == {
+        "actor": "NVIDIA-H100-80GB-HBM3", "critic": "NVIDIA-A100-SXM4-80GB", "ref": "NVIDIA-L4", "reward": None}
+    assert pods["actor"]["priorityClassName"] == "training-high" and "affinity" in pods["reward"]
 
 
 def test_the_crd_refuses_what_the_model_refuses() -> None:
