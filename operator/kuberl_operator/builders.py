@@ -20,6 +20,7 @@ from kuberl.spec.model import node_resource
 
 from . import names
 from .scheduling import pod_scheduling
+from .spec_changes import applied_annotation
 
 DEFAULT_IMAGE = "ghcr.io/kuberl/kuberl-runtime:0.1.0"
 HEAD_RESOURCES = {"cpu": "1", "memory": "4Gi"}
@@ -229,7 +230,8 @@ def ray_cluster(job: RLTrainingJob, opts: BuildOptions) -> dict[str, Any]:
     return {
         "apiVersion": "ray.io/v1",
         "kind": "RayCluster",
-        "metadata": meta(names.cluster(name), opts.namespace, names.labels(name, "ray-cluster")),
+        "metadata": {**meta(names.cluster(name), opts.namespace, names.labels(name, "ray-cluster")),
+                     "annotations": applied_annotation(job)},
         "spec": {
             "headGroupSpec": head_group(job, opts),
             "workerGroupSpecs": [worker_group(job, role, opts) for role in enabled_roles(job.spec)],

@@ -18,6 +18,7 @@ from . import conditions as cond
 from . import names
 from .health import PodView, Tracking, assess_role
 from .progress import DriverOutcome, Progress
+from .spec_changes import pending_changes
 
 PENDING, PROVISIONING, RUNNING, RESTARTING = "Pending", "Provisioning", "Running", "Restarting"
 SUCCEEDED, FAILED, SUSPENDED = "Succeeded", "Failed", "Suspended"
@@ -34,6 +35,7 @@ class Observed:
     pods: Sequence[PodView] = ()
     progress: Progress = field(default_factory=Progress)
     driver: DriverOutcome | None = None
+    applied_spec: Mapping[str, Any] | None = None  # what the live RayCluster was built from (spec_changes)
 
 
 @dataclass(frozen=True)
@@ -180,7 +182,9 @@ def decide(job: RLTrainingJob, generation: int, old: Mapping[str, Any], seen: Ob
         if phase == RUNNING and seen.progress.message:
             message = seen.progress.message
 
-    status = {k: v for k, v in old.items() if k not in ("rayCluster", "rayClusterUID")}
+    status = {k: v for k, v in old.items() if k not in ("rayCluster", "rayClusterUID", "pendingChanges")}
+    if seen.cluster_uid is not None and (pending := pending_changes(seen.applied_spec, job)):
+        status["pendingChanges"] = pending  # until a suspend and resume rebuilds the runtime from the spec
     status.update(phase=phase, message=message, conditions=conds, observedGeneration=generation,
                   roles={r: o.status for r, o in roles.items()},
                   restarts=sum(o.status["restarts"] for o in roles.values()))

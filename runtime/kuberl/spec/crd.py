@@ -28,6 +28,9 @@ STATUS_SCHEMA: dict[str, Any] = {
                           "description": "UID of the live RayCluster: pods of another cluster never count."},
         "observedGeneration": {"type": "integer"},
         "message": {"type": "string"},
+        "pendingChanges": {"type": "array", "items": {"type": "string"},
+                           "description": "Spec fields changed since the running RayCluster and driver were made: "
+                                          "applied by a suspend and resume."},
         "conditions": {
             "type": "array",
             "items": {
