@@ -183,7 +183,7 @@ def decide(job: RLTrainingJob, generation: int, old: Mapping[str, Any], seen: Ob
             message = seen.progress.message
 
     status = {k: v for k, v in old.items() if k not in ("rayCluster", "rayClusterUID", "pendingChanges")}
-    if seen.cluster_uid is not None and (pending := pending_changes(seen.applied_spec, job)):
+    if seen.cluster_uid is not None and not job.spec.suspend and (pending := pending_changes(seen.applied_spec, job)):
         status["pendingChanges"] = pending  # until a suspend and resume rebuilds the runtime from the spec
     status.update(phase=phase, message=message, conditions=conds, observedGeneration=generation,
                   roles={r: o.status for r, o in roles.items()},

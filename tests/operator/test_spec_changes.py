@@ -44,3 +44,5 @@ def test_status_lists_pending_changes_until_the_runtime_has_them(validator) -> N
     rebuilt = applied_spec(builders.ray_cluster(changed, OPTS))
     assert "pendingChanges" not in decide(changed, 2, st, Observed("rc", pods, applied_spec=rebuilt), T1).status
     assert "pendingChanges" not in decide(changed, 2, st, Observed(None), T1).status  # no runtime: nothing pending
+    suspended = job(trainer={"microBatchSize": 1, "steps": 99}, suspend=True)  # its cluster is still going
+    assert "pendingChanges" not in decide(suspended, 3, st, Observed("rc", pods, applied_spec=built), T1).status
