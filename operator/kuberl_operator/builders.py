@@ -19,6 +19,8 @@ from kuberl.spec.contract import Env, ExitCode
 from kuberl.spec.model import node_resource
 
 from . import names
+from .scheduling import pod_scheduling
+from .spec_changes import applied_annotation
 
 DEFAULT_IMAGE = "ghcr.io/kuberl/kuberl-runtime:0.1.0"
 HEAD_RESOURCES = {"cpu": "1", "memory": "4Gi"}
@@ -208,8 +210,7 @@ def worker_group(job: RLTrainingJob, role: str, opts: BuildOptions) -> dict[str,
     if dra:  # each pod gets its own ResourceClaim made from the role's template
         pod_spec["resourceClaims"] = [{"name": names.GPU_CLAIM,
                                        "resourceClaimTemplateName": names.claim_template(name, role)}]
-    if spec.gpus:
-        pod_spec["tolerations"] = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    pod_spec.update(pod_scheduling(spec))
     pods = group_size(job, role)
     return {
         "groupName": role,
@@ -256,7 +257,8 @@ def ray_cluster(job: RLTrainingJob, opts: BuildOptions) -> dict[str, Any]:
     return {
         "apiVersion": "ray.io/v1",
         "kind": "RayCluster",
-        "metadata": meta(names.cluster(name), opts.namespace, names.labels(name, "ray-cluster")),
+        "metadata": {**meta(names.cluster(name), opts.namespace, names.labels(name, "ray-cluster")),
+                     "annotations": applied_annotation(job)},
         "spec": {
             "headGroupSpec": head_group(job, opts),
             "workerGroupSpecs": [worker_group(job, role, opts) for role in enabled_roles(job.spec)],

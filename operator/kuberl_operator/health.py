@@ -27,6 +27,7 @@ class PodView:
     ready: bool
     failure: str | None  # why the pod counts as failed, or None
     deleting: bool
+    unschedulable: str | None = None  # the scheduler's reason, while the pod waits for a node
 
 
 def terminated_failure(statuses: Sequence[Mapping[str, Any]]) -> str | None:
@@ -78,6 +79,18 @@ def node_lost(status: Mapping[str, Any]) -> str | None:
     return None
 
 
+def unschedulable(pod: Mapping[str, Any]) -> str | None:
+    """The scheduler's message while no node fits the pod: its PodScheduled condition False, reason
+    Unschedulable (e.g. "0/6 nodes are available: 6 node(s) didn't match Pod's node affinity/selector.")."""
+    status = pod.get("status") or {}
+    if status.get("phase") not in (None, "Pending"):
+        return None
+    cond = next((c for c in status.get("conditions", []) if c.get("type") == "PodScheduled"), None)
+    if cond is None or cond.get("status") != "False" or cond.get("reason") != "Unschedulable":
+        return None
+    return cond.get("message") or "Unschedulable"
+
+
 def pod_ready(pod: Mapping[str, Any]) -> bool:
     status = pod.get("status") or {}
     ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions", []))
@@ -95,6 +108,7 @@ def pod_view(pod: Mapping[str, Any]) -> PodView:
         ready=pod_ready(pod),
         failure=pod_failure(pod),
         deleting=bool(meta.get("deletionTimestamp")),
+        unschedulable=unschedulable(pod),
     )
 
 

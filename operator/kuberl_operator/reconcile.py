@@ -43,6 +43,7 @@ from .kube import (
 )
 from .metrics import Metrics
 from .progress import Progress
+from .spec_changes import applied_spec
 from .status import PLACEMENT_DEGRADED, Observed, decide, infeasible_status, invalid_spec_status, merge_diff
 
 log = logging.getLogger(__name__)
@@ -80,10 +81,12 @@ class Indices:
     def of(cls, kwargs: Mapping[str, Any]) -> Indices:
         return cls(kwargs["worker_pods"], kwargs["progress_reports"], kwargs["driver_jobs"], kwargs["head_pods"])
 
-    def observed(self, namespace: str, name: str, cluster_uid: str | None) -> Observed:
+    def observed(self, namespace: str, name: str, cluster_uid: str | None,
+                 applied: Mapping[str, Any] | None = None) -> Observed:
         key = (namespace, name)
         return Observed(
             cluster_uid=cluster_uid,
+            applied_spec=applied,
             pods=tuple(self.pods.get(key, ())),
             progress=next(iter(self.progress.get(key, ())), Progress()),
             driver=next(iter(self.drivers.get(key, ())), None),
@@ -290,8 +293,8 @@ async def reconcile_once(ctx: Context, namespace: str, name: str, indices: Indic
         return True  # the spec handler reports it
     if placement.static_problems(job, ctx.config.max_gpus_per_node):
         return True  # likewise
-    decision = decide(job, body["metadata"].get("generation", 1), old, indices.observed(namespace, name, cluster_uid),
-                      now())
+    seen = indices.observed(namespace, name, cluster_uid, applied_spec(cluster) if live else None)
+    decision = decide(job, body["metadata"].get("generation", 1), old, seen, now())
     patch = merge_diff(old, decision.status)
     if patch is not None:
         precondition = {"resourceVersion": body["metadata"]["resourceVersion"]}

@@ -18,11 +18,13 @@ from . import conditions as cond
 from . import names
 from .health import PodView, Tracking, assess_role
 from .progress import DriverOutcome, Progress
+from .spec_changes import pending_changes
 
 PENDING, PROVISIONING, RUNNING, RESTARTING = "Pending", "Provisioning", "Running", "Restarting"
 SUCCEEDED, FAILED, SUSPENDED = "Succeeded", "Failed", "Suspended"
 ROLE_RESTARTING = "RoleRestarting"
 HEAD_FAILED = "RayHeadFailed"  # the Ray head pod failed: the whole Ray cluster restarts
+UNSCHEDULABLE = "RoleUnschedulable"  # no node satisfies a role's constraints (the scheduler says why)
 PLACEMENT_DEGRADED = Reason.PLACEMENT_DEGRADED.value  # the driver refused GPUs linked below spec.placement.minLink
 
 
@@ -35,6 +37,7 @@ class Observed:
     progress: Progress = field(default_factory=Progress)
     driver: DriverOutcome | None = None
     head: Sequence[PodView] = ()  # the Ray head pod (more than one while KubeRay replaces it)
+    applied_spec: Mapping[str, Any] | None = None  # what the live RayCluster was built from (spec_changes)
 
 
 @dataclass(frozen=True)
@@ -92,6 +95,7 @@ def role_outcome(role: str, job: RLTrainingJob, old: Mapping[str, Any], seen: Ob
         "podRestarts": pod_restarts,
         **({"lastFailure": last_failure} if last_failure else {}),
         **({"worstLink": link} if (link := seen.progress.link_of(role)) else {}),
+        **({"unschedulable": waits} if (waits := waiting_for_node(pods)) else {}),
         **tracking.to_status(),
     }
     return RoleOutcome(status, failures, doomed)
@@ -125,6 +129,13 @@ def head_outcome(old: Mapping[str, Any], seen: Observed, accounting: bool, now: 
     status = {"ready": ready, "restarts": restarts, **({"lastFailure": last_failure} if last_failure else {}),
               **tracking.to_status()}
     return HeadOutcome(status, failures, doomed, bool(pods), ready)
+def waiting_for_node(pods: Sequence[PodView]) -> str | None:
+    """Why a role's pods wait for a node, in the scheduler's words ("1 pod unschedulable: 0/6 nodes are
+    available: ..."), the message of the first such pod by name; None when none waits."""
+    stuck = sorted((p.name, p.unschedulable) for p in pods if p.unschedulable and not p.deleting)
+    if not stuck:
+        return None
+    return f"{len(stuck)} pod{'s' if len(stuck) > 1 else ''} unschedulable: {stuck[0][1]}"
 
 
 def verdict(job: RLTrainingJob, roles: Mapping[str, RoleOutcome], seen: Observed) -> tuple[str, str, str] | None:
@@ -169,6 +180,10 @@ def active_phase(job: RLTrainingJob, roles: Mapping[str, RoleOutcome], seen: Obs
         return RESTARTING, ROLE_RESTARTING, f"restarting {', '.join(restarting)}"
     if waiting and ready is not None and ready.get("reason") == ROLE_RESTARTING:
         return RESTARTING, ROLE_RESTARTING, ready["message"]  # until the restarted role is ready again
+    stuck = [f"role {r} waits for a node: {o.status['unschedulable']}" for r, o in roles.items()
+             if o.status.get("unschedulable")]
+    if stuck:
+        return PROVISIONING, UNSCHEDULABLE, "; ".join(stuck)
     if waiting:
         return PROVISIONING, "RolesNotReady", f"waiting for pods: {', '.join(waiting)}"
     return RUNNING, "AllRolesReady", f"all {len(roles)} roles ready"
@@ -195,6 +210,10 @@ def decide(job: RLTrainingJob, generation: int, old: Mapping[str, Any], seen: Ob
                     f"role {r}: {'; '.join(o.failures)}; {action} "
                     f"(restart {o.status['restarts']} of at most {job.spec.roles.get(r).max_restarts})")
               for r, o in roles.items() if o.failures]
+    events += [Event("Warning", UNSCHEDULABLE, f"role {r} waits for a node: {why}")
+               for r, o in roles.items()
+               if (why := o.status.get("unschedulable")) and why != ((old.get("roles") or {}).get(r) or {}).get(
+                   "unschedulable")]
     ended = verdict(job, roles, seen)
     if ended is not None:
         phase, reason, message = ended
@@ -217,7 +236,9 @@ def decide(job: RLTrainingJob, generation: int, old: Mapping[str, Any], seen: Ob
         if phase == RUNNING and seen.progress.message:
             message = seen.progress.message
 
-    status = {k: v for k, v in old.items() if k not in ("rayCluster", "rayClusterUID")}
+    status = {k: v for k, v in old.items() if k not in ("rayCluster", "rayClusterUID", "pendingChanges")}
+    if seen.cluster_uid is not None and not job.spec.suspend and (pending := pending_changes(seen.applied_spec, job)):
+        status["pendingChanges"] = pending  # until a suspend and resume rebuilds the runtime from the spec
     status.update(phase=phase, message=message, conditions=conds, observedGeneration=generation,
                   roles={r: o.status for r, o in roles.items()}, head=head.status,
                   restarts=sum(o.status["restarts"] for o in roles.values()) + head.status["restarts"])

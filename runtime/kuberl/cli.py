@@ -120,6 +120,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output")
     p.set_defaults(func=cmd_crd)
     add_run_parser(sub)
+    from .elastic import add_scale_parser
+
+    add_scale_parser(sub)
     for register in _plugins():
         register(sub)
     return parser

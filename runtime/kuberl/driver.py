@@ -20,14 +20,14 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from . import algos, checkpoint
+from . import algos, checkpoint, elastic
 from .batch import Batch
 from .evaluation import Evaluator, common_ranks
 from .groups import WorkerGroup, world_size
 from .library import STATEFUL, Fault, JobFailed, PlacementDegraded, Prompts, RoleHistory, Roles
 from .metrics import MetricsSink, mfu
 from .record import RoleStep, StepRecord
-from .spec import JobSpec
+from .spec import JobSpec, SpecInvalid
 from .tasks import META_KEYS
 from .tracking import make_trackers
 
@@ -161,6 +161,28 @@ class Driver:
         rec.step_s = time.perf_counter() - t_step
         return rec
 
+    def apply_scale_requests(self) -> None:
+        """Between two steps: resize the frozen roles `kuberl scale` asked for (kuberl.elastic). A request
+        that breaks a rule is refused with one line naming it; the job goes on as it was."""
+        for role, replicas in elastic.take_requests(self.out).items():
+            problem = elastic.request_problem(role, replicas)
+            if problem is None and role not in self.groups:
+                problem = f"role {role} does not run in this job"
+            spec = None
+            try:
+                spec = elastic.rescaled(self.spec, role, replicas) if problem is None else None
+            except SpecInvalid as exc:
+                problem = "; ".join(str(e) for e in exc.errors)
+            if spec is None:
+                print(f"[{self.name}] scale refused: {problem}", flush=True)
+                continue
+            before = self.roles.rescale(spec, role)
+            self.spec = spec
+            ranks = common_ranks([world_size(spec, r) for r in ("actor", "reward")])
+            self.evaluator = Evaluator.for_spec(spec, self.prompts.tokenizer, ranks)
+            print(f"[{self.name}] scaled {role} from {before} to {self.roles.groups[role].world_size} ranks "
+                  f"after step {self.step}; other roles untouched", flush=True)
+
     def compute_advantages(self, batch: Batch) -> dict[str, float]:
         """Pure tensor work on the driver: KL, token rewards, then the spec's advantage estimator."""
         algo, mask = self.spec.algorithm, batch["response_mask"]
@@ -224,6 +246,7 @@ class Driver:
         records = []
         try:
             while self.step < tr.steps:
+                self.apply_scale_requests()
                 rec = self.train_step()
                 sink.log(rec)  # before the checkpoint: a resume truncates records past its step
                 if self.step % tr.checkpoint.interval == 0 or self.step == tr.steps:

@@ -115,6 +115,10 @@ class WorkerGroup(ABC):
     def identities(self) -> list[dict[str, Any]]:
         return self.call(Worker.identity)
 
+    def resize(self, spec: JobSpec) -> None:
+        """Take ``spec`` (the role's replicas changed) for the next start: its world size follows."""
+        self.spec, self.world_size = spec, world_size(spec, self.role)
+
 
 class LocalWorkerGroup(WorkerGroup):
     """One in-process worker (world size 1), no Ray: the GPU benchmark path. Faults are not supported;
@@ -158,6 +162,9 @@ class LocalWorkerGroup(WorkerGroup):
 
     def shutdown(self) -> None:
         self.worker = None
+
+    def resize(self, spec: JobSpec) -> None:
+        raise ValueError("the in-process backend runs one worker per role: resizing a role needs --backend ray")
 
 
 class RayWorkerGroup(WorkerGroup):

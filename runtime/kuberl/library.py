@@ -254,6 +254,18 @@ class Roles:
             hook(rec)
         return rec
 
+    def rescale(self, spec: JobSpec, role: str) -> int:
+        """Between two steps: recreate only ``role``'s group at its size in ``spec`` (a frozen role: it
+        loads the model path, so nothing is lost). Other roles' workers are untouched. Returns the old
+        world size."""
+        group, before = self.groups[role], self.groups[role].world_size
+        group.shutdown()
+        group.resize(spec)
+        self.spec = spec
+        group.start()
+        self.check_placement([role])
+        return before
+
     def _restore(self, role: str) -> str:
         """Load the role's last checkpoint when its new ranks can see it (shared storage); else the role
         starts again from the model path. Returns where the state came from."""

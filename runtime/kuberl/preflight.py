@@ -141,3 +141,17 @@ def warn_unknown_characters(spec: JobSpec, rows: list[dict[str, Any]]) -> None:
             f"({shown}{more}); they become <unk> (it covers printable ASCII, newline and tab)",
             file=sys.stderr,
         )
+
+
+def ignored_placement(spec: JobSpec) -> str | None:
+    """The one warning of a run on this machine for the roles' Kubernetes scheduling fields (nodeSelector,
+    gpuProduct, tolerations, affinity, priorityClassName, runtimeClassName): they choose nodes, and here
+    there is one, so they are ignored and the manifest runs as it is. None when no role sets any."""
+    from .spec import enabled_roles
+
+    used = [f"spec.{spec.roles.path(r)} ({', '.join(fields)})" for r in enabled_roles(spec)
+            if (fields := spec.roles.get(r).constrained())]
+    if not used:
+        return None
+    return (f"warning: {'; '.join(used)}: Kubernetes scheduling fields, ignored on this machine (they apply when "
+            f"the operator runs the job)")

@@ -198,7 +198,7 @@ def prepare(args: argparse.Namespace) -> tuple[RLTrainingJob | None, Path]:
     """Validate the job, its data, reward and model, and its output folder; write the job record.
     Returns (None, out) when the job is already finished (said so on stdout)."""
     from . import checkpoint, identity
-    from .preflight import check_job, warn_unknown_characters
+    from .preflight import check_job, ignored_placement, warn_unknown_characters
 
     job = apply_overrides(load_manifest(args.job, args.set), args.steps, args.fault, args.metrics_port,
                           args.metrics_address)
@@ -219,6 +219,8 @@ def prepare(args: argparse.Namespace) -> tuple[RLTrainingJob | None, Path]:
               f"(to train further raise trainer.steps, e.g. --steps {done + total}; to start over pass --restart)")
         return None, out
     warn_unknown_characters(job.spec, rows)
+    if not args.ray_address and (ignored := ignored_placement(job.spec)):
+        print(ignored, file=sys.stderr)  # on Kubernetes (the driver joins the job's RayCluster) they apply
     if done:
         print(f"[{name}] resuming from step {done} ({checkpoint.step_dir(root, done)})", flush=True)
     mine.write(root)

@@ -42,7 +42,7 @@ def edited(name: str, path: tuple[str, ...], value: Any) -> dict[str, Any]:
     [
         (("spec", "trainer", "stepz"), 10, ['unknown field "spec.trainer.stepz"']),
         (("spec", "trainer", "steps"), "ten", ["spec.trainer.steps", "integer"]),
-        (("spec", "roles", "actor", "replicas"), 0, ["spec.roles.actor.replicas", "greater than or equal to 1"]),
+        (("spec", "roles", "actor", "replicas"), -1, ["spec.roles.actor.replicas", "greater than or equal to 0"]),
         (("spec", "algorithm"), {"name": "dpo"}, ["spec.algorithm.name", "Unsupported value"]),
     ],
     ids=["misspelt-field", "wrong-type", "out-of-range", "unknown-enum"],

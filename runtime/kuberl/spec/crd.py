@@ -28,6 +28,9 @@ STATUS_SCHEMA: dict[str, Any] = {
                           "description": "UID of the live RayCluster: pods of another cluster never count."},
         "observedGeneration": {"type": "integer"},
         "message": {"type": "string"},
+        "pendingChanges": {"type": "array", "items": {"type": "string"},
+                           "description": "Spec fields changed since the running RayCluster and driver were made: "
+                                          "applied by a suspend and resume."},
         "conditions": {
             "type": "array",
             "items": {
@@ -71,6 +74,8 @@ STATUS_SCHEMA: dict[str, Any] = {
                     "lastFailure": {"type": "string"},
                     "worstLink": {"type": "string", "description": "Worst GPU link inside the role's groups "
                                                                   "(NV#, PIX, PXB, PHB, NODE, SYS)."},
+                    "unschedulable": {"type": "string",
+                                      "description": "Why the role's pods wait for a node, in the scheduler's words."},
                     "members": {"type": "object", "additionalProperties": {"type": "string"},
                                 "description": "Pods seen alive, uid -> name (a member that vanishes was deleted)."},
                     "handledUIDs": {"type": "array", "items": {"type": "string"},

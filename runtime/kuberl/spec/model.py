@@ -11,9 +11,10 @@ import re
 from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
-from pydantic.alias_generators import to_camel
 
+from .base import DNS_SUBDOMAIN, Section
 from .quantity import INT64_MAX, Quantity, parse_quantity
+from .scheduling import GPU_PRODUCT_LABEL, Scheduling
 
 GROUP = "kuberl.io"
 VERSION = "v1alpha1"
@@ -51,7 +52,6 @@ POLICY_LOSS_NAMES: tuple[str, ...] = ("clip", "reinforce")
 KL_ESTIMATOR_NAMES: tuple[str, ...] = ("k1", "k3")
 REWARD_FUNCTION_NAMES: tuple[str, ...] = ("repeat-letter", "gsm8k")
 IMPORT_PATH = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*$")
-DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
 
 
 def named_or_path(names: tuple[str, ...], what: str = "function"):
@@ -70,12 +70,6 @@ def name_or_path_schema(names: tuple[str, ...]) -> dict:
     """The CRD's pattern for such a field (the API server refuses anything else)."""
     alternatives = "|".join(re.escape(n) for n in names)
     return {"pattern": f"^({alternatives}|{IMPORT_PATH.pattern[1:-1]})$"}
-
-
-class Section(BaseModel):
-    """Base for every spec section: camelCase aliases, unknown fields rejected."""
-
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
 
 
 class ModelSource(Section):
@@ -330,9 +324,12 @@ class Resources(Section):
         return float(parse_quantity(self.cpu))
 
 
-class RoleSpec(Section):
+class RoleSpec(Scheduling):
+    """One role: its size and resources, and (on Kubernetes) where its pods may run (Scheduling)."""
+
     enabled: bool = Field(True, description="Run this role (critic is always off for GRPO).")
-    replicas: int = Field(1, ge=1, description="Data-parallel replicas (Ray actors / pods).")
+    replicas: int = Field(1, ge=0, description="Data-parallel replicas (Ray actors / pods); 0 = the role does not "
+                                               "run (ref and extra roles only).")
     gpus: int = Field(0, ge=0, description="GPUs per replica (0 = CPU).")
     resources: Resources = Field(default_factory=Resources)
     max_restarts: int = Field(3, ge=0, description="Restarts of this role before the job fails.")
@@ -487,10 +484,10 @@ class CrossFieldError(ValueError):
 
 def enabled_roles(spec: JobSpec) -> list[str]:
     """Roles that run for this spec, built-in ones first, then extra ones: the critic runs for ppo only;
-    a role can be disabled with `enabled: false` (actor and reward cannot be)."""
+    a role can be disabled with `enabled: false` or `replicas: 0` (actor and reward cannot be)."""
     roles = []
     for role in (*ROLES, *spec.roles.extra):
-        if not spec.roles.get(role).enabled:
+        if not spec.roles.get(role).enabled or spec.roles.get(role).replicas == 0:
             continue
         if role == "critic" and spec.algorithm.name != "ppo":
             continue
@@ -516,8 +513,12 @@ def cross_field_problems(spec: JobSpec) -> list[tuple[str, str, str]]:
         out.append(("rollout.tensorParallelSize", "must be 1 when the actor has no GPUs",
                     "set spec.rollout.tensorParallelSize to 1 or give spec.roles.actor.gpus"))
     elif actor_gpus > 0 and actor_gpus % roll.tensor_parallel_size:
-        out.append(("rollout.tensorParallelSize", f"must divide spec.roles.actor.gpus ({actor_gpus})",
-                    f"set spec.rollout.tensorParallelSize to a divisor of {actor_gpus}"))
+        out.append(("rollout.tensorParallelSize",
+                    f"must divide spec.roles.actor.gpus ({actor_gpus}): a tensor-parallel group is the GPUs of one "
+                    f"replica, so the {roles.actor.replicas} replicas x {actor_gpus} GPUs do not split into groups "
+                    f"of {roll.tensor_parallel_size}",
+                    f"set spec.rollout.tensorParallelSize to a divisor of {actor_gpus}, or spec.roles.actor.gpus "
+                    f"to a multiple of {roll.tensor_parallel_size}"))
     ev = spec.data.eval
     if ev is not None and not (ev.task or ev.files or spec.data.task):
         out.append(("data.eval", "has no prompts: a built-in held-out split exists only for a built-in spec.data.task",
@@ -556,6 +557,7 @@ def cross_field_problems(spec: JobSpec) -> list[tuple[str, str, str]]:
     elif algo.name == "ppo" and estimator in ADVANTAGE_ESTIMATOR_NAMES and estimator != "gae":
         out.append(("algorithm.advantageEstimator", f"{estimator} uses no critic, but algorithm ppo trains one",
                     f"use algorithm.name reinforce or grpo with advantageEstimator {estimator}, or gae"))
+    out += needed_role_problems(spec)
     if spec.algorithm.name == "ppo" and not roles.critic.enabled:
         out.append(("roles.critic.enabled", "ppo needs a critic",
                     "set spec.roles.critic.enabled to true or use algorithm grpo"))
@@ -578,4 +580,27 @@ def cross_field_problems(spec: JobSpec) -> list[tuple[str, str, str]]:
         if fault.role not in enabled_roles(spec):
             out.append((f"resilience.faults[{i}].role", f"role {fault.role} is not running in this job",
                         f"pick one of {', '.join(enabled_roles(spec))}"))
+    return out
+
+
+def needed_role_problems(spec: JobSpec) -> list[tuple[str, str, str]]:
+    """Per-role rules: a role the algorithm needs scaled to 0; a GPU model asked of a role without GPUs."""
+    out: list[tuple[str, str, str]] = []
+    needed = {"actor": "every algorithm", "reward": "every algorithm"}
+    if spec.algorithm.name == "ppo":
+        needed["critic"] = "ppo (GAE)"
+    roles = spec.roles
+    for role, who in needed.items():
+        if roles.get(role).replicas == 0:
+            out.append((f"roles.{role}.replicas", f"is 0, but {who} needs the {role}",
+                        f"set spec.roles.{role}.replicas to 1 or more"))
+    for role in (*ROLES, *roles.extra):
+        rs, at = roles.get(role), roles.path(role)
+        if rs.gpu_product and rs.gpus == 0:
+            out.append((f"{at}.gpuProduct", f"selects a GPU model ({rs.gpu_product}) but the role has no GPUs",
+                        f"set spec.{at}.gpus to 1 or more, or remove gpuProduct"))
+        product = rs.node_selector.get(GPU_PRODUCT_LABEL)
+        if rs.gpu_product and product is not None and product != rs.gpu_product:
+            out.append((f"{at}.gpuProduct", f"is {rs.gpu_product} but nodeSelector {GPU_PRODUCT_LABEL} is {product}",
+                        f"give the GPU model once: gpuProduct, or nodeSelector {GPU_PRODUCT_LABEL}"))
     return out

@@ -1,0 +1,89 @@
+"""Elastic frozen roles: `ref` and `reward` grow or shrink between two steps of a running local job.
+
+`kuberl scale JOB ROLE N` leaves a request in the job's output folder (``<out>/scale/<role>``, the
+replica count as text); the driver takes it before its next step, checks the rescaled spec against
+every rule of the spec model, and recreates only that role's WorkerGroup at the new size. A frozen
+role holds no trained state (it loads the model path), so nothing is lost; every other role's
+workers (Ray actors) stay as they are, and the data-parallel split follows the new world size.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from .spec import JobSpec, validate_manifest
+
+ELASTIC = ("ref", "reward")  # roles without trained state: resized live
+REQUESTS = "scale"
+
+
+def request_dir(out: Path) -> Path:
+    return out / REQUESTS
+
+
+def write_request(out: Path, role: str, replicas: int) -> Path:
+    """Ask the job writing to ``out`` to run ``replicas`` of ``role`` (atomic: a rename)."""
+    folder = request_dir(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / f".{role}.tmp"
+    tmp.write_text(f"{replicas}\n")
+    os.replace(tmp, folder / role)
+    return folder / role
+
+
+def take_requests(out: Path) -> dict[str, int]:
+    """The pending requests, role -> replicas, removed as they are read (the newest per role wins)."""
+    folder, found = request_dir(out), {}
+    if not folder.is_dir():
+        return found
+    for path in sorted(folder.iterdir()):
+        if path.name.startswith("."):
+            continue
+        text = path.read_text().strip()
+        path.unlink()
+        found[path.name] = int(text) if text.isdigit() else -1
+    return found
+
+
+def request_problem(role: str, replicas: int) -> str | None:
+    """Why a request cannot be applied live, before looking at the spec; None when it can."""
+    if role not in ELASTIC:
+        return (f"role {role} cannot be resized live (only {', '.join(ELASTIC)}, which hold no trained state); "
+                f"to change spec.roles.{role}.replicas stop the job, edit the manifest and run it again (it resumes)")
+    if replicas < 1:
+        return f"{role}: replicas must be a whole number >= 1 (the algorithm needs the {role})"
+    return None
+
+
+def rescaled(spec: JobSpec, role: str, replicas: int) -> JobSpec:
+    """``spec`` with ``spec.roles.<role>.replicas`` set, validated by every rule (SpecInvalid if broken)."""
+    raw = spec.model_dump(by_alias=True, exclude_none=True)
+    raw["roles"][role]["replicas"] = replicas
+    return validate_manifest({"apiVersion": "kuberl.io/v1alpha1", "kind": "RLTrainingJob", "spec": raw}).spec
+
+
+def cmd_scale(args) -> int:
+    """`kuberl scale JOB ROLE N`: ask the local run of JOB to resize ROLE before its next step."""
+    import sys
+
+    out = Path(args.out or f"runs/{args.job}")
+    problem = request_problem(args.role, args.replicas)
+    if problem is None and not out.is_dir():
+        problem = f"no run of job {args.job} in {out}: pass the run's --out folder with --out"
+    if problem is not None:
+        print(f"error: {problem}", file=sys.stderr)
+        return 1
+    write_request(out, args.role, args.replicas)
+    print(f"requested {args.role} at {args.replicas} replicas: the run in {out} applies it before its next step "
+          f"(its log says 'scaled {args.role}', or why it refused)")
+    return 0
+
+
+def add_scale_parser(sub) -> None:
+    p = sub.add_parser("scale", help="resize ref or reward of a running local job between two steps")
+    p.add_argument("job", help="the job's metadata.name (its run folder is runs/<job> unless --out)")
+    p.add_argument("role", help="ref or reward")
+    p.add_argument("replicas", type=int, help="the new spec.roles.<role>.replicas")
+    p.add_argument("--out", help="the run's output folder, as given to `kuberl run --out`")
+    p.set_defaults(func=cmd_scale)

@@ -1,0 +1,66 @@
+"""Elastic frozen roles on a real local Ray: ref and reward grow and shrink between two steps; the other
+roles' Ray actors stay the same, the data-parallel split follows, and a bad request changes nothing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from kuberl.driver import Driver
+from kuberl.elastic import take_requests, write_request
+from kuberl.groups import RayWorkerGroup
+from kuberl.metrics import read_jsonl
+
+from .test_faults import identities, spec_for
+from .test_userpath import kuberl
+
+
+def test_ref_and_reward_are_resized_between_steps_and_nothing_else_moves(ray_session, tmp_path: Path, capsys) -> None:
+    spec = spec_for(**{"trainer.steps": 5})
+    seen: dict[int, dict] = {}
+    sizes: dict[int, dict[str, int]] = {}
+
+    def on_step(rec) -> None:
+        seen[rec.step] = identities(driver)
+        sizes[rec.step] = {r: g.world_size for r, g in driver.groups.items()}
+        if rec.step == 1:
+            write_request(tmp_path, "ref", 2)  # grow
+            write_request(tmp_path, "actor", 2)  # not live: refused
+        if rec.step == 3:
+            write_request(tmp_path, "ref", 1)  # shrink
+            write_request(tmp_path, "reward", 2)  # grow another
+        if rec.step == 4:
+            write_request(tmp_path, "reward", 3)  # 3 ranks do not split the 32 samples of a step: refused
+
+    driver = Driver(spec, "elastic", tmp_path, lambda r: RayWorkerGroup(r, spec, timeout_s=120), progress=False,
+                    on_step=on_step)
+    driver.start()
+    try:
+        start = identities(driver)
+        driver.run()
+    finally:
+        driver.shutdown()
+    assert [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == [1, 2, 3, 4, 5]
+    assert [sizes[s]["ref"] for s in range(1, 6)] == [1, 2, 2, 1, 1]
+    assert [sizes[s]["reward"] for s in range(1, 6)] == [1, 1, 1, 2, 2]
+    assert all(sizes[s]["actor"] == sizes[s]["critic"] == 1 for s in sizes)
+    # The actor and critic kept the very same Ray actors (and processes) the whole run.
+    for role in ("actor", "critic"):
+        assert all(seen[s][role] == start[role] for s in seen), role
+    assert seen[2]["reward"] == start["reward"] and seen[4]["ref"] != seen[2]["ref"]  # only the resized role moved
+    assert len(set(seen[2]["ref"]) | set(start["ref"])) == 3  # two fresh ranks replaced the one
+    assert driver.spec.roles.ref.replicas == 1 and driver.spec.roles.reward.replicas == 2
+    out = capsys.readouterr().out
+    assert "[elastic] scaled ref from 1 to 2 ranks after step 1; other roles untouched" in out
+    assert "[elastic] scale refused: role actor cannot be resized live" in out
+    assert "[elastic] scale refused: spec.roles.reward.replicas: spec.roles.reward.replicas (3) must divide" in out
+    assert take_requests(tmp_path) == {}  # every request was taken
+
+
+def test_kuberl_scale_names_what_it_cannot_do(tmp_path: Path) -> None:
+    refused = kuberl("scale", "j", "critic", "2", "--out", str(tmp_path))
+    assert refused.returncode == 1 and refused.stderr.startswith("error: role critic cannot be resized live")
+    missing = kuberl("scale", "nosuchjob", "ref", "2", cwd=tmp_path)
+    assert missing.returncode == 1 and "no run of job nosuchjob in runs/nosuchjob" in missing.stderr
+    ok = kuberl("scale", "j", "ref", "3", "--out", str(tmp_path))
+    assert ok.returncode == 0 and "requested ref at 3 replicas" in ok.stdout
+    assert take_requests(tmp_path) == {"ref": 3}
