@@ -138,6 +138,9 @@ class RoleProxy:
     save = remote(Worker.save)
     load = remote(Worker.load)
     has_checkpoint = remote_all(Worker.has_checkpoint)
+    enable_snapshots = remote_all(Worker.enable_snapshots)
+    newest_snapshot = remote_all(Worker.newest_snapshot)
+    commit_saves = remote_all(Worker.commit_saves)
 
     def __init__(self, group: WorkerGroup, supervisor: Supervisor | None = None):
         self.group, self.supervisor = group, supervisor

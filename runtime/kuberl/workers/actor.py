@@ -103,6 +103,6 @@ class ActorWorker(Worker):
         stats["actor_grad_norm"] = stats.pop("grad_norm")
         return stats
 
-    def load(self, path: str) -> None:
-        super().load(path)
+    def load(self, path: str, step: int) -> None:
+        super().load(path, step)
         self.sync_weights()

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from .. import dist as kdist
+from .. import saves
 from ..batch import Batch
 from ..dispatch import Dispatch, method_info, register
 from ..kernels import KernelOptions
@@ -108,23 +109,42 @@ class Worker:
     def setup(self) -> None:
         raise NotImplementedError
 
-    @register(Dispatch.ONE, faults=False)
-    def save(self, path: str) -> None:
-        """Checkpoint trainable state (actor, critic); frozen roles have none."""
-        if self.trainer is not None:
-            self.trainer.save(path)
+    @register(Dispatch.ONE)
+    def save(self, path: str) -> int | None:
+        """Start checkpointing trainable state (actor, critic) to `path`, written in the background
+        (`commit_saves` completes it); returns the trained step of the state saved. Frozen roles have none.
+        Injected faults hit it only when aimed at the checkpoint phase."""
+        return self.trainer.save(path) if self.trainer is not None else None
 
     @register(Dispatch.ALL, faults=False)
     def has_checkpoint(self, path: str) -> bool:
         """Whether this rank sees a complete DCP checkpoint at `path` (not so on per-pod storage)."""
-        from pathlib import Path
-
-        return (Path(path) / ".metadata").is_file()
+        return saves.complete(path)
 
     @register(Dispatch.ONE, faults=False)
-    def load(self, path: str) -> None:
+    def load(self, path: str, step: int) -> None:
+        """Load the state of trained step `step` from a checkpoint or snapshot folder."""
         if self.trainer is not None:
-            self.trainer.load(path)
+            self.trainer.load(path, step)
+
+    @register(Dispatch.ALL, faults=False)
+    def enable_snapshots(self, root: str) -> None:
+        """Snapshot the trainable state after every update under `root` (kuberl.saves)."""
+        if self.trainer is not None:
+            self.trainer.saver.snapshot_root = root
+
+    @register(Dispatch.ALL, faults=False)
+    def newest_snapshot(self, root: str) -> int | None:
+        """The newest complete snapshot this rank sees under `root`."""
+        return saves.newest_snapshot(root)
+
+    @register(Dispatch.ALL)
+    def commit_saves(self) -> dict[str, Any]:
+        """Wait for this rank's writes in flight: {"trained_step": the state's step, "written": [paths]}.
+        Injected faults hit it only when aimed at the snapshot phase."""
+        if self.trainer is None:
+            return {"trained_step": None, "written": []}
+        return {"trained_step": self.trainer.trained_step, "written": self.trainer.saver.wait()}
 
     def execute(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
                 fault: str | None = None) -> Any:
