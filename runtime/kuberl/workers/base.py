@@ -80,9 +80,11 @@ class Worker:
         return count_params(self.trainer.model) if self.trainer is not None else 0
 
     def rendezvous(self) -> tuple[str, int]:
-        """Rank 0: the address and a free port for the group's torch.distributed rendezvous."""
+        """Rank 0: the address and port of the group's torch.distributed store, listening on this pod's or
+        host's own address only (127.0.0.1 locally); kept open until `init` hands it to the store."""
         host = os.environ.get(Env.NODE_IP) or _ray_node_ip() or "127.0.0.1"
-        return host, kdist.free_port(host)
+        self._listen = kdist.listener(host)
+        return host, self._listen.getsockname()[1]
 
     def node_gpus(self) -> tuple[str, list[int]]:
         """(Ray node id, GPU indices Ray reserved for this actor); ([], '') outside Ray or on CPU."""
@@ -103,7 +105,7 @@ class Worker:
             os.environ["NCCL_P2P_LEVEL"] = self.placement.nccl_p2p_level
             self.device = torch.device("cuda", self.placement.device)
             torch.cuda.set_device(self.device)
-        kdist.init_group(self.rank, self.world_size, addr, port, self.device)
+        kdist.init_group(self.rank, self.world_size, addr, port, self.device, getattr(self, "_listen", None))
         self.setup()
 
     def setup(self) -> None:
