@@ -111,6 +111,9 @@ def run_job(job: RLTrainingJob, out: Path, backend: str = "ray", device: str = "
         if ray_address:
             ray.init(address=ray_address, configure_logging=False)
         elif not ray.is_initialized():
+            from . import reaper
+
+            reaper.start()  # a SIGKILLed driver leaves no Ray process behind
             start_local_ray(job.spec)
     from .driver import JobFailed
     from .groups import RoleError, WorkerFailure

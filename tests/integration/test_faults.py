@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -166,6 +167,46 @@ def test_killed_driver_resumes_from_last_checkpoint(netns, tmp_path):
     assert rerun.returncode == 0, rerun.stderr
     assert [r["step"] for r in read_jsonl(out / "metrics.jsonl")] == list(range(1, 31))
     assert f"step {resumed_from + 1}/30" in rerun.stdout
+
+
+def test_killed_driver_leaves_no_ray_process_behind(netns, tmp_path):
+    """SIGKILL only the `kuberl run` process: its watchdog ends every process it started, Ray's agents
+    included, within seconds (Ray alone leaves DashboardAgent and RuntimeEnvAgent for about a minute)."""
+    from kuberl import reaper
+
+    out = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "kuberl.cli", "run", "examples/quickstart.yaml", "--out", str(out),
+                             "--steps", "30", "--no-progress"], cwd=REPO, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.time() + 240
+        while time.time() < deadline and not read_jsonl(out / "metrics.jsonl"):
+            time.sleep(0.2)
+        tree = {pid: reaper.start_time(pid) for pid in reaper.descendants(proc.pid, reaper.parents())}
+        names = {pid: Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace") for pid in tree}
+        for agent in ("DashboardAgent", "RuntimeEnvAgent"):
+            assert any(agent in n for n in names.values()), names
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        t0 = time.time()
+        while time.time() - t0 < 15 and any(running(pid, t) for pid, t in tree.items()):
+            time.sleep(0.2)
+        left = [names[pid] for pid, t in tree.items() if running(pid, t)]
+        assert not left, f"still running {time.time() - t0:.0f}s after the driver was killed: {left}"
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def running(pid: int, born: str | None) -> bool:
+    """Whether `pid` is still the process that started at `born` and not a zombie."""
+    from kuberl import reaper
+
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return reaper.start_time(pid) == born and state != "Z"
 
 
 def test_fault_flag_and_spec_list_agree(netns):
