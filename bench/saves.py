@@ -8,7 +8,9 @@
 Full PPO steps through the runtime's Driver, in-process (LocalWorkerGroup, no Ray), one fresh driver
 per variant, in one process:
     off               no snapshots, no checkpoints: the baseline step
-    snapshots         a per-step snapshot of actor and critic (kuberl.saves, DCP async_save to local disk)
+    snapshots         a per-step snapshot of actor and critic (kuberl.saves: each rank's shards copied to host
+                      memory, written to local disk in the background); its staging and write are also
+                      timed apart from the step (whole-step medians are noisy on a busy machine)
     checkpoint_sync   a checkpoint every step, each waited for before the step ends (DCP writes blocking)
     checkpoint_async  a checkpoint every step, its writes overlapping the next step (the runtime's way)
 Per variant (after a 2-step warm-up run): the median step time over the steps between the first and the
@@ -62,13 +64,32 @@ def run_variant(name: str, args, data: Path, out: Path) -> dict:
         t0 = time.perf_counter()
         records = driver.run()
         wall = time.perf_counter() - t0
+        direct = snapshot_costs(driver) if name == "snapshots" else {}
     finally:
         driver.shutdown()
     timed = records[1:-1] or records  # not the first (warm-up) nor the last (a final checkpoint in every variant)
     steps = [r.step_s for r in timed]
     ckpt = [r.phases.get("checkpoint", 0.0) for r in timed]
     return {"variant": name, "step_s_median": statistics.median(steps), "step_s_all": [r.step_s for r in records],
-            "checkpoint_phase_s_median": statistics.median(ckpt) if ckpt else 0.0, "wall_s": wall}
+            "checkpoint_phase_s_median": statistics.median(ckpt) if ckpt else 0.0, "wall_s": wall, **direct}
+
+
+def snapshot_costs(driver: Driver, reps: int = 10) -> dict[str, float]:
+    """The snapshot itself, per step, timed apart from the step (whole-step medians are noisy on a busy
+    machine): staging (on the training path) and the background write, summed over actor and critic."""
+    stage, write = [], []
+    for _ in range(reps):
+        s = w = 0.0
+        for role in ("actor", "critic"):
+            trainer = driver.groups[role].worker.trainer
+            t0 = time.perf_counter()
+            trainer.saver.snapshot(trainer.model, trainer.optimizer.optimizer, trainer.trained_step)
+            t1 = time.perf_counter()
+            trainer.saver.wait()
+            s, w = s + t1 - t0, w + time.perf_counter() - t1
+        stage.append(s)
+        write.append(w)
+    return {"snapshot_stage_s_median": statistics.median(stage), "snapshot_write_s_median": statistics.median(write)}
 
 
 def main() -> None:
@@ -110,6 +131,12 @@ def main() -> None:
     for r in rows:
         over = f"{100 * (r['step_s_median'] / base - 1):+.1f}%" if base else "-"
         print(f"| {r['variant']} | {r['step_s_median']:.3f} | {over} | {r['checkpoint_phase_s_median']:.3f} |")
+    for r in rows:
+        if "snapshot_stage_s_median" in r and base:
+            st, wr = r["snapshot_stage_s_median"], r["snapshot_write_s_median"]
+            print(f"\nsnapshot per step (actor + critic): staging {1000 * st:.1f} ms on the training path, "
+                  f"background write {1000 * wr:.1f} ms; {100 * st / base:.2f}% of the `off` step on the path, "
+                  f"{100 * (st + wr) / base:.2f}% even if the write were not overlapped")
 
 
 if __name__ == "__main__":

@@ -360,7 +360,7 @@ class Roles:
             seen = proxy.newest_snapshot(root)
             snap = min(seen) if None not in seen else None
             if snap is not None and snap >= self.last_checkpoint and snap > 0:
-                proxy.load(str(saves.snapshot_dir(root, snap)), snap)
+                proxy.load_snapshot(snap)
                 return f"snapshot step {snap}", snap
         if self.last_checkpoint == 0:
             return "model path", 0

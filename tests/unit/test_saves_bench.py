@@ -18,4 +18,5 @@ def test_quick_saves_bench_prints_each_variant(netns) -> None:
     assert [r["variant"] for r in rows] == ["off", "snapshots", "checkpoint_sync", "checkpoint_async"]
     assert all(r["step_s_median"] > 0 for r in rows)
     assert rows[1]["checkpoint_phase_s_median"] == 0 and rows[3]["checkpoint_phase_s_median"] > 0
-    assert "| snapshots |" in run.stdout
+    assert rows[1]["snapshot_stage_s_median"] > 0 and rows[1]["snapshot_write_s_median"] > 0
+    assert "| snapshots |" in run.stdout and "snapshot per step (actor + critic): staging" in run.stdout

@@ -125,9 +125,20 @@ class Worker:
 
     @register(Dispatch.ONE, faults=False)
     def load(self, path: str, step: int) -> None:
-        """Load the state of trained step `step` from a checkpoint or snapshot folder."""
+        """Load the state of trained step `step` from a checkpoint folder."""
         if self.trainer is not None:
             self.trainer.load(path, step)
+            self.restored()
+
+    @register(Dispatch.ONE, faults=False)
+    def load_snapshot(self, step: int) -> None:
+        """Load each rank's own snapshot of trained step `step` (after `enable_snapshots`)."""
+        if self.trainer is not None:
+            self.trainer.load_snapshot(step)
+            self.restored()
+
+    def restored(self) -> None:
+        """Called after the trainable state was loaded (the actor refreshes its rollout engine)."""
 
     @register(Dispatch.ALL, faults=False)
     def enable_snapshots(self, root: str) -> None:
@@ -137,8 +148,8 @@ class Worker:
 
     @register(Dispatch.ALL, faults=False)
     def newest_snapshot(self, root: str) -> int | None:
-        """The newest complete snapshot this rank sees under `root`."""
-        return saves.newest_snapshot(root)
+        """The newest step whose snapshot of this rank is whole under `root`."""
+        return saves.newest_snapshot(root, self.rank)
 
     @register(Dispatch.ALL)
     def commit_saves(self) -> dict[str, Any]:

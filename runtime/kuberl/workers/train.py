@@ -98,6 +98,18 @@ class FSDPTrainer:
         self.saver.save(self.model, self.optimizer.optimizer, path)
         return self.trained_step
 
+    def load_snapshot(self, step: int) -> None:
+        """Load this rank's per-step snapshot of trained step `step` (kuberl.saves) in place."""
+        self.saver.load_snapshot(self.model, self.optimizer.optimizer, step, self._init_optimizer_state)
+        self.trained_step = step
+
+    def _init_optimizer_state(self) -> None:
+        """Create the optimizer's state (a step on zero gradients); what it changes is overwritten next."""
+        for p in self.model.parameters():
+            p.grad = torch.zeros_like(p)
+        self.optimizer.step()
+        self.optimizer.zero_grad()
+
     def load(self, path: str, step: int) -> None:
         """Load the state of trained step `step` from `path` (a checkpoint or a snapshot)."""
         self.saver.wait()
