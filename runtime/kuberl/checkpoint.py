@@ -4,6 +4,7 @@
     <root>/step_000010/critic/
     <root>/step_000010/trainer_state.json   step, data position, KL controller, restarts — written last,
                                             so a directory without it is incomplete and ignored.
+    <root>/snapshots/<role>/step_*/     each stateful role's per-step snapshot (kuberl.saves)
     <root>/job.json                         the job's name, its trained fields and their hash, its spec
                                             (kuberl.identity): written before the first step
 """
@@ -49,6 +50,20 @@ def complete_steps(root: Path) -> list[int]:
     return sorted(int(p.name[5:]) for p in root.glob("step_*") if (p / STATE_FILE).is_file() and p.name[5:].isdigit())
 
 
+def prune_incomplete(root: Path) -> list[int]:
+    """Remove every `step_*` folder without a state file (a save that never completed: a torn or partial
+    checkpoint is never loaded); returns their steps. Run on start, before the resume point is chosen."""
+    if not root.is_dir():
+        return []
+    pruned = []
+    for d in sorted(root.glob("step_*")):
+        if d.is_dir() and not (d / STATE_FILE).is_file():
+            print(f"removing {d}: an incomplete checkpoint (no {STATE_FILE}) left by an interrupted save", flush=True)
+            shutil.rmtree(d, ignore_errors=True)
+            pruned.append(int(d.name[5:]) if d.name[5:].isdigit() else -1)
+    return pruned
+
+
 def latest(root: Path) -> int | None:
     steps = complete_steps(root)
     return steps[-1] if steps else None
@@ -66,15 +81,6 @@ def write_state(root: Path, step: int, state: dict[str, Any], keep: int) -> None
 
 def read_state(root: Path, step: int) -> dict[str, Any]:
     return json.loads((step_dir(root, step) / STATE_FILE).read_text())
-
-
-def save_trainable(model: nn.Module, optimizer: Optimizer, path: str) -> None:
-    """A role's model and optimizer as a torch DCP checkpoint (sharded, loadable at any world size)."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict
-
-    msd, osd = get_state_dict(model, optimizer)
-    dcp.save({"model": msd, "optim": osd}, checkpoint_id=path)
 
 
 def load_trainable(model: nn.Module, optimizer: Optimizer, path: str) -> None:

@@ -21,8 +21,19 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def init_group(rank: int, world_size: int, addr: str, port: int, device: torch.device) -> None:
-    """Join this role's process group: gloo on CPU, NCCL on CUDA. Idempotent within a process."""
+def listener(host: str) -> socket.socket:
+    """A listening TCP socket on `host` (this pod's or host's own address, or 127.0.0.1) and a free port:
+    rank 0 hands it to the group's store, which then listens there and not on every interface."""
+    s = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    s.bind((host, 0))
+    s.listen()
+    return s
+
+
+def init_group(rank: int, world_size: int, addr: str, port: int, device: torch.device,
+               listen: socket.socket | None = None) -> None:
+    """Join this role's process group: gloo on CPU, NCCL on CUDA. Idempotent within a process. Rank 0
+    serves the group's store on `listen` (see `listener`), the socket `addr:port` names."""
     if dist.is_initialized():
         return
     if addr.startswith("127."):
@@ -33,7 +44,9 @@ def init_group(rank: int, world_size: int, addr: str, port: int, device: torch.d
     if world_size == 1:  # nobody to meet: an in-process store, no TCP rendezvous (and no c10d socket warnings)
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, **kwargs)
         return
-    dist.init_process_group(backend, init_method=f"tcp://{addr}:{port}", rank=rank, world_size=world_size, **kwargs)
+    store = dist.TCPStore(addr, port, world_size, is_master=rank == 0, wait_for_workers=False,
+                          master_listen_fd=listen.fileno() if rank == 0 and listen is not None else None)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, **kwargs)
 
 
 def mesh_for(device: torch.device) -> DeviceMesh:

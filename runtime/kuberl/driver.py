@@ -74,6 +74,7 @@ class Driver:
     # -- setup and state ---------------------------------------------------------------------------
     def start(self) -> None:
         self.roles.start()
+        checkpoint.prune_incomplete(self.ckpt_root)
         resume = checkpoint.latest(self.ckpt_root)
         if resume is not None:
             self._restore_driver(resume)
@@ -93,20 +94,21 @@ class Driver:
             f.fired = f.fired or f.step <= self.step
 
     def save_checkpoint(self, data_state: dict[str, int] | None = None) -> None:
-        """Checkpoint the completed step `self.step`. `data_state` is the data position after that
-        step (default: the loader's position now, which is right between steps)."""
-        self.roles.save_checkpoint(self.step)
+        """Start checkpointing the completed step `self.step` (its writes overlap the next step, which
+        commits it). `data_state` is the data position after that step (default: the loader's position
+        now, which is right between steps)."""
         state = {"step": self.step, "data": data_state or self.loader.state_dict(),
                  "kl_controller": self.kl_ctl.state_dict(),
                  "restarts": {r: h.restarts for r, h in self.history.items()}}
-        checkpoint.write_state(self.ckpt_root, self.step, state, self.spec.trainer.checkpoint.keep)
-        self.roles.last_checkpoint = self.step
+        self.roles.save_checkpoint(self.step, state)
 
     def _final_checkpoint(self, failed_role: str) -> None:
         """Past the budget: checkpoint the last completed step when the failed role holds no trainable
         state; otherwise the last periodic checkpoint is already the newest consistent state."""
+        self.roles.commit(dead=failed_role)  # a checkpoint in flight first
         if failed_role not in STATEFUL and self.step > self.roles.last_checkpoint:
             self.save_checkpoint(data_state=self.loader_at_step_start)
+            self.roles.commit(dead=failed_role)
 
     def shutdown(self) -> None:
         self.roles.shutdown()
@@ -157,6 +159,10 @@ class Driver:
                 stats.update(self.evaluator.run(actor, reward))
         memory = roles.memory()
         roles.end_step()
+        tr = self.spec.trainer
+        if self.step % tr.checkpoint.interval == 0 or self.step == tr.steps:
+            with self._timed("checkpoint", times):  # staging only: the writes overlap the next step
+                self.save_checkpoint()
         rec = self.record(batch, stats, times, sync, roles.role_steps(since, memory))
         rec.step_s = time.perf_counter() - t_step
         return rec
@@ -248,12 +254,11 @@ class Driver:
             while self.step < tr.steps:
                 self.apply_scale_requests()
                 rec = self.train_step()
-                sink.log(rec)  # before the checkpoint: a resume truncates records past its step
-                if self.step % tr.checkpoint.interval == 0 or self.step == tr.steps:
-                    self.save_checkpoint()
+                sink.log(rec)  # a checkpoint is committed by the next step, before that step's record
                 records.append(rec)
                 if self.on_step:
                     self.on_step(rec)
+            self.roles.commit()  # the last checkpoint's writes
         finally:
             sink.close()
         return records

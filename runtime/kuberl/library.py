@@ -13,8 +13,9 @@
             roles.end_step()
 
 `Roles` is the `Supervisor` of its proxies: when a role's worker dies or hangs, only that role's
-group is torn down, recreated and restored (actor and critic from the last checkpoint saved with
-`save_checkpoint`, other roles from the model path), and the interrupted call is replayed. Each
+group is torn down, recreated and restored (actor and critic from their snapshot of the last
+completed step, `kuberl.saves`, else the last checkpoint saved with `save_checkpoint`; other roles
+from the model path), and the interrupted call is replayed. Each
 recovery is kept in `history[role]`; a role that fails more often than `spec.roles.<role>.maxRestarts`
 allows raises `JobFailed`. docs/library.md has the whole API; `kuberl.driver` is the built-in PPO and
 GRPO program written on it, and `examples/remax.py` another one.
@@ -23,13 +24,14 @@ GRPO program written on it, and `examples/remax.py` another one.
 from __future__ import annotations
 
 import contextlib
+import shutil
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from . import checkpoint
+from . import checkpoint, saves
 from .batch import Batch
 from .groups import WorkerFailure, WorkerGroup
 from .proxies import PROXIES, ActorProxy, CriticProxy, RefProxy, RewardProxy, RoleProxy
@@ -38,6 +40,7 @@ from .spec import JobSpec, enabled_roles
 from .spec.contract import Reason, restart_budget_spent
 
 STATEFUL = ("actor", "critic")  # roles whose state (weights, optimizer) is trained and checkpointed
+SAVE_PHASES = ("snapshot", "checkpoint")  # where injected faults hit only when aimed there (Fault.phase)
 T = TypeVar("T", bound=RoleProxy)
 
 
@@ -55,12 +58,24 @@ class PlacementDegraded(JobFailed):
 
 @dataclass
 class Fault:
-    """An injected fault: `mode` ("kill" or "hang") hits `role`'s first faultable call of `step`."""
+    """An injected fault: `mode` ("kill" or "hang") hits `role`'s first faultable call of `step`; with
+    `phase` "checkpoint", its save of step `step`'s checkpoint; with "snapshot", its wait for the writes
+    at the end of step `step`."""
 
     role: str
     step: int
     mode: str = "kill"
     fired: bool = False
+    phase: str = ""
+
+
+@dataclass
+class PendingCheckpoint:
+    """A checkpoint whose writes are in flight: committed (its state file written) once all are whole."""
+
+    step: int
+    folder: Path
+    state: dict[str, Any]
 
 
 @dataclass
@@ -80,6 +95,10 @@ class Roles:
         self.roles = enabled_roles(spec)
         self.faults = faults or []
         self.checkpoint_root = checkpoint_root
+        self.snapshot_root = checkpoint_root / "snapshots" if checkpoint_root is not None else None
+        self.trained = {r: 0 for r in STATEFUL}  # each stateful role's committed trained step
+        self.pending: PendingCheckpoint | None = None
+        self._saving = 0  # the step whose checkpoint is being saved
         self.groups: dict[str, WorkerGroup] = {}
         self.proxies: dict[str, RoleProxy] = {}
         self.history = {r: RoleHistory() for r in self.roles}
@@ -97,9 +116,12 @@ class Roles:
         for role in self.roles:
             self.groups[role] = self.make_group(role)
             self.groups[role].launch()
+        if self.snapshot_root is not None:  # a previous run's snapshots are past the checkpoint it resumes from
+            shutil.rmtree(self.snapshot_root, ignore_errors=True)
         for role in self.roles:
             self.groups[role].wait_ready()
             self.proxies[role] = PROXIES.get(role, RoleProxy)(self.groups[role], self)
+            self._enable_snapshots(role)
         self.check_placement()
 
     def shutdown(self) -> None:
@@ -143,6 +165,9 @@ class Roles:
         self.step = step - 1
 
     def end_step(self) -> None:
+        """The step is complete once every stateful role's snapshot of it is written (`commit`)."""
+        with self.phase("snapshot"):
+            self.commit(self.step + 1)
         self.step += 1
 
     @contextlib.contextmanager
@@ -171,21 +196,75 @@ class Roles:
         return {role: proxy.memory() for role, proxy in self.proxies.items()}
 
     # -- checkpoints -------------------------------------------------------------------------------
-    def save_checkpoint(self, step: int) -> Path:
-        """Save the stateful roles' state for completed step `step`; returns the step's folder. The
-        step counts as checkpointed (a restart restores it) once `checkpoint.write_state` commits it."""
+    def save_checkpoint(self, step: int, state: dict[str, Any] | None = None) -> Path:
+        """Start saving the stateful roles' state for completed step `step` (written in the background);
+        returns the step's folder. `commit` (at the end of the next step, or called) marks it complete,
+        writing `state` (the program's own: data position, ...) as its state file, once every role's part
+        is whole. A role that no longer holds step `step`'s state (restored from older state after a
+        failure) makes the checkpoint void: it is removed, never marked complete."""
+        self.commit()  # the previous one first: one checkpoint in flight
         d = checkpoint.fresh_step_dir(self._root(), step)
-        for role in STATEFUL:
-            if role in self.proxies:
-                self.proxies[role].save(str(d / role))
+        stale, committed = [], dict(self.trained)  # a restore during the save lowers self.trained
+        self._saving = step
+        with self.phase("checkpoint"):
+            for role in self._stateful():
+                held = self.proxies[role].save(str(d / role))
+                if held != committed[role]:
+                    stale.append(f"{role} holds step {held}")
+        if stale:
+            self.commit()  # the writes end before the folder goes
+            shutil.rmtree(d, ignore_errors=True)
+            print(f"[{self.name}] checkpoint of step {step} not saved: {', '.join(stale)} (restored from older "
+                  f"state after a failure); the newest complete checkpoint stays step {self.last_checkpoint}",
+                  flush=True)
+            return d
+        self.pending = PendingCheckpoint(step, d, state if state is not None else {"step": step})
         return d
+
+    def commit(self, expected: int | None = None, dead: str | None = None) -> None:
+        """Wait for the stateful roles' writes in flight; then mark a pending checkpoint complete if every
+        role's part is whole (else remove it). `expected`: the step the roles' state should now hold (the
+        end of that step), to report an update lost with a role that died before its snapshot was written.
+        `dead`: a role that is not restarted (its budget spent); its part is checked on the driver's side."""
+        for role in self._stateful():
+            if role == dead:
+                continue
+            results = self.proxies[role].commit_saves()
+            held = min(r["trained_step"] for r in results)
+            recs = [r for r in self.history[role].recoveries if r.step == expected]
+            if expected is not None and recs and held < expected and self.trained[role] == expected - 1:
+                recs[-1].steps_lost = max(recs[-1].steps_lost, expected - held)
+                print(f"[{self.name}] warning: {role} lost its update of step {expected}: it died before that "
+                      f"update's snapshot was written", flush=True)
+            self.trained[role] = held
+        pending, self.pending = self.pending, None
+        if pending is None:
+            return
+        torn = [role for role in self._stateful() if not (saves.complete(pending.folder / role) if role == dead else
+                                                           all(self.proxies[role].has_checkpoint(
+                                                               str(pending.folder / role))))]
+        if torn:
+            shutil.rmtree(pending.folder, ignore_errors=True)
+            print(f"[{self.name}] checkpoint of step {pending.step} removed: the part of {', '.join(torn)} is "
+                  f"incomplete (a failure during its write); the newest complete checkpoint stays step "
+                  f"{self.last_checkpoint}", flush=True)
+            return
+        checkpoint.write_state(self._root(), pending.step, pending.state, self.spec.trainer.checkpoint.keep)
+        self.last_checkpoint = pending.step
 
     def load_checkpoint(self, step: int) -> None:
         """Load every stateful role from the checkpoint of step `step`."""
-        for role in STATEFUL:
-            if role in self.proxies:
-                self.proxies[role].load(str(checkpoint.step_dir(self._root(), step) / role))
+        for role in self._stateful():
+            self.proxies[role].load(str(checkpoint.step_dir(self._root(), step) / role), step)
+            self.trained[role] = step
         self.last_checkpoint = step
+
+    def _stateful(self) -> list[str]:
+        return [role for role in STATEFUL if role in self.proxies]
+
+    def _enable_snapshots(self, role: str) -> None:
+        if role in STATEFUL and self.snapshot_root is not None:
+            RoleProxy(self.groups[role]).enable_snapshots(str(self.snapshot_root / role))
 
     def _root(self) -> Path:
         if self.checkpoint_root is None:
@@ -214,8 +293,10 @@ class Roles:
         return self._phase
 
     def fault_for(self, role: str, fn: Callable[..., Any]) -> str | None:
+        phase = self._phase if self._phase in SAVE_PHASES else ""
+        step = self._saving if phase == "checkpoint" else self.step + 1
         for f in self.faults:
-            if f.role == role and f.step == self.step + 1 and not f.fired:
+            if f.role == role and f.step == step and f.phase == phase and not f.fired:
                 f.fired = True
                 return f.mode
         return None
@@ -224,7 +305,8 @@ class Roles:
         """Recreate only `failure.role`'s group and restore its state. A recreate that fails again (no
         capacity in time, a rank dying during start) counts as another restart of the same budget."""
         role = failure.role
-        rec = Recovery(role, self.step + 1, phase, failure.reason, failure.detail, detect_s=detect_s)
+        step = self._saving if phase == "checkpoint" else self.step + 1  # the step whose work failed
+        rec = Recovery(role, step, phase, failure.reason, failure.detail, detect_s=detect_s)
         history, budget = self.history[role], self.spec.roles.get(role).max_restarts
         group = self.groups[role]
         t0 = time.perf_counter()
@@ -241,12 +323,13 @@ class Roles:
             group.shutdown()
             try:
                 group.start()
-                rec.restored_from = self._restore(role) if role in STATEFUL else "model path"
+                rec.restored_from, held = self._restore(role) if role in STATEFUL else ("model path", 0)
                 break
             except WorkerFailure as again:
                 rec.detail = f"{rec.detail}; recreating it failed: {again.detail}"
-        restored = rec.restored_from.startswith("checkpoint")
-        rec.steps_lost = 0 if role not in STATEFUL else (self.step - self.last_checkpoint if restored else self.step)
+        if role in STATEFUL:  # committed updates the restore did not bring back
+            rec.steps_lost = max(0, self.trained[role] - held)
+            self.trained[role] = held
         self.check_placement([role])
         rec.ready_s = time.perf_counter() - t0
         history.recoveries.append(rec)
@@ -266,19 +349,28 @@ class Roles:
         self.check_placement([role])
         return before
 
-    def _restore(self, role: str) -> str:
-        """Load the role's last checkpoint when its new ranks can see it (shared storage); else the role
-        starts again from the model path. Returns where the state came from."""
-        if self.last_checkpoint == 0:
-            return "model path"
+    def _restore(self, role: str) -> tuple[str, int]:
+        """Load the role's newest state its new ranks can see: its snapshot of the last completed step
+        (`kuberl.saves`), else the last checkpoint (shared storage), else the model path. Returns where
+        the state came from and its trained step."""
         proxy = RoleProxy(self.groups[role])  # unsupervised: a failure here is caught by `recover`
+        self._enable_snapshots(role)
+        if self.snapshot_root is not None:
+            root = str(self.snapshot_root / role)
+            seen = proxy.newest_snapshot(root)
+            snap = min(seen) if None not in seen else None
+            if snap is not None and snap >= self.last_checkpoint and snap > 0:
+                proxy.load_snapshot(snap)
+                return f"snapshot step {snap}", snap
+        if self.last_checkpoint == 0:
+            return "model path", 0
         path = str(checkpoint.step_dir(self._root(), self.last_checkpoint) / role)
         if not all(proxy.has_checkpoint(path)):
             print(f"[{self.name}] warning: the new {role} ranks cannot see {path} (no shared checkpoint volume: "
                   f"spec.trainer.checkpoint.volumeClaim); {role} restarts from the model path", flush=True)
-            return "model path (checkpoint not visible to the new ranks)"
-        proxy.load(path)
-        return f"checkpoint step {self.last_checkpoint}"
+            return "model path (checkpoint not visible to the new ranks)", 0
+        proxy.load(path, self.last_checkpoint)
+        return f"checkpoint step {self.last_checkpoint}", self.last_checkpoint
 
 
 class Prompts:

@@ -63,6 +63,84 @@ def check_job(spec: JobSpec, manifest_dir: Path | None = None) -> list[dict[str,
     return rows
 
 
+def output_problems(spec: JobSpec, out: Path) -> list[str]:
+    """The run's outputs, before any worker starts: the output and checkpoint folders can be created and
+    written, and the /metrics address and port can be bound."""
+    from . import checkpoint
+
+    problems = []
+    for path, field, fix in ((out, "--out", "pass a folder you can write"),
+                             (checkpoint.root_for(spec, out), "spec.trainer.checkpoint.path",
+                              "name a writable folder, e.g. on the checkpoint volume")):
+        if problem := unwritable(path):
+            problems.append(f"{field}: cannot write {path} ({problem}) (fix: {fix})")
+            break  # the checkpoint folder defaults to one inside --out
+    m = spec.trainer.metrics
+    if m.prometheus_port is not None:
+        if problem := unbindable(m.prometheus_address, m.prometheus_port):
+            field = ("spec.trainer.metrics.prometheusPort (--metrics-port)" if "in use" in problem else
+                     "spec.trainer.metrics.prometheusAddress (--metrics-address)")
+            problems.append(f"{field}: cannot serve /metrics on {m.prometheus_address}:{m.prometheus_port} ({problem}) "
+                            "(fix: a free port, or 0 for any; an IP address of this host, e.g. 127.0.0.1 or 0.0.0.0)")
+    return problems
+
+
+def gpu_problems(spec: JobSpec, gpus_here: int) -> list[str]:
+    """Roles asking for more GPUs per replica than this host has (a local run: nothing would ever start)."""
+    from .spec import enabled_roles
+
+    out = []
+    for role in enabled_roles(spec):
+        want = spec.roles.get(role).gpus
+        if want > gpus_here:
+            field = f"spec.{spec.roles.path(role)}.gpus"
+            out.append(f"{field}: {want} GPU(s) per replica, but this host has {gpus_here or 'none'} (fix: set it "
+                       f"to 0 to run on CPU, or run on a host or cluster with the GPUs)")
+    return out
+
+
+def local_gpu_count() -> int:
+    """NVIDIA GPUs this process may use: device nodes, narrowed by CUDA_VISIBLE_DEVICES (no CUDA import)."""
+    import glob
+    import os
+
+    found = len(glob.glob("/dev/nvidia[0-9]*"))
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return found
+    return min(found, len([v for v in visible.split(",") if v.strip() and v.strip() != "-1"]))
+
+
+def unwritable(path: Path) -> str:
+    """'' when `path` is (or can be made) a folder this process can write in, else why not."""
+    import tempfile
+
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as exc:
+        return exc.strerror or type(exc).__name__
+    return ""
+
+
+def unbindable(address: str, port: int) -> str:
+    """'' when a TCP server could listen on address:port now, else why not."""
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(address, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (socket.gaierror, UnicodeError):
+        return "not an address"
+    family, _, _, _, sockaddr = infos[0]
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(sockaddr)
+        except OSError as exc:
+            return "the port is in use" if exc.errno == 98 else (exc.strerror or type(exc).__name__)
+    return ""
+
+
 def tracking_problems(spec: JobSpec) -> list[str]:
     """The tracking backends the spec asks for whose package is not installed."""
     out = []

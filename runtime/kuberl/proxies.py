@@ -137,7 +137,11 @@ class RoleProxy:
     measure_peak_flops = remote(Worker.measure_peak_flops)
     save = remote(Worker.save)
     load = remote(Worker.load)
+    load_snapshot = remote(Worker.load_snapshot)
     has_checkpoint = remote_all(Worker.has_checkpoint)
+    enable_snapshots = remote_all(Worker.enable_snapshots)
+    newest_snapshot = remote_all(Worker.newest_snapshot)
+    commit_saves = remote_all(Worker.commit_saves)
 
     def __init__(self, group: WorkerGroup, supervisor: Supervisor | None = None):
         self.group, self.supervisor = group, supervisor

@@ -111,6 +111,9 @@ def run_job(job: RLTrainingJob, out: Path, backend: str = "ray", device: str = "
         if ray_address:
             ray.init(address=ray_address, configure_logging=False)
         elif not ray.is_initialized():
+            from . import reaper
+
+            reaper.start()  # a SIGKILLed driver leaves no Ray process behind
             start_local_ray(job.spec)
     from .driver import JobFailed
     from .groups import RoleError, WorkerFailure
@@ -198,7 +201,15 @@ def prepare(args: argparse.Namespace) -> tuple[RLTrainingJob | None, Path]:
     """Validate the job, its data, reward and model, and its output folder; write the job record.
     Returns (None, out) when the job is already finished (said so on stdout)."""
     from . import checkpoint, identity
-    from .preflight import check_job, ignored_placement, warn_unknown_characters
+    from .preflight import (
+        PreflightFailed,
+        check_job,
+        gpu_problems,
+        ignored_placement,
+        local_gpu_count,
+        output_problems,
+        warn_unknown_characters,
+    )
 
     job = apply_overrides(load_manifest(args.job, args.set), args.steps, args.fault, args.metrics_port,
                           args.metrics_address)
@@ -206,6 +217,11 @@ def prepare(args: argparse.Namespace) -> tuple[RLTrainingJob | None, Path]:
         raise UsageError("fault injection kills worker processes: it needs --backend ray")
     rows = check_job(job.spec, Path(args.job).parent)
     name, out = job.metadata.name, Path(args.out or f"runs/{job.metadata.name}")
+    problems = output_problems(job.spec, out)
+    if not args.ray_address:  # a local run: this host's GPUs are all there will be
+        problems += gpu_problems(job.spec, local_gpu_count())
+    if problems:
+        raise PreflightFailed(problems)
     root, mine = checkpoint.root_for(job.spec, out), identity.Identity.of(name, job.spec)
     if args.restart:
         gone = identity.clear(root, out)

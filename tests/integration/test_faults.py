@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -93,7 +94,7 @@ def test_killed_role_recovers_alone(ray_session, tmp_path, role):
     (rec,) = driver.history[role].recoveries
     assert rec.step == 3 and "died" in rec.detail
     if role in ("actor", "critic"):
-        assert rec.restored_from == "checkpoint step 2"
+        assert rec.restored_from == "snapshot step 2"  # its own snapshot of the last completed step
         assert driver.after_restart["digest"] == pytest.approx(digests[2], rel=1e-12)
     else:
         assert rec.restored_from == "model path"
@@ -168,6 +169,46 @@ def test_killed_driver_resumes_from_last_checkpoint(netns, tmp_path):
     assert f"step {resumed_from + 1}/30" in rerun.stdout
 
 
+def test_killed_driver_leaves_no_ray_process_behind(netns, tmp_path):
+    """SIGKILL only the `kuberl run` process: its watchdog ends every process it started, Ray's agents
+    included, within seconds (Ray alone leaves DashboardAgent and RuntimeEnvAgent for about a minute)."""
+    from kuberl import reaper
+
+    out = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "kuberl.cli", "run", "examples/quickstart.yaml", "--out", str(out),
+                             "--steps", "30", "--no-progress"], cwd=REPO, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.time() + 240
+        while time.time() < deadline and not read_jsonl(out / "metrics.jsonl"):
+            time.sleep(0.2)
+        tree = {pid: reaper.start_time(pid) for pid in reaper.descendants(proc.pid, reaper.parents())}
+        names = {pid: Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace") for pid in tree}
+        for agent in ("DashboardAgent", "RuntimeEnvAgent"):
+            assert any(agent in n for n in names.values()), names
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        t0 = time.time()
+        while time.time() - t0 < 15 and any(running(pid, t) for pid, t in tree.items()):
+            time.sleep(0.2)
+        left = [names[pid] for pid, t in tree.items() if running(pid, t)]
+        assert not left, f"still running {time.time() - t0:.0f}s after the driver was killed: {left}"
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def running(pid: int, born: str | None) -> bool:
+    """Whether `pid` is still the process that started at `born` and not a zombie."""
+    from kuberl import reaper
+
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return reaper.start_time(pid) == born and state != "Z"
+
+
 def test_fault_flag_and_spec_list_agree(netns):
     from kuberl.run import UsageError, apply_overrides, parse_fault
 
@@ -206,16 +247,73 @@ def test_killing_one_rank_of_a_two_rank_role_restarts_that_role(ray_session, tmp
     assert len(after["critic"]) == 2 and not set(after["critic"]) & set(before["critic"])
     assert all(after[r] == before[r] for r in ("actor", "ref", "reward"))
     (rec,) = driver.history["critic"].recoveries
-    assert rec.restored_from == "checkpoint step 2"
+    assert rec.restored_from == "snapshot step 2"
 
 
-def test_restarted_critic_loses_the_steps_since_its_checkpoint(ray_session, tmp_path):
-    """Killed in step 4 with the last checkpoint at step 2: the critic is back at step 2's state, so it
-    lost step 3's update (steps_lost_critic = 1); the actor kept its own."""
-    spec = spec_for()
-    driver = Driver(spec, "lost", tmp_path, lambda r: RayWorkerGroup(r, spec, timeout_s=120),
-                    faults=[Fault("critic", 4)], progress=False)
-    _, records, _ = run_observed(driver)
+@pytest.mark.parametrize("role", ["actor", "critic"])
+def test_restarted_trained_role_loses_no_step_between_checkpoints(ray_session, tmp_path, role):
+    """Killed in step 4 with the last checkpoint at step 2: the role comes back from its snapshot of
+    step 3 (the weights it had then, exactly), so it loses no completed step (steps_lost = 0)."""
+    spec = spec_for(**{"trainer.steps": 5})
+    digests: dict[int, float] = {}
+    driver = ProbingDriver(spec, "lost", tmp_path, lambda r: CountingGroup(r, spec, timeout_s=120),
+                           faults=[Fault(role, 4)], progress=False,
+                           on_step=lambda rec: digests.__setitem__(rec.step, driver.groups[role].call(
+                               Probes.weights_digest)))
+    run_observed(driver)
+    (rec,) = driver.history[role].recoveries
+    assert rec.step == 4 and rec.restored_from == "snapshot step 3" and rec.steps_lost == 0
+    assert driver.after_restart["digest"] == pytest.approx(digests[3], rel=1e-12)
+    rows = read_jsonl(tmp_path / "metrics.jsonl")
+    assert rows[3][f"steps_lost_{role}"] == 0 and [r["step"] for r in rows] == [1, 2, 3, 4, 5]
+
+
+def checkpoint_digest(folder) -> float:
+    """weights_digest of a DCP checkpoint folder's model, read offline (no process group)."""
+    import torch
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    flat = folder.parent / f"{folder.name}.pt"
+    dcp_to_torch_save(folder, flat)
+    state = torch.load(flat, weights_only=False)
+    return float(sum(v.double().abs().sum() for v in state["model"].values()))
+
+
+@pytest.mark.parametrize("role", ["actor", "critic"])
+def test_kill_during_checkpoint_save_keeps_the_checkpoint_whole(ray_session, tmp_path, role):
+    """The role is SIGKILLed in its save of step 4's checkpoint: it comes back from its snapshot of step
+    4, the save is replayed, and step_4 holds step 4's weights; the recovery is recorded with its true
+    phase and step, losing nothing."""
+    spec = spec_for(**{"trainer.steps": 6, "trainer.checkpoint.keep": 5})
+    digests: dict[int, float] = {}
+    driver = Driver(spec, f"save-{role}", tmp_path, lambda r: CountingGroup(r, spec, timeout_s=120),
+                    faults=[Fault(role, 4, phase="checkpoint")], progress=False,
+                    on_step=lambda rec: digests.__setitem__(rec.step, driver.groups[role].call(Probes.weights_digest)))
+    run_observed(driver)
+    (rec,) = driver.history[role].recoveries
+    assert (rec.step, rec.phase, rec.restored_from, rec.steps_lost) == (4, "checkpoint", "snapshot step 4", 0)
+    root = tmp_path / "checkpoints"
+    assert checkpoint.complete_steps(root) == [2, 4, 6]
+    assert checkpoint.read_state(root, 4)["step"] == 4
+    assert checkpoint_digest(checkpoint.step_dir(root, 4) / role) == pytest.approx(digests[4], rel=1e-12)
+    (at4,) = [r for r in read_jsonl(tmp_path / "metrics.jsonl") if r["step"] == 4]
+    assert at4[f"steps_lost_{role}"] == 0
+    assert [(r["role"], r["step"], r["phase"]) for r in at4["recoveries"]] == [(role, 4, "checkpoint")]
+
+
+def test_kill_during_save_without_snapshot_voids_that_checkpoint(ray_session, tmp_path, capfd):
+    """Without a snapshot the critic comes back from step 2's checkpoint while step 4's is being saved:
+    step 4's checkpoint would hold step 2's critic, so it is removed, never marked complete, and the
+    recovery says the 2 steps it lost."""
+    spec = spec_for(**{"trainer.steps": 5, "trainer.checkpoint.keep": 5})
+    driver = Driver(spec, "void", tmp_path, lambda r: CountingGroup(r, spec, timeout_s=120),
+                    faults=[Fault("critic", 4, phase="checkpoint")], progress=False)
+    driver.roles.snapshot_root = None  # as on per-pod storage that the new ranks cannot see
+    run_observed(driver)
     (rec,) = driver.history["critic"].recoveries
-    assert rec.step == 4 and rec.restored_from == "checkpoint step 2" and rec.steps_lost == 1
-    assert records[3].flat()["steps_lost_critic"] == 1 and driver.step == 8
+    assert (rec.step, rec.phase, rec.restored_from, rec.steps_lost) == (4, "checkpoint", "checkpoint step 2", 2)
+    root = tmp_path / "checkpoints"
+    assert checkpoint.complete_steps(root) == [2, 5] and not checkpoint.step_dir(root, 4).exists()
+    assert "checkpoint of step 4 not saved: critic holds step 2" in capfd.readouterr().out
+    (at4,) = [r for r in read_jsonl(tmp_path / "metrics.jsonl") if r["step"] == 4]
+    assert at4["steps_lost_critic"] == 2

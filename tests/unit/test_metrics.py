@@ -60,6 +60,19 @@ def test_sink_truncates_records_past_the_resume_step(tmp_path: Path) -> None:
     assert [r["step"] for r in rows] == [1, 2, 3] and rows[-1]["reward_mean"] == 0.9
 
 
+def test_torn_last_line_is_dropped_on_resume_with_a_warning(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """A crash mid-write leaves half a line (here with a cut multi-byte character): the resume keeps the
+    whole records, drops the torn one with a warning naming the line, and appends after them."""
+    path = tmp_path / "metrics.jsonl"
+    path.write_bytes(b'{"step": 1}\n{"step": 2}\n{"step": 3, "note": "\xc3')
+    sink = MetricsSink(tmp_path, "job", total_steps=4, start_step=2, progress=False)
+    sink.log(StepRecord(step=3, reward_mean=0.5))
+    sink.close()
+    assert [r["step"] for r in read_jsonl(path)] == [1, 2, 3]
+    err = capsys.readouterr().err
+    assert f"warning: {path}:3: dropped a line that is not a whole JSON record" in err and "Traceback" not in err
+
+
 def test_sink_creates_out_dir(tmp_path: Path) -> None:
     out = tmp_path / "a" / "b"
     MetricsSink(out, "job", total_steps=1, progress=False).close()

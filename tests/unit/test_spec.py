@@ -76,6 +76,9 @@ def test_hub_model_does_not_get_builtin_default() -> None:
         ({"data": {"task": "repeat-letter", "eval": {"files": ["x.csv"]}}}, "spec.data.eval.files",
          ".jsonl or .parquet"),
         ({"tracking": {"wandb": {}}}, "spec.tracking.wandb.project", "required"),
+        ({"resilience": {"callTimeoutSeconds": float("inf")}}, "spec.resilience.callTimeoutSeconds", "finite number"),
+        ({"trainer": {"actorLr": float("nan")}}, "spec.trainer.actorLr", "finite number"),
+        ({"trainer": {"criticLr": float("-inf")}}, "spec.trainer.criticLr", "finite number"),
     ],
 )
 def test_errors_name_the_field_and_fix(spec, field, words) -> None:

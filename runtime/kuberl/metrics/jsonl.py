@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -10,9 +11,24 @@ from ..record import StepRecord
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """The file's records. A line that is not a whole JSON object (the last one torn by a crash mid-write)
+    is dropped, with a warning on stderr naming the file and line."""
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    rows = []
+    for n, line in enumerate(path.read_bytes().decode("utf-8", errors="replace").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            row = None
+        if not isinstance(row, dict):
+            print(f"warning: {path}:{n}: dropped a line that is not a whole JSON record (a write cut short by "
+                  f"a crash)", file=sys.stderr, flush=True)
+            continue
+        rows.append(row)
+    return rows
 
 
 class JsonlWriter:

@@ -103,6 +103,5 @@ class ActorWorker(Worker):
         stats["actor_grad_norm"] = stats.pop("grad_norm")
         return stats
 
-    def load(self, path: str) -> None:
-        super().load(path)
+    def restored(self) -> None:
         self.sync_weights()

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from .. import dist as kdist
+from .. import saves
 from ..batch import Batch
 from ..dispatch import Dispatch, method_info, register
 from ..kernels import KernelOptions
@@ -79,9 +80,11 @@ class Worker:
         return count_params(self.trainer.model) if self.trainer is not None else 0
 
     def rendezvous(self) -> tuple[str, int]:
-        """Rank 0: the address and a free port for the group's torch.distributed rendezvous."""
+        """Rank 0: the address and port of the group's torch.distributed store, listening on this pod's or
+        host's own address only (127.0.0.1 locally); kept open until `init` hands it to the store."""
         host = os.environ.get(Env.NODE_IP) or _ray_node_ip() or "127.0.0.1"
-        return host, kdist.free_port(host)
+        self._listen = kdist.listener(host)
+        return host, self._listen.getsockname()[1]
 
     def node_gpus(self) -> tuple[str, list[int]]:
         """(Ray node id, GPU indices Ray reserved for this actor); ([], '') outside Ray or on CPU."""
@@ -102,29 +105,59 @@ class Worker:
             os.environ["NCCL_P2P_LEVEL"] = self.placement.nccl_p2p_level
             self.device = torch.device("cuda", self.placement.device)
             torch.cuda.set_device(self.device)
-        kdist.init_group(self.rank, self.world_size, addr, port, self.device)
+        kdist.init_group(self.rank, self.world_size, addr, port, self.device, getattr(self, "_listen", None))
         self.setup()
 
     def setup(self) -> None:
         raise NotImplementedError
 
-    @register(Dispatch.ONE, faults=False)
-    def save(self, path: str) -> None:
-        """Checkpoint trainable state (actor, critic); frozen roles have none."""
-        if self.trainer is not None:
-            self.trainer.save(path)
+    @register(Dispatch.ONE)
+    def save(self, path: str) -> int | None:
+        """Start checkpointing trainable state (actor, critic) to `path`, written in the background
+        (`commit_saves` completes it); returns the trained step of the state saved. Frozen roles have none.
+        Injected faults hit it only when aimed at the checkpoint phase."""
+        return self.trainer.save(path) if self.trainer is not None else None
 
     @register(Dispatch.ALL, faults=False)
     def has_checkpoint(self, path: str) -> bool:
         """Whether this rank sees a complete DCP checkpoint at `path` (not so on per-pod storage)."""
-        from pathlib import Path
-
-        return (Path(path) / ".metadata").is_file()
+        return saves.complete(path)
 
     @register(Dispatch.ONE, faults=False)
-    def load(self, path: str) -> None:
+    def load(self, path: str, step: int) -> None:
+        """Load the state of trained step `step` from a checkpoint folder."""
         if self.trainer is not None:
-            self.trainer.load(path)
+            self.trainer.load(path, step)
+            self.restored()
+
+    @register(Dispatch.ONE, faults=False)
+    def load_snapshot(self, step: int) -> None:
+        """Load each rank's own snapshot of trained step `step` (after `enable_snapshots`)."""
+        if self.trainer is not None:
+            self.trainer.load_snapshot(step)
+            self.restored()
+
+    def restored(self) -> None:
+        """Called after the trainable state was loaded (the actor refreshes its rollout engine)."""
+
+    @register(Dispatch.ALL, faults=False)
+    def enable_snapshots(self, root: str) -> None:
+        """Snapshot the trainable state after every update under `root` (kuberl.saves)."""
+        if self.trainer is not None:
+            self.trainer.saver.snapshot_root = root
+
+    @register(Dispatch.ALL, faults=False)
+    def newest_snapshot(self, root: str) -> int | None:
+        """The newest step whose snapshot of this rank is whole under `root`."""
+        return saves.newest_snapshot(root, self.rank)
+
+    @register(Dispatch.ALL)
+    def commit_saves(self) -> dict[str, Any]:
+        """Wait for this rank's writes in flight: {"trained_step": the state's step, "written": [paths]}.
+        Injected faults hit it only when aimed at the snapshot phase."""
+        if self.trainer is None:
+            return {"trained_step": None, "written": []}
+        return {"trained_step": self.trainer.trained_step, "written": self.trainer.saver.wait()}
 
     def execute(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
                 fault: str | None = None) -> Any:

@@ -1,6 +1,6 @@
 """FSDP2 training of one model on one role's ranks: shard, mini- and micro-batches, token-normalised
 losses, clip, step. The optimiser kernels are in `kuberl.kernels.optim`, checkpoint I/O in
-`kuberl.checkpoint`."""
+`kuberl.checkpoint` and `kuberl.saves` (asynchronous writes, per-step snapshots)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from .. import dist as kdist
 from ..batch import Batch
 from ..kernels.optim import ShardedAdamW, clip_grad_norm_local
 from ..kernels.options import KernelOptions
+from ..saves import AsyncSaver
 from ..spec.model import TrainerSpec
 
 # loss_fn(micro_batch) -> (sum of per-token loss over the micro-batch's valid tokens, {stat: token-sum})
@@ -32,6 +33,8 @@ class FSDPTrainer:
         self.model = kdist.shard(model, device, dtype, compile_blocks=kernels.compile_blocks)
         self.optimizer = ShardedAdamW(self.model.parameters(), lr=lr, weight_decay=weight_decay)
         self.base_lr, self.warmup_steps, self.grad_clip = lr, warmup_steps, grad_clip
+        self.trained_step = 0  # updates applied: the step whose state the model holds (0: the model path's)
+        self.saver = AsyncSaver()
 
     def train_minibatch(self, mb: Batch, micro_size: int, loss_fn: LossFn) -> dict[str, float]:
         """One optimizer step over a mini-batch on this rank.
@@ -75,6 +78,8 @@ class FSDPTrainer:
                     sums[k] = sums.get(k, 0.0) + v
                 count += 1
         self.model.eval()
+        self.trained_step = step + 1
+        self.saver.snapshot(self.model, self.optimizer.optimizer, self.trained_step)
         return {k: v / count for k, v in sums.items()}
 
     def set_step(self, step: int) -> float:
@@ -87,9 +92,26 @@ class FSDPTrainer:
         """Unsharded weights (every rank gets them; used for rollout weight sync)."""
         return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True))
 
-    def save(self, path: str) -> None:
-        """World-size-independent checkpoint (torch DCP) of model + optimizer."""
-        checkpoint.save_trainable(self.model, self.optimizer.optimizer, path)
+    def save(self, path: str) -> int:
+        """Start a world-size-independent checkpoint (torch DCP) of model + optimizer, written in the
+        background (`saver.wait()` completes it); returns the trained step of the state saved."""
+        self.saver.save(self.model, self.optimizer.optimizer, path)
+        return self.trained_step
 
-    def load(self, path: str) -> None:
+    def load_snapshot(self, step: int) -> None:
+        """Load this rank's per-step snapshot of trained step `step` (kuberl.saves) in place."""
+        self.saver.load_snapshot(self.model, self.optimizer.optimizer, step, self._init_optimizer_state)
+        self.trained_step = step
+
+    def _init_optimizer_state(self) -> None:
+        """Create the optimizer's state (a step on zero gradients); what it changes is overwritten next."""
+        for p in self.model.parameters():
+            p.grad = torch.zeros_like(p)
+        self.optimizer.step()
+        self.optimizer.zero_grad()
+
+    def load(self, path: str, step: int) -> None:
+        """Load the state of trained step `step` from `path` (a checkpoint or a snapshot)."""
+        self.saver.wait()
         checkpoint.load_trainable(self.model, self.optimizer.optimizer, path)
+        self.trained_step = step

@@ -1,0 +1,22 @@
+"""bench/saves.py --quick: every variant runs real PPO steps in-process and prints a measured step time."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_quick_saves_bench_prints_each_variant(netns) -> None:
+    run = subprocess.run([sys.executable, "bench/saves.py", "--quick"], cwd=ROOT, capture_output=True, text=True,
+                         timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    rows = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
+    assert [r["variant"] for r in rows] == ["off", "snapshots", "checkpoint_sync", "checkpoint_async"]
+    assert all(r["step_s_median"] > 0 for r in rows)
+    assert rows[1]["checkpoint_phase_s_median"] == 0 and rows[3]["checkpoint_phase_s_median"] > 0
+    assert rows[1]["snapshot_stage_s_median"] > 0 and rows[1]["snapshot_write_s_median"] > 0
+    assert "| snapshots |" in run.stdout and "snapshot per step (actor + critic): staging" in run.stdout
