@@ -14,7 +14,8 @@
 
 `Roles` is the `Supervisor` of its proxies: when a role's worker dies or hangs, only that role's
 group is torn down, recreated and restored (actor and critic from the last checkpoint saved with
-`save_checkpoint`, other roles from the model path), and the interrupted call is replayed. Each
+`save_checkpoint`, other roles from the model path), and the interrupted call is replayed. With
+`spec.resilience.standby` each role's warm standby takes the failed ranks' place (`kuberl.standby`). Each
 recovery is kept in `history[role]`; a role that fails more often than `spec.roles.<role>.maxRestarts`
 allows raises `JobFailed`. docs/library.md has the whole API; `kuberl.driver` is the built-in PPO and
 GRPO program written on it, and `examples/remax.py` another one.
@@ -95,12 +96,22 @@ class Roles:
     def start(self) -> None:
         """Create every enabled role's group (in parallel), wait until all are ready, check placement."""
         for role in self.roles:
-            self.groups[role] = self.make_group(role)
+            self.groups[role] = self._new_group(role)
             self.groups[role].launch()
         for role in self.roles:
             self.groups[role].wait_ready()
             self.proxies[role] = PROXIES.get(role, RoleProxy)(self.groups[role], self)
         self.check_placement()
+
+    def _new_group(self, role: str) -> WorkerGroup:
+        """The role's group; behind a warm standby when spec.resilience.standby asks and the group's
+        ranks are separate processes (Ray), not in-process ones."""
+        group = self.make_group(role)
+        if not (self.spec.resilience.standby and group.standby_capable):
+            return group
+        from .standby import StandbyGroup
+
+        return StandbyGroup(lambda: self.make_group(role), active=group)
 
     def shutdown(self) -> None:
         for group in self.groups.values():
@@ -162,7 +173,9 @@ class Roles:
         """Each role's part of a step record: restarts, the recoveries since `mark()`, memory, worst link."""
         return {role: RoleStep(restarts=h.restarts, recoveries=h.recoveries[since.get(role, 0):],
                                memory=(memory or {}).get(role, {}), worst_link=self.worst_links.get(role),
-                               topology_source=self.topology_sources.get(role))
+                               topology_source=self.topology_sources.get(role),
+                               last_failure=h.recoveries[-1].summary() if h.recoveries else None,
+                               standby_ready=self.groups[role].standby_ready() if role in self.groups else None)
                 for role, h in self.history.items()}
 
     def memory(self) -> dict[str, dict[str, int]]:
@@ -224,7 +237,8 @@ class Roles:
         """Recreate only `failure.role`'s group and restore its state. A recreate that fails again (no
         capacity in time, a rank dying during start) counts as another restart of the same budget."""
         role = failure.role
-        rec = Recovery(role, self.step + 1, phase, failure.reason, failure.detail, detect_s=detect_s)
+        rec = Recovery(role, self.step + 1, phase, failure.reason, failure.detail, detect_s=detect_s,
+                       diagnosis=failure.diagnosis)
         history, budget = self.history[role], self.spec.roles.get(role).max_restarts
         group = self.groups[role]
         t0 = time.perf_counter()
@@ -238,9 +252,8 @@ class Roles:
             history.restarts += 1
             print(f"[{self.name}] role {role} failed in phase {rec.phase} of step {rec.step}: {rec.detail}; "
                   f"restarting {role} only ({history.restarts}/{budget})", flush=True)
-            group.shutdown()
             try:
-                group.start()
+                rec.standby = group.restart()
                 rec.restored_from = self._restore(role) if role in STATEFUL else "model path"
                 break
             except WorkerFailure as again:
