@@ -278,7 +278,7 @@ class RayWorkerGroup(WorkerGroup):
             if not self._all_alive():
                 raise WorkerFailure(self.role, Reason.WORKER_DIED, f"a rank died ({type(cause).__name__} on a peer: "
                                     f"{text})", error=error) from None
-            if _is_distributed_error(cause):
+            if hangs.collective_failed(cause):
                 summary = self.diagnose()
                 raise WorkerFailure(self.role, Reason.WORKER_HUNG, f"a collective failed ({error}); {summary}",
                                     summary, error) from None
@@ -361,9 +361,3 @@ class RayWorkerGroup(WorkerGroup):
             self.pg = None
 
 
-
-def _is_distributed_error(exc: BaseException) -> bool:
-    """A torch.distributed failure (a collective timed out or a peer went away), not the role's own bug."""
-    import torch.distributed as dist
-
-    return isinstance(exc, dist.DistError)

@@ -6,11 +6,13 @@ ceiling, and the only bound for a method not yet seen). Before a hung role is ki
 dumps the Python stacks of all its threads (`capture_stacks`, run in the workers' `CONTROL` Ray
 concurrency group, so it answers beside the stuck call); the driver logs them all and
 `summarize` turns them into one line (role, rank, innermost frame, collective or user code) for
-the recovery record and the operator's `lastFailure`. Pure Python apart from `capture_stacks`.
+the recovery record and the operator's `lastFailure`. A rank whose collective failed while its
+peers are alive (`collective_failed`) makes the role count as hung too, not as a bug in its code.
 """
 
 from __future__ import annotations
 
+import re
 import sys
 import threading
 import traceback
@@ -22,6 +24,8 @@ HANG_FLOOR_S = 30.0
 COLLECTIVE_PATH = "torch/distributed/"  # a frame here means the rank waits in (or on) a collective
 C10D_FILE = "distributed_c10d.py"  # the collective API (all_reduce, all_gather_into_tensor, barrier, ...)
 Frame = tuple[str, int, str]  # (file, line, function)
+# gloo raises a plain RuntimeError when a collective times out or loses a peer (NCCL: a DistBackendError)
+GLOO_ERROR = re.compile(r"gloo/transport/|Timed out waiting \d+ms for (recv|send) operation")
 
 
 def hang_timeout(slowest_s: float | None, ceiling_s: float, factor: float = HANG_FACTOR,
@@ -34,9 +38,18 @@ def hang_timeout(slowest_s: float | None, ceiling_s: float, factor: float = HANG
 
 
 def collective_timeout(call_timeout_s: float) -> float:
-    """The process groups' timeout (`init_process_group(timeout=...)`): half the call timeout, so that
-    a collective waiting on a hung peer raises (naming the collective) before the call counts as hung."""
+    """The process groups' timeout (`init_process_group(timeout=...)`): half the call timeout
+    (`callTimeoutSeconds`), so that a collective waiting on a hung peer fails with the collective's own
+    error (NCCL's flight recorder then names it and the missing rank) before the call's ceiling."""
     return call_timeout_s / 2
+
+
+def collective_failed(exc: BaseException) -> bool:
+    """Whether a rank's exception is a collective's failure (a timeout waiting on a hung peer, a lost
+    peer), not the role's own bug: a torch.distributed error, or gloo's transport error."""
+    import torch.distributed as dist
+
+    return isinstance(exc, dist.DistError) or bool(GLOO_ERROR.search(str(exc)))
 
 
 def short_path(path: str) -> str:
@@ -84,7 +97,13 @@ def summarize(role: str, stacks: dict[int, list[Frame] | None]) -> str:
     kinds = {rank: where(frames) if frames is not None else ("unanswered", "") for rank, frames in stacks.items()}
     order = ("user code", "collective", "unanswered", "idle")
     rank, (kind, at) = min(kinds.items(), key=lambda kv: (order.index(kv[1][0]), kv[0]))
-    head = f"role {role} rank {rank} hung in {kind}" + (f": {at}" if at else " (no stack: the rank did not answer)")
+    head = f"role {role} rank {rank} hung"
+    if at:
+        head += f" in {kind}: {at}"
+    elif kind == "unanswered":
+        head += " (no stack: the rank did not answer the dump)"
+    else:
+        head = f"role {role}: no rank is still in the call"
     others = sorted(r for r, (k, _) in kinds.items() if r != rank and k == "collective")
     if others and kind != "collective":
         head += f"; rank(s) {','.join(map(str, others))} waiting in a collective"

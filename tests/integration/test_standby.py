@@ -78,6 +78,26 @@ def test_hang_is_diagnosed_before_the_worker_is_killed(ray_session, tmp_path, ca
     assert last.startswith("WorkerHung at step 2 (ref): role ref rank 0 hung in user code")
 
 
+def test_a_rank_hung_outside_a_collective_is_named_while_its_peer_times_out_in_one(ray_session, tmp_path):
+    """Two critic ranks; the last one hangs in user code while rank 0 waits in FSDP's all-gather. The
+    process group's timeout (half callTimeoutSeconds) fails rank 0's collective first; the hung rank
+    still answers the ping (control concurrency group), so the role counts as hung, not as a bug."""
+    spec = spec_for(**{"roles.critic.replicas": 2, "trainer.microBatchSize": 8, "resilience.standby": False,
+                       "resilience.callTimeoutSeconds": 20, "trainer.steps": 3})
+    driver = Driver(spec, "collective-hang", tmp_path, lambda r: RayWorkerGroup(r, spec), progress=False,
+                    faults=[Fault("critic", 2, "hang")])
+    driver.start()
+    try:
+        driver.run()
+    finally:
+        driver.shutdown()
+    (rec,) = driver.history["critic"].recoveries
+    assert rec.reason.value == "WorkerHung" and "a collective failed (RuntimeError:" in rec.detail
+    assert "Timed out waiting 10000ms" in rec.detail and rec.detect_s < 20
+    assert rec.diagnosis.startswith("role critic rank 1 hung in user code: execute at kuberl/workers/base.py:")
+    assert driver.step == 3 and rec.restored_from == "model path"
+
+
 def test_the_same_error_twice_in_a_row_fails_the_job_with_it(ray_session, tmp_path):
     """A torch.distributed error is first taken for a crash (one restart); the same error from the replay
     of the same call is deterministic: the job fails with it, and no further restart is spent."""
