@@ -37,6 +37,7 @@ def one_run(spec, out: Path) -> dict[str, tuple[float, float, float, bool]]:
                     progress=False)
     driver.start()
     try:
+        driver.roles.wait_standbys()  # a failure right after start would wait for its standby to finish setting up
         driver.run()
     finally:
         driver.shutdown()

@@ -139,6 +139,9 @@ class WorkerGroup(ABC):
         """Whether the role's warm standby is ready to take over; None: the role keeps no standby."""
         return None
 
+    def wait_standby(self) -> None:
+        """Block until the role's warm standby is set up (no standby: returns at once)."""
+
 
 class LocalWorkerGroup(WorkerGroup):
     """One in-process worker (world size 1), no Ray: the GPU benchmark path. Faults are not supported;

@@ -113,6 +113,11 @@ class Roles:
 
         return StandbyGroup(lambda: self.make_group(role), active=group)
 
+    def wait_standbys(self) -> None:
+        """Block until every role's warm standby is set up (no-op without spec.resilience.standby)."""
+        for group in self.groups.values():
+            group.wait_standby()
+
     def shutdown(self) -> None:
         for group in self.groups.values():
             group.shutdown()

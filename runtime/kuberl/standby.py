@@ -91,6 +91,11 @@ class StandbyGroup(WorkerGroup):
     def standby_ready(self) -> bool | None:
         return self.standby is not None and self.standby.ready()
 
+    def wait_standby(self) -> None:
+        """Block until the standby is set up (raises why it could not start)."""
+        if self.standby is not None:
+            self.standby.wait()
+
     def _submit(self, fn, info, per_rank, kwargs, fault) -> GroupCall:
         call = self.active._submit(fn, info, per_rank, kwargs, fault)
         call.generation = self.generation
