@@ -141,6 +141,7 @@ class WorkerGroup(ABC):
 
     def wait_standby(self) -> None:
         """Block until the role's warm standby is set up (no standby: returns at once)."""
+        return None
 
 
 class LocalWorkerGroup(WorkerGroup):
