@@ -21,8 +21,11 @@ from typing import Any
 CONTROL = "control"  # the Ray concurrency group of control methods (ping, memory, stack dump)
 HANG_FACTOR = 10.0
 HANG_FLOOR_S = 30.0
-COLLECTIVE_PATH = "torch/distributed/"  # a frame here means the rank waits in (or on) a collective
-C10D_FILE = "distributed_c10d.py"  # the collective API (all_reduce, all_gather_into_tensor, barrier, ...)
+COLLECTIVE_PATH = "torch/distributed/"
+# files whose frames are collectives (or waits on one): the c10d API (all_reduce, all_gather_into_tensor,
+# barrier, ...), functional collectives, FSDP2's all-gather / reduce-scatter; not DTensor's CPU work
+COLLECTIVE_FILES = ("distributed_c10d.py", "_functional_collectives.py", "_fsdp_collectives.py")
+C10D_FILE = "distributed_c10d.py"
 Frame = tuple[str, int, str]  # (file, line, function)
 # gloo raises a plain RuntimeError when a collective times out or loses a peer (NCCL: a DistBackendError)
 GLOO_ERROR = re.compile(r"gloo/transport/|Timed out waiting \d+ms for (recv|send) operation")
@@ -76,11 +79,12 @@ def capture_stacks(call_thread: int | None) -> dict[str, Any]:
 
 def where(frames: list[Frame]) -> tuple[str, str]:
     """("collective", "all_reduce at torch/distributed/distributed_c10d.py:2870") when the call's stack
-    goes through torch.distributed (named by the innermost collective API frame), else ("user code",
-    the innermost frame); ("idle", "") for no call."""
+    is in a collective or waits on one (named by the innermost collective API frame), else ("user
+    code", the innermost frame: also torch's own CPU work); ("idle", "") for no call."""
     if not frames:
         return "idle", ""
-    dist = [f for f in frames if COLLECTIVE_PATH in f[0]]
+    dist = [f for f in frames if COLLECTIVE_PATH in f[0]
+            and (f[0].endswith(COLLECTIVE_FILES) or f[2].startswith("wait"))]
     if dist:
         api = [f for f in dist if f[0].endswith(C10D_FILE)]
         file, line, fn = (api or dist)[-1]

@@ -50,6 +50,11 @@ def test_where_tells_a_collective_from_user_code():
     api = "all_gather_into_tensor at torch/distributed/distributed_c10d.py:3800"
     assert hangs.where(COLLECTIVE) == ("collective", api)
     assert hangs.where([]) == ("idle", "")
+    dtensor = [*USER[:1], ("torch/distributed/tensor/_sharding_prop.py", 550, "_propagate_tensor_meta_non_cached")]
+    assert hangs.where(dtensor)[0] == "user code"  # DTensor's CPU work is no collective
+    fsdp_wait = [*USER[:1], ("torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py", 300, "wait_for_unshard")]
+    assert hangs.where(fsdp_wait) == ("collective", "wait_for_unshard at "
+                                                    "torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py:300")
 
 
 def test_summary_names_the_rank_in_user_code_first_and_its_waiting_peers():
