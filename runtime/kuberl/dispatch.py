@@ -34,14 +34,16 @@ class Dispatch(enum.Enum):
 class MethodInfo:
     dispatch: Dispatch
     faults: bool  # whether injected faults (spec.resilience.faults) may hit this call
+    control: bool = False  # runs in the workers' control concurrency group, beside a stuck call (kuberl.hangs)
 
 
-def register(dispatch: Dispatch, *, faults: bool = True) -> Callable[[F], F]:
+def register(dispatch: Dispatch, *, faults: bool = True, control: bool = False) -> Callable[[F], F]:
     """Declare a worker method callable from the driver, and how it is dispatched over ranks.
-    `faults=False` for lifecycle calls (save, load) that fault injection must leave alone."""
+    `faults=False` for lifecycle calls (save, load) that fault injection must leave alone;
+    `control=True` for cheap calls (ping, memory, stack dump) that must answer while a call is stuck."""
 
     def mark(fn: F) -> F:
-        setattr(fn, _ATTR, MethodInfo(dispatch, faults))
+        setattr(fn, _ATTR, MethodInfo(dispatch, faults, control))
         return fn
 
     return mark

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -31,21 +32,26 @@ def listener(host: str) -> socket.socket:
 
 
 def init_group(rank: int, world_size: int, addr: str, port: int, device: torch.device,
-               listen: socket.socket | None = None) -> None:
+               listen: socket.socket | None = None, timeout_s: float | None = None) -> None:
     """Join this role's process group: gloo on CPU, NCCL on CUDA. Idempotent within a process. Rank 0
-    serves the group's store on `listen` (see `listener`), the socket `addr:port` names."""
+    serves the group's store on `listen` (see `listener`), the socket `addr:port` names.
+    `timeout_s`: how long a collective (and the rendezvous) may wait for a peer; shorter than the
+    driver's call timeout, so a rank stuck in a collective fails with the collective's error first."""
     if dist.is_initialized():
         return
     if addr.startswith("127."):
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
         os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
     backend = "nccl" if device.type == "cuda" else "gloo"
-    kwargs = {"device_id": device} if device.type == "cuda" else {}
+    kwargs: dict = {"device_id": device} if device.type == "cuda" else {}
+    if timeout_s is not None:
+        kwargs["timeout"] = timedelta(seconds=timeout_s)
     if world_size == 1:  # nobody to meet: an in-process store, no TCP rendezvous (and no c10d socket warnings)
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, **kwargs)
         return
     store = dist.TCPStore(addr, port, world_size, is_master=rank == 0, wait_for_workers=False,
-                          master_listen_fd=listen.fileno() if rank == 0 and listen is not None else None)
+                          master_listen_fd=listen.fileno() if rank == 0 and listen is not None else None,
+                          **({"timeout": kwargs["timeout"]} if "timeout" in kwargs else {}))
     dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, **kwargs)
 
 

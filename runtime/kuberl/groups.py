@@ -3,7 +3,8 @@
 `submit(fn, args, kwargs)` starts a worker method (one decorated with `kuberl.dispatch.register`) on
 every rank, spreading the arguments as the method's `Dispatch` mode says, and returns a `GroupCall`;
 `collect(call)` waits and gathers the results the same way. A dead or hung rank surfaces as
-`WorkerFailure(role, reason, detail)`, an exception raised by the role's code as `RoleError`.
+`WorkerFailure(role, reason, detail)`, an exception raised by the role's code as `RoleError`. A call
+counts as hung after `kuberl.hangs.hang_timeout` seconds; the hung ranks' stacks are logged first.
 Callers normally go through `kuberl.proxies`, which add typed methods, futures and recovery.
 """
 
@@ -13,22 +14,30 @@ import os
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from . import hangs
 from .dispatch import MethodInfo, gather, method_info, scatter
 from .kernels import KernelOptions
 from .spec import JobSpec, role_resource
 from .spec.contract import Reason
 from .workers import Worker, worker_class
 
+# NCCL's flight recorder, read by torch's watchdog in GPU ranks: on a collective timeout it logs and
+# dumps the last collectives of every rank (which collective, which rank did not join)
+NCCL_FLIGHT_RECORDER = {"TORCH_NCCL_TRACE_BUFFER_SIZE": "2000", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1"}
+
 
 class WorkerFailure(RuntimeError):
     """A role's worker died or stopped answering: `reason` is the code, `detail` says what happened."""
 
-    def __init__(self, role: str, reason: Reason, detail: str):
+    def __init__(self, role: str, reason: Reason, detail: str, diagnosis: str = "", error: str = ""):
+        """`diagnosis`: a hang's one-line summary (`kuberl.hangs.summarize`); `error`: the exception
+        ("Type: message") a rank raised, when one did (a replay raising the same one is deterministic)."""
         super().__init__(f"role {role}: {detail}")
         self.role, self.reason, self.detail = role, reason, detail
+        self.diagnosis, self.error = diagnosis, error
 
 
 class RoleError(RuntimeError):
@@ -68,18 +77,23 @@ class GroupCall:
     generation: int  # the group's generation it was sent to (a restart starts a new one)
     refs: list[Any]  # Ray object refs, or the in-process results
     error: BaseException | None = None  # in-process: what the call raised
+    name: str = ""  # the worker method's qualified name (hang timeouts are per method)
+    sent_at: float = field(default_factory=time.perf_counter)
 
 
 class WorkerGroup(ABC):
     role: str
     world_size: int
     generation: int = 0  # bumped by every (re)start: a call sent to an older generation died with it
+    standby_capable = False  # whether spec.resilience.standby can keep a second set of these ranks warm
 
     def submit(self, fn: Callable[..., Any], args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None,
                fault: str | None = None) -> GroupCall:
         """Start `fn` (a worker method) on every rank; `fault` ("kill", "hang") hits the last rank."""
         info = method_info(fn)
-        return self._submit(fn, info, scatter(info, self.world_size, args), kwargs or {}, fault)
+        call = self._submit(fn, info, scatter(info, self.world_size, args), kwargs or {}, fault)
+        call.name = fn.__qualname__
+        return call
 
     def call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Submit and collect, with no recovery: a failure raises (proxies add recovery)."""
@@ -102,6 +116,12 @@ class WorkerGroup(ABC):
         self.launch()
         self.wait_ready()
 
+    def restart(self) -> bool:
+        """Replace every rank after a failure; True when a warm standby took over (`kuberl.standby`)."""
+        self.shutdown()
+        self.start()
+        return False
+
     @abstractmethod
     def launch(self) -> None:
         """Begin creating the workers; `wait_ready` completes it (lets roles start in parallel)."""
@@ -118,6 +138,14 @@ class WorkerGroup(ABC):
     def resize(self, spec: JobSpec) -> None:
         """Take ``spec`` (the role's replicas changed) for the next start: its world size follows."""
         self.spec, self.world_size = spec, world_size(spec, self.role)
+
+    def standby_ready(self) -> bool | None:
+        """Whether the role's warm standby is ready to take over; None: the role keeps no standby."""
+        return None
+
+    def wait_standby(self) -> None:
+        """Block until the role's warm standby is set up (no standby: returns at once)."""
+        return None
 
 
 class LocalWorkerGroup(WorkerGroup):
@@ -170,6 +198,8 @@ class LocalWorkerGroup(WorkerGroup):
 class RayWorkerGroup(WorkerGroup):
     """`world_size` Ray actors of one role in the role's own placement group (one bundle per rank)."""
 
+    standby_capable = True  # separate processes: a second set can be kept warm (kuberl.standby)
+
     def __init__(self, role: str, spec: JobSpec, device: str = "auto", timeout_s: float | None = None,
                  ready_timeout_s: float | None = None, worker_cls: type[Worker] | None = None):
         """Timeouts default to spec.resilience.callTimeoutSeconds / startTimeoutSeconds."""
@@ -180,6 +210,7 @@ class RayWorkerGroup(WorkerGroup):
         self.ready_timeout_s = ready_timeout_s or spec.resilience.start_timeout_seconds
         self.actors: list[Any] = []
         self.pg = None
+        self.slowest: dict[str, float] = {}  # method -> slowest completed call on these ranks, seconds
 
     def bundle(self) -> dict[str, float]:
         rs = self.spec.roles.get(self.role)
@@ -198,12 +229,14 @@ class RayWorkerGroup(WorkerGroup):
         bundle = self.bundle()
         name = f"kuberl-{self.role}-{os.getpid()}-{time.time_ns()}"
         self.pg = placement_group([bundle] * self.world_size, strategy="PACK", name=name)
-        cls = ray.remote(self.worker_cls)
+        cls = ray.remote(concurrency_groups={hangs.CONTROL: 2})(self.worker_cls)
         spec_json = self.spec.model_dump_json(by_alias=True)
-        # GPU ranks see every GPU of their node and pin themselves by topology (kuberl.placement).
+        # GPU ranks see every GPU of their node and pin themselves by topology (kuberl.placement);
+        # NCCL's flight recorder names the collective and the rank of a collective that timed out.
         env = None
         if "GPU" in bundle:
-            env = {"env_vars": {"RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}}
+            env = {"env_vars": {"RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1", "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+                                **NCCL_FLIGHT_RECORDER}}
         custom = {k: v for k, v in bundle.items() if k not in ("CPU", "GPU")}
         self.actors = [
             cls.options(
@@ -230,10 +263,12 @@ class RayWorkerGroup(WorkerGroup):
         self._get([a.init.remote(addr, port, *local) for a, local in zip(self.actors, local_ranks(nodes))], up)
         self.generation += 1
 
-    def _get(self, refs: list[Any], timeout: float | None = None) -> list[Any]:
+    def _get(self, refs: list[Any], timeout: float | None = None, why: str = "") -> list[Any]:
         """Results in rank order. The first rank to fail decides: a dead process (or a peer's error
-        while another rank is dead, e.g. a broken collective) is a WorkerFailure; an exception raised
-        by the role's code with every rank alive is a RoleError (deterministic: no restart)."""
+        while another rank is dead, e.g. a broken collective) is a WorkerFailure, and so is a
+        torch.distributed error (a collective that timed out on a hung peer); another exception
+        raised by the role's code with every rank alive is a RoleError (deterministic: no restart).
+        A timeout is a hang: the ranks' stacks are logged and summarised before it is raised."""
         import ray
 
         timeout = timeout or self.timeout_s
@@ -242,27 +277,53 @@ class RayWorkerGroup(WorkerGroup):
             while pending:
                 ready, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
                 if not ready:
-                    raise WorkerFailure(self.role, Reason.WORKER_HUNG,
-                                        f"hung: no answer within {timeout:.0f}s (spec.resilience.callTimeoutSeconds)")
+                    summary = self.diagnose()
+                    raise WorkerFailure(self.role, Reason.WORKER_HUNG, f"hung: no answer within {timeout:.0f}s "
+                                        f"({why or 'spec.resilience.callTimeoutSeconds'}); {summary}", summary)
                 ray.get(ready[0])  # raises this rank's error now, not after slower ranks
             return ray.get(refs)
         except ray.exceptions.RayTaskError as exc:
             cause = exc.cause if getattr(exc, "cause", None) is not None else exc
             text = str(cause).strip().splitlines()[-1] if str(cause).strip() else ""
+            error = f"{type(cause).__name__}: {text}"
             if not self._all_alive():
-                raise WorkerFailure(self.role, Reason.WORKER_DIED,
-                                    f"a rank died ({type(cause).__name__} on a peer: {text})") from None
-            raise RoleError(self.role, f"{type(cause).__name__}: {text}") from None
+                raise WorkerFailure(self.role, Reason.WORKER_DIED, f"a rank died ({type(cause).__name__} on a peer: "
+                                    f"{text})", error=error) from None
+            if hangs.collective_failed(cause):
+                summary = self.diagnose()
+                raise WorkerFailure(self.role, Reason.WORKER_HUNG, f"a collective failed ({error}); {summary}",
+                                    summary, error) from None
+            raise RoleError(self.role, error) from None
         except (ray.exceptions.RayActorError, ray.exceptions.ActorDiedError,
                 ray.exceptions.ActorUnavailableError) as exc:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise WorkerFailure(self.role, Reason.WORKER_DIED, f"worker died ({type(exc).__name__}: {first})") from None
 
+    def diagnose(self, timeout_s: float = 5.0) -> str:
+        """Every rank's Python stacks (all threads) into the driver's log; returns the one-line summary."""
+        import ray
+
+        stacks: dict[int, list[hangs.Frame] | None] = {}
+        for rank, actor in enumerate(self.actors):
+            try:
+                dump = ray.get(actor.dump_stacks.options(concurrency_group=hangs.CONTROL).remote(), timeout=timeout_s)
+            except (ray.exceptions.RayError, ray.exceptions.GetTimeoutError) as exc:
+                print(f"[kuberl] role {self.role} rank {rank}: no stack dump ({type(exc).__name__})", flush=True)
+                stacks[rank] = None
+                continue
+            print(f"[kuberl] role {self.role} rank {rank} stacks before it is killed:\n{dump['text']}", flush=True)
+            stacks[rank] = [tuple(f) for f in dump["call"]]
+        summary = hangs.summarize(self.role, stacks)
+        print(f"[kuberl] {summary}", flush=True)
+        return summary
+
     def _all_alive(self, timeout_s: float = 10.0) -> bool:
+        """Every rank answers the identity ping (a control call: it answers beside a stuck call)."""
         import ray
 
         try:
-            ray.get([a.identity.remote() for a in self.actors], timeout=timeout_s)
+            ray.get([a.identity.options(concurrency_group=hangs.CONTROL).remote() for a in self.actors],
+                    timeout=timeout_s)
             return True
         except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
             return False
@@ -270,12 +331,21 @@ class RayWorkerGroup(WorkerGroup):
     def _submit(self, fn, info, per_rank, kwargs, fault):
         """Start on every rank; an injected fault hits the last rank (rank 0 of a one-rank group)."""
         last = self.world_size - 1
-        refs = [actor.execute.remote(fn, args, kwargs, fault if rank == last else None)
+        group = {"concurrency_group": hangs.CONTROL} if info.control else {}
+        refs = [actor.execute.options(**group).remote(fn, args, kwargs, fault if rank == last else None)
                 for rank, (actor, args) in enumerate(zip(self.actors, per_rank))]
         return GroupCall(info, self.generation, refs)
 
     def collect(self, call: GroupCall) -> Any:
-        return gather(call.info, self._get(call.refs))
+        """Gather `call`, which counts as hung past its method's `hangs.hang_timeout`."""
+        slowest = self.slowest.get(call.name)
+        timeout = hangs.hang_timeout(slowest, self.timeout_s)
+        why = ("spec.resilience.callTimeoutSeconds" if timeout == self.timeout_s else
+               f"{hangs.HANG_FACTOR:g} x its slowest call {slowest:.2f}s, at least {hangs.HANG_FLOOR_S:g}s")
+        out = gather(call.info, self._get(call.refs, timeout, why))
+        if not call.info.control:
+            self.slowest[call.name] = max(slowest or 0.0, time.perf_counter() - call.sent_at)
+        return out
 
     def done(self, call: GroupCall) -> bool:
         import ray
@@ -300,4 +370,5 @@ class RayWorkerGroup(WorkerGroup):
         if self.pg is not None:
             remove_placement_group(self.pg)
             self.pg = None
+
 

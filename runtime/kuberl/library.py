@@ -15,7 +15,8 @@
 `Roles` is the `Supervisor` of its proxies: when a role's worker dies or hangs, only that role's
 group is torn down, recreated and restored (actor and critic from their snapshot of the last
 completed step, `kuberl.saves`, else the last checkpoint saved with `save_checkpoint`; other roles
-from the model path), and the interrupted call is replayed. Each
+from the model path), and the interrupted call is replayed. With `spec.resilience.standby` each
+role's warm standby takes the failed ranks' place (`kuberl.standby`). Each
 recovery is kept in `history[role]`; a role that fails more often than `spec.roles.<role>.maxRestarts`
 allows raises `JobFailed`. docs/library.md has the whole API; `kuberl.driver` is the built-in PPO and
 GRPO program written on it, and `examples/remax.py` another one.
@@ -114,7 +115,7 @@ class Roles:
     def start(self) -> None:
         """Create every enabled role's group (in parallel), wait until all are ready, check placement."""
         for role in self.roles:
-            self.groups[role] = self.make_group(role)
+            self.groups[role] = self._new_group(role)
             self.groups[role].launch()
         if self.snapshot_root is not None:  # a previous run's snapshots are past the checkpoint it resumes from
             shutil.rmtree(self.snapshot_root, ignore_errors=True)
@@ -123,6 +124,21 @@ class Roles:
             self.proxies[role] = PROXIES.get(role, RoleProxy)(self.groups[role], self)
             self._enable_snapshots(role)
         self.check_placement()
+
+    def _new_group(self, role: str) -> WorkerGroup:
+        """The role's group; behind a warm standby when spec.resilience.standby asks and the group's
+        ranks are separate processes (Ray), not in-process ones."""
+        group = self.make_group(role)
+        if not (self.spec.resilience.standby and group.standby_capable):
+            return group
+        from .standby import StandbyGroup
+
+        return StandbyGroup(lambda: self.make_group(role), active=group)
+
+    def wait_standbys(self) -> None:
+        """Block until every role's warm standby is set up (no-op without spec.resilience.standby)."""
+        for group in self.groups.values():
+            group.wait_standby()
 
     def shutdown(self) -> None:
         for group in self.groups.values():
@@ -187,7 +203,9 @@ class Roles:
         """Each role's part of a step record: restarts, the recoveries since `mark()`, memory, worst link."""
         return {role: RoleStep(restarts=h.restarts, recoveries=h.recoveries[since.get(role, 0):],
                                memory=(memory or {}).get(role, {}), worst_link=self.worst_links.get(role),
-                               topology_source=self.topology_sources.get(role))
+                               topology_source=self.topology_sources.get(role),
+                               last_failure=h.recoveries[-1].summary() if h.recoveries else None,
+                               standby_ready=self.groups[role].standby_ready() if role in self.groups else None)
                 for role, h in self.history.items()}
 
     def memory(self) -> dict[str, dict[str, int]]:
@@ -306,7 +324,8 @@ class Roles:
         capacity in time, a rank dying during start) counts as another restart of the same budget."""
         role = failure.role
         step = self._saving if phase == "checkpoint" else self.step + 1  # the step whose work failed
-        rec = Recovery(role, step, phase, failure.reason, failure.detail, detect_s=detect_s)
+        rec = Recovery(role, step, phase, failure.reason, failure.detail, detect_s=detect_s,
+                       diagnosis=failure.diagnosis)
         history, budget = self.history[role], self.spec.roles.get(role).max_restarts
         group = self.groups[role]
         t0 = time.perf_counter()
@@ -320,9 +339,8 @@ class Roles:
             history.restarts += 1
             print(f"[{self.name}] role {role} failed in phase {rec.phase} of step {rec.step}: {rec.detail}; "
                   f"restarting {role} only ({history.restarts}/{budget})", flush=True)
-            group.shutdown()
             try:
-                group.start()
+                rec.standby = group.restart()
                 rec.restored_from, held = self._restore(role) if role in STATEFUL else ("model path", 0)
                 break
             except WorkerFailure as again:

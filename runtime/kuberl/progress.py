@@ -130,11 +130,14 @@ def progress_of(rec: StepRecord | None, total_steps: int, phase: str = "Running"
     """The progress document after step record `rec` (None: no step done yet); `worst_links` add links
     known without a step (a placement refused at start). The operator reads it with ProgressDocument.parse."""
     steps = rec.roles if rec is not None else {}
-    roles = {role: RoleProgress(restarts=rs.restarts, worst_link=rs.worst_link) for role, rs in steps.items()}
+    roles = {role: RoleProgress(restarts=rs.restarts, worst_link=rs.worst_link,
+                                last_failure=rs.last_failure[:1024] if rs.last_failure else None,
+                                standby_ready=rs.standby_ready)
+             for role, rs in steps.items()}
     for role, link in (worst_links or {}).items():
         if link:
-            restarts = roles[role].restarts if role in roles else None
-            roles[role] = RoleProgress(restarts=restarts, worst_link=link)
+            known = roles[role].model_dump() if role in roles else {}
+            roles[role] = RoleProgress(**{**known, "worst_link": link})
     return ProgressDocument(step=rec.step if rec else 0, total_steps=total_steps,
                             tokens_per_sec=round(rec.rollout_tokens_per_s or 0.0, 1) if rec else 0.0, phase=phase,
                             message=message, reason=str(reason) if reason else None, roles=roles)

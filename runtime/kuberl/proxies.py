@@ -13,7 +13,9 @@ method's own `@register(Dispatch...)`. Every method has a blocking form and a no
 A proxy built with a `Supervisor` (the driver's, or `kuberl.library.Roles`) recovers a failed role
 when a future is waited on: the supervisor restarts only that role, and the future sends the same
 call again (to the new ranks) and waits for that instead; a call that was in flight to the same
-failed group replays without a second restart.
+failed group replays without a second restart. A replay that fails with the same exception as the
+failure before it (same call, same "Type: message") is deterministic: it raises `RoleError` (the job
+fails with that error) instead of restarting the role again.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from collections.abc import Callable
 from typing import Any, Concatenate, Generic, ParamSpec, Protocol, TypeVar, overload
 
 from .dispatch import Dispatch, method_info
-from .groups import GroupCall, WorkerFailure, WorkerGroup
+from .groups import GroupCall, RoleError, WorkerFailure, WorkerGroup
 from .workers import ActorWorker, CriticWorker, RefWorker, RewardWorker, Worker
 
 P = ParamSpec("P")
@@ -68,12 +70,17 @@ class RoleFuture(Generic[R_co]):
 
     def result(self) -> R_co:
         sup, group = self.proxy.supervisor, self.proxy.group
+        last_error = ""  # the exception of this call's previous failure, if it raised one
         while True:
             try:
                 out = group.collect(self._call)
             except WorkerFailure as failure:
                 if sup is None:
                     raise
+                if failure.error and failure.error == last_error:
+                    raise RoleError(failure.role, f"{failure.error} (the same error twice in a row at "
+                                                  f"{self.fn.__qualname__}: not restarted again)") from None
+                last_error = failure.error
                 if group.generation == self._call.generation:  # not yet restarted by another call's wait
                     self.recoveries.append(sup.recover(failure, self.phase, time.perf_counter() - self.sent_at))
                 self._send()  # the replay

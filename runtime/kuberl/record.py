@@ -33,6 +33,12 @@ class Recovery:
     replay_s: float = 0.0  # the interrupted call, sent again
     steps_lost: int = 0  # completed steps of the role's trained state that the restore did not bring back
     restored_from: str = ""
+    diagnosis: str = ""  # a hang: role, rank, innermost frame, collective or user code (kuberl.hangs.summarize)
+    standby: bool = False  # a warm standby took over (spec.resilience.standby), rather than a cold start
+
+    def summary(self) -> str:
+        """One line for the operator's `lastFailure`: the reason, where, and the diagnosis or detail."""
+        return f"{self.reason.value} at step {self.step} ({self.phase or 'no phase'}): {self.diagnosis or self.detail}"
 
     @property
     def total_s(self) -> float:
@@ -55,6 +61,8 @@ class RoleStep:
     memory: dict[str, int] = field(default_factory=dict)  # rank 0's peak bytes by kind (gpu_peak, rss_peak)
     worst_link: str | None = None  # worst GPU link inside the role's groups (NV#, PIX, ..., SYS)
     topology_source: str | None = None  # where its ranks read the links: nvml, nvidia-smi (comma-joined), none
+    last_failure: str | None = None  # the newest recovery's `Recovery.summary()` since the job began (this run)
+    standby_ready: bool | None = None  # whether its warm standby can take over now; None: it keeps none
 
     def recovery_seconds(self, part: str) -> float:
         return sum(r.seconds(part) for r in self.recoveries)

@@ -69,8 +69,9 @@ def start_local_ray(spec: JobSpec) -> None:
     from .spec import role_resource
 
     roles = enabled_roles(spec)
-    need_cpu = sum(spec.roles.get(r).resources.cpu_cores() * spec.roles.get(r).replicas for r in roles)
-    resources = {role_resource(r): float(world_size(spec, r)) for r in roles}
+    sets = 2 if spec.resilience.standby else 1  # a warm standby holds a second set of each role's ranks
+    need_cpu = sets * sum(spec.roles.get(r).resources.cpu_cores() * spec.roles.get(r).replicas for r in roles)
+    resources = {role_resource(r): float(sets * world_size(spec, r)) for r in roles}
     ray.init(
         _node_ip_address="127.0.0.1",
         num_cpus=max(int(need_cpu + 0.999), os.cpu_count() or 1),

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from kuberl.dispatch import Dispatch, register
-from kuberl.workers import ActorWorker, CriticWorker, Worker
+from kuberl.workers import ActorWorker, CriticWorker, RewardWorker, Worker
 
 
 class Probes:
@@ -42,3 +42,12 @@ class ProbedCritic(Probes, CriticWorker):
 
 
 PROBED: dict[str, type[Worker]] = {"actor": ProbedActor, "critic": ProbedCritic}
+
+
+class CollectiveErrorReward(RewardWorker):
+    """A reward role whose scoring fails with the same torch.distributed error on every call: a
+    deterministic error that looks like a broken collective (so the first one gets a restart)."""
+
+    @register(Dispatch.SPLIT)
+    def compute_scores(self, batch):
+        raise torch.distributed.DistBackendError("simulated: allreduce failed the same way every time")

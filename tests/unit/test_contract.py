@@ -47,3 +47,22 @@ def test_progress_parse_drops_each_bad_field_alone():
     text = '{"step": true, "totalSteps": 5, "roles": {"a": {"restarts": "1", "worstLink": "SYS"}}}'
     got = ProgressDocument.parse(text)
     assert got == ProgressDocument(total_steps=5, roles={"a": RoleProgress(worst_link="SYS")})
+
+
+def test_progress_carries_a_roles_last_failure_and_standby_for_the_operator():
+    """lastFailure (one line: reason, step, phase, diagnosis) and standbyReady cross to the operator."""
+    from kuberl.progress import progress_of
+    from kuberl.record import Recovery, RoleStep, StepRecord
+
+    rec = Recovery("critic", 3, "values", Reason.WORKER_HUNG, "hung: no answer within 30s; ...", detect_s=30.0,
+                   diagnosis="role critic rank 1 hung in user code: score at myreward.py:12")
+    step = StepRecord(step=3, roles={"critic": RoleStep(restarts=1, recoveries=[rec], last_failure=rec.summary(),
+                                                        standby_ready=True)})
+    doc = progress_of(step, 9)
+    wire = json.loads(doc.to_json())["roles"]["critic"]
+    assert wire == {"restarts": 1, "standbyReady": True,
+                    "lastFailure": "WorkerHung at step 3 (values): role critic rank 1 hung in user code: "
+                                   "score at myreward.py:12"}
+    assert ProgressDocument.parse(doc.to_json()) == doc
+    bad = ProgressDocument.parse('{"roles": {"critic": {"lastFailure": 7, "standbyReady": "yes", "restarts": 2}}}')
+    assert bad.roles["critic"] == RoleProgress(restarts=2)

@@ -76,13 +76,22 @@ class _Doc(BaseModel):
 class RoleProgress(_Doc):
     restarts: int | None = Field(None, ge=0, description="Restarts of the role's WorkerGroup the driver made.")
     worst_link: str | None = Field(None, alias="worstLink", description="Worst GPU link inside the role's groups.")
+    last_failure: str | None = Field(
+        None, alias="lastFailure", max_length=1024,
+        description="The role's newest failure in one line: reason, step, phase, then a hang's diagnosis (role, rank, "
+                    "innermost frame, collective or user code) or what happened; for status.roles.<role>.lastFailure "
+                    "and an Event.")
+    standby_ready: bool | None = Field(
+        None, alias="standbyReady", description="spec.resilience.standby: the role's warm standby can take over now.")
 
 
 class ProgressDocument(_Doc):
     """``data.progress`` of ConfigMap ``<job>-progress``: every key optional, e.g.::
 
         {"step": 12, "totalSteps": 60, "tokensPerSec": 5321.5, "phase": "Running", "message": "",
-         "reason": "PlacementDegraded", "roles": {"critic": {"restarts": 1, "worstLink": "PIX"}}}
+         "reason": "PlacementDegraded", "roles": {"critic": {"restarts": 1, "worstLink": "PIX",
+         "lastFailure": "WorkerHung at step 3 (values): role critic rank 1 hung in user code: ...",
+         "standbyReady": true}}}
     """
 
     step: int | None = Field(None, ge=0)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -17,7 +18,7 @@ from typing import Any
 import torch
 
 from .. import dist as kdist
-from .. import saves
+from .. import hangs, saves
 from ..batch import Batch
 from ..dispatch import Dispatch, method_info, register
 from ..kernels import KernelOptions
@@ -36,6 +37,7 @@ class Worker:
     any name)."""
 
     trainer: FSDPTrainer | None = None
+    _call_thread: int | None = None  # the thread running the driver's current (non-control) call
 
     def __init__(self, spec_json: str, role: str, rank: int, world_size: int, device: str = "auto", threads: int = 0,
                  kernels: KernelOptions | None = None):
@@ -51,9 +53,15 @@ class Worker:
         self.tokenizer = load_tokenizer(self.spec.model)
 
     # -- lifecycle, called by the WorkerGroup ------------------------------------------------------
-    @register(Dispatch.ALL, faults=False)
+    @register(Dispatch.ALL, faults=False, control=True)
     def identity(self) -> dict[str, Any]:
+        """The liveness ping: answers while another call is stuck (the control concurrency group)."""
         return {"role": self.role, "rank": self.rank, "pid": os.getpid()}
+
+    @register(Dispatch.ALL, faults=False, control=True)
+    def dump_stacks(self) -> dict[str, Any]:
+        """Every thread's Python stack, and the frames of the call in progress (`kuberl.hangs.capture_stacks`)."""
+        return hangs.capture_stacks(self._call_thread)
 
     @register(Dispatch.ALL)
     def placement_info(self) -> dict[str, Any]:
@@ -67,7 +75,7 @@ class Worker:
         """Dense matmul FLOP/s on this worker's device and dtype (the MFU denominator)."""
         return kdist.measure_matmul_flops(self.device, self.dtype)
 
-    @register(Dispatch.ONE)
+    @register(Dispatch.ONE, control=True)
     def memory(self) -> dict[str, int]:
         """This process's peak GPU memory and peak resident set size, in bytes (GPU 0 on CPU); rank 0's."""
         import resource
@@ -105,7 +113,8 @@ class Worker:
             os.environ["NCCL_P2P_LEVEL"] = self.placement.nccl_p2p_level
             self.device = torch.device("cuda", self.placement.device)
             torch.cuda.set_device(self.device)
-        kdist.init_group(self.rank, self.world_size, addr, port, self.device, getattr(self, "_listen", None))
+        kdist.init_group(self.rank, self.world_size, addr, port, self.device, getattr(self, "_listen", None),
+                         hangs.collective_timeout(self.spec.resilience.call_timeout_seconds))
         self.setup()
 
     def setup(self) -> None:
@@ -164,12 +173,14 @@ class Worker:
         """Run the role method `fn` on this rank (this worker's own override of it, if it has one),
         Batches moved to the device first; `fault` = "kill" ends this process now, "hang" stops
         answering."""
+        info = method_info(fn)  # only declared role methods are callable from the driver
+        if not info.control:
+            self._call_thread = threading.get_ident()
         if fault == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
         if fault == "hang":
             while True:
                 time.sleep(3600)
-        method_info(fn)  # only declared role methods are callable from the driver
         bound = getattr(self, fn.__name__)  # virtual: a subclass's override runs, as in a plain call
         return bound(*(a.to(self.device) if isinstance(a, Batch) else a for a in args), **kwargs)
 

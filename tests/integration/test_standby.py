@@ -1,0 +1,119 @@
+"""Warm standbys, hang diagnosis and deterministic errors, on CPU with real Ray (spec.resilience.standby).
+
+A standby is a second set of a role's ranks, started and set up before it is needed: on a failure it
+takes over (its processes, set up in advance, become the role), and a new standby starts behind it."""
+
+from __future__ import annotations
+
+import pytest
+
+from kuberl.driver import Driver, Fault
+from kuberl.groups import RayWorkerGroup, RoleError
+from kuberl.metrics import read_jsonl
+from kuberl.standby import StandbyGroup
+
+from .conftest import load_example
+from .probes import CollectiveErrorReward
+
+
+def spec_for(**overrides):
+    base = {"trainer.steps": 5, "trainer.checkpoint.interval": 2, "resilience.standby": True}
+    base.update(overrides)
+    return load_example("quickstart.yaml", **base).spec
+
+
+def pids(group) -> list[int]:
+    return [i["pid"] for i in group.identities()]
+
+
+@pytest.mark.parametrize("role", ["critic", "reward"])
+def test_standby_takes_over_and_a_new_one_starts(ray_session, tmp_path, role):
+    spec = spec_for()
+    seen: dict[str, list[int]] = {}
+
+    def on_step(rec):
+        if rec.step == 2:  # before the fault at step 3: the role's processes and its standby's
+            group = driver.groups[role]
+            seen["active"], seen["standby"] = pids(group), pids(group.standby.wait())
+
+    driver = Driver(spec, f"standby-{role}", tmp_path, lambda r: RayWorkerGroup(r, spec, timeout_s=120),
+                    faults=[Fault(role, 3)], progress=False, on_step=on_step)
+    driver.start()
+    try:
+        assert all(isinstance(g, StandbyGroup) for g in driver.groups.values())
+        records = driver.run()
+        group = driver.groups[role]
+        after, next_standby = pids(group), pids(group.standby.wait())
+        standby_ready = group.standby_ready()
+    finally:
+        driver.shutdown()
+    (rec,) = driver.history[role].recoveries
+    assert rec.standby is True and rec.step == 3 and "died" in rec.detail
+    assert after == seen["standby"]  # the processes started in advance took over
+    assert not set(next_standby) & (set(after) | set(seen["active"]))  # and a fresh standby stands behind them
+    assert standby_ready is True and group.takeovers == 1
+    assert rec.restored_from == ("checkpoint step 2" if role == "critic" else "model path")
+    assert [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == list(range(1, 6))
+    assert records[-1].roles[role].last_failure.startswith("WorkerDied at step 3")
+    print(f"standby {role}: detect={rec.detect_s:.3f}s ready={rec.ready_s:.3f}s replay={rec.replay_s:.3f}s")
+
+
+def test_hang_is_diagnosed_before_the_worker_is_killed(ray_session, tmp_path, capfd):
+    """The hung rank's stacks reach the driver's log and the recovery names role, rank and frame."""
+    spec = spec_for(**{"resilience.callTimeoutSeconds": 5, "trainer.steps": 3})
+    driver = Driver(spec, "hang-diag", tmp_path, lambda r: RayWorkerGroup(r, spec, timeout_s=5),
+                    faults=[Fault("ref", 2, "hang")], progress=False)
+    driver.start()
+    try:
+        records = driver.run()
+    finally:
+        driver.shutdown()
+    (rec,) = driver.history["ref"].recoveries
+    assert rec.diagnosis.startswith("role ref rank 0 hung in user code: execute at kuberl/workers/base.py:")
+    assert rec.diagnosis in rec.detail and 5 <= rec.detect_s < 15 and rec.standby is True
+    log = capfd.readouterr().out
+    assert "role ref rank 0 stacks before it is killed:" in log and "(the driver's call)" in log
+    assert "time.sleep(3600)" in log
+    last = records[-1].roles["ref"].last_failure
+    assert last.startswith("WorkerHung at step 2 (ref): role ref rank 0 hung in user code")
+
+
+def test_a_rank_hung_outside_a_collective_is_named_while_its_peer_times_out_in_one(ray_session, tmp_path):
+    """Two critic ranks; the last one hangs in user code while rank 0 waits in FSDP's all-gather. The
+    process group's timeout (half callTimeoutSeconds) fails rank 0's collective first; the hung rank
+    still answers the ping (control concurrency group), so the role counts as hung, not as a bug."""
+    spec = spec_for(**{"roles.critic.replicas": 2, "trainer.microBatchSize": 8, "resilience.standby": False,
+                       "resilience.callTimeoutSeconds": 20, "trainer.steps": 3})
+    driver = Driver(spec, "collective-hang", tmp_path, lambda r: RayWorkerGroup(r, spec), progress=False,
+                    faults=[Fault("critic", 2, "hang")])
+    driver.start()
+    try:
+        driver.run()
+    finally:
+        driver.shutdown()
+    (rec,) = driver.history["critic"].recoveries
+    assert rec.reason.value == "WorkerHung" and "a collective failed (RuntimeError:" in rec.detail
+    assert "Timed out waiting 10000ms" in rec.detail and rec.detect_s < 20
+    assert rec.diagnosis.startswith("role critic rank 1 hung in user code: execute at kuberl/workers/base.py:")
+    assert driver.step == 3 and rec.restored_from == "model path"
+
+
+def test_the_same_error_twice_in_a_row_fails_the_job_with_it(ray_session, tmp_path):
+    """A torch.distributed error is first taken for a crash (one restart); the same error from the replay
+    of the same call is deterministic: the job fails with it, and no further restart is spent."""
+    spec = spec_for(**{"roles.reward.maxRestarts": 5, "resilience.standby": False})
+
+    def make(role):
+        return RayWorkerGroup(role, spec, timeout_s=120, worker_cls=CollectiveErrorReward if role == "reward" else None)
+
+    driver = Driver(spec, "twice", tmp_path, make, progress=False)
+    driver.start()
+    try:
+        with pytest.raises(RoleError) as info:
+            driver.run()
+    finally:
+        driver.shutdown()
+    msg = str(info.value)
+    assert msg.startswith("role reward raised DistBackendError: simulated: allreduce failed the same way every time")
+    assert "twice in a row at RewardWorker.compute_scores" in msg
+    assert driver.history["reward"].restarts == 1

@@ -1,0 +1,81 @@
+"""Hang timeouts and the one-line diagnosis of a hung role (kuberl.hangs), from real stacks."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from kuberl import hangs
+
+
+def test_hang_timeout_is_ten_times_the_slowest_call_within_floor_and_ceiling():
+    assert hangs.hang_timeout(None, 600) == 600  # a method not seen yet: the ceiling only
+    assert hangs.hang_timeout(0.5, 600) == hangs.HANG_FLOOR_S == 30
+    assert hangs.hang_timeout(12.0, 600) == pytest.approx(120.0)
+    assert hangs.hang_timeout(100.0, 600) == 600
+    assert hangs.hang_timeout(0.5, 5) == 5  # a ceiling below the floor wins
+    assert hangs.collective_timeout(600) == 300 < 600
+
+
+def _stuck(event: threading.Event) -> None:
+    event.wait()
+
+
+def test_capture_stacks_dumps_every_thread_and_the_calls_frames():
+    event = threading.Event()
+    worker = threading.Thread(target=_stuck, args=(event,), name="stuck-call")
+    worker.start()
+    try:
+        time.sleep(0.05)
+        dump = hangs.capture_stacks(worker.ident)
+    finally:
+        event.set()
+        worker.join()
+    assert "thread stuck-call (the driver's call):" in dump["text"] and "thread MainThread:" in dump["text"]
+    assert dump["call"][-1][2] == "wait" and any(f[2] == "_stuck" for f in dump["call"])
+    assert hangs.capture_stacks(None)["call"] == []
+
+
+USER = [("kuberl/workers/base.py", 150, "execute"), ("myreward.py", 12, "score")]
+COLLECTIVE = [("kuberl/workers/base.py", 150, "execute"), ("kuberl/workers/critic.py", 40, "compute_values"),
+              ("torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py", 200, "foreach_all_gather"),
+              ("torch/distributed/distributed_c10d.py", 3800, "all_gather_into_tensor"),
+              ("torch/distributed/c10d_logger.py", 80, "wrapper")]
+
+
+def test_where_tells_a_collective_from_user_code():
+    assert hangs.where(USER) == ("user code", "score at myreward.py:12")
+    api = "all_gather_into_tensor at torch/distributed/distributed_c10d.py:3800"
+    assert hangs.where(COLLECTIVE) == ("collective", api)
+    assert hangs.where([]) == ("idle", "")
+    dtensor = [*USER[:1], ("torch/distributed/tensor/_sharding_prop.py", 550, "_propagate_tensor_meta_non_cached")]
+    assert hangs.where(dtensor)[0] == "user code"  # DTensor's CPU work is no collective
+    fsdp_wait = [*USER[:1], ("torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py", 300, "wait_for_unshard")]
+    assert hangs.where(fsdp_wait) == ("collective", "wait_for_unshard at "
+                                                    "torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py:300")
+
+
+def test_summary_names_the_rank_in_user_code_first_and_its_waiting_peers():
+    assert hangs.summarize("critic", {0: COLLECTIVE, 1: USER}) == (
+        "role critic rank 1 hung in user code: score at myreward.py:12; rank(s) 0 waiting in a collective")
+    assert hangs.summarize("critic", {0: COLLECTIVE, 1: COLLECTIVE}).startswith(
+        "role critic rank 0 hung in collective: all_gather_into_tensor at torch/distributed/distributed_c10d.py")
+    assert hangs.summarize("reward", {0: [], 1: []}) == "role reward: no rank is still in the call"
+    assert hangs.summarize("ref", {0: None}) == "role ref rank 0 hung (no stack: the rank did not answer the dump)"
+
+
+def test_short_path_drops_the_install_prefix():
+    assert hangs.short_path("/venv/lib/python3.11/site-packages/torch/distributed/x.py") == "torch/distributed/x.py"
+    assert hangs.short_path("/work/repo/runtime/kuberl/workers/base.py") == "kuberl/workers/base.py"
+
+
+def test_a_collectives_failure_is_not_the_roles_bug():
+    import torch.distributed as dist
+
+    gloo = RuntimeError("[/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting "
+                        "2000ms for recv operation to complete")
+    assert hangs.collective_failed(gloo) and hangs.collective_failed(dist.DistBackendError("NCCL watchdog"))
+    assert not hangs.collective_failed(ZeroDivisionError("division by zero"))
+    assert not hangs.collective_failed(RuntimeError("Timed out waiting for the reward service"))
