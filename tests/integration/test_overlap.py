@@ -4,8 +4,6 @@ spec.rollout.asynchronous generates step k+1's batch beside step k's updates and
 
 from __future__ import annotations
 
-import pytest
-
 from kuberl.driver import Driver
 from kuberl.groups import RayWorkerGroup
 from kuberl.metrics import read_jsonl

@@ -76,6 +76,7 @@ def test_hub_model_does_not_get_builtin_default() -> None:
         ({"data": {"task": "repeat-letter", "eval": {"files": ["x.csv"]}}}, "spec.data.eval.files",
          ".jsonl or .parquet"),
         ({"tracking": {"wandb": {}}}, "spec.tracking.wandb.project", "required"),
+        ({"rollout": {"engine": "vllm", "asynchronous": True}}, "spec.rollout", "asynchronous needs engine hf"),
     ],
 )
 def test_errors_name_the_field_and_fix(spec, field, words) -> None:
