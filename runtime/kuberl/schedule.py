@@ -74,7 +74,7 @@ class Phases:
         t = time.perf_counter()
         with self.roles.phase(name):
             phase = Phase(method.proxy.role, name, method.submit(*args, **kwargs), t)
-        if self.sequential:
+        if self.sequential or phase.future.done():  # in-process, the call ran to its end when sent
             phase.finish()
         self.phases.append(phase)
         return phase
