@@ -74,7 +74,6 @@ class WorkerGroup(ABC):
     role: str
     world_size: int
     generation: int = 0  # bumped by every (re)start: a call sent to an older generation died with it
-    timeout_s: float | None = None  # a call out longer than this counts as hung (None: never)
 
     def submit(self, fn: Callable[..., Any], args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None,
                fault: str | None = None) -> GroupCall:

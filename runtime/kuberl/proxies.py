@@ -66,11 +66,6 @@ class RoleFuture(Generic[R_co]):
         """Whether the result is there (a failed call counts as done: `result()` then recovers)."""
         return self.proxy.group.done(self._call)
 
-    def overdue(self) -> bool:
-        """Whether the call has been out longer than its group's call timeout (`result()` then sees a hang)."""
-        timeout = self.proxy.group.timeout_s
-        return timeout is not None and time.perf_counter() - self.sent_at > timeout
-
     def result(self) -> R_co:
         sup, group = self.proxy.supervisor, self.proxy.group
         while True:

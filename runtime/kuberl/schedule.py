@@ -39,10 +39,6 @@ class Phase:
         self.finished = future is None
         self.value: Any = None
 
-    def ready(self) -> bool:
-        """Back (or failed), or out past its group's call timeout: `finish` would not wait long."""
-        return self.finished or self.future.done() or self.future.overdue()
-
     def finish(self) -> Any:
         """Wait for the result (the supervisor recovers the role if it failed) and close the span."""
         if not self.finished:
@@ -84,15 +80,24 @@ class Phases:
         self.phases.append(phase)
 
     def wait(self, *phases: Phase | None) -> list[Any]:
-        """The results of `phases` (None for a None), in their order; each collected once it is back."""
+        """The results of `phases` (None for a None), in their order; each collected once it is back (or
+        failed). The last one left is waited on directly, so a hung rank is found by its group's call
+        timeout, counted from when the other calls were back; with none back for a whole call timeout
+        (several hung at once), the oldest is waited on directly."""
         pending = [p for p in phases if p is not None and not p.finished]
-        while pending:
-            ready = [p for p in pending if p.ready()]
+        patience, last_back = self.roles.spec.resilience.call_timeout_seconds, time.perf_counter()
+        while len(pending) > 1:
+            ready = [p for p in pending if p.future.done()]
+            if not ready and time.perf_counter() - last_back > patience:
+                ready = pending[:1]
             for p in ready:
                 p.finish()
+                last_back = time.perf_counter()
             pending = [p for p in pending if not p.finished]
             if pending and not ready:
                 time.sleep(POLL_S)
+        for p in pending:
+            p.finish()
         return [None if p is None else p.value for p in phases]
 
     def run(self, name: str, method: BoundRemote[..., Any], *args: Any, **kwargs: Any) -> Any:
