@@ -3,6 +3,7 @@
     PYTHONPATH=runtime python bench/ppo_step.py --model qwen2-0.5b          # H200: 0.5B shape, bf16
     PYTHONPATH=runtime python bench/ppo_step.py --model qwen2-1.5b
     PYTHONPATH=runtime python bench/ppo_step.py --model qwen2-0.5b --engine vllm [--no-sleep]   # vLLM rollout
+    PYTHONPATH=runtime python bench/ppo_step.py --model qwen2-0.5b --asynchronous   # rollout.asynchronous
     PYTHONPATH=runtime python bench/ppo_step.py --model tiny --device cpu --steps 2 --batch 8 --prompt-len 16 \
         --response-len 16   # smoke
 
@@ -74,7 +75,8 @@ def build_spec(args, data_file: Path) -> JobSpec:
         "reward": {"function": "kuberl.rewards.builtin:repeat_letter"},
         "rollout": {"engine": args.engine, "maxNewTokens": args.response_len, "temperature": 1.0, "topP": 1.0,
                     "fixedLength": True, "compile": args.device == "cuda" and not args.no_fast_rollout,
-                    "gpuMemoryUtilization": args.gpu_memory_utilization, "sleepMode": not args.no_sleep},
+                    "gpuMemoryUtilization": args.gpu_memory_utilization, "sleepMode": not args.no_sleep,
+                    "asynchronous": getattr(args, "asynchronous", False)},
         "trainer": {"steps": args.steps, "ppoEpochs": 1, "miniBatchSize": args.mini or args.batch,
                     "microBatchSize": args.micro, "actorLr": 1e-6, "criticLr": 1e-5, "seed": 0,
                     "checkpoint": {"interval": 10_000}},
@@ -173,6 +175,8 @@ def main() -> None:
     ap.add_argument("--engine", default="hf", choices=["hf", "vllm"], help="rollout.engine")
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.25, help="vllm: its share of the GPU")
     ap.add_argument("--no-sleep", action="store_true", help="vllm: keep the engine's memory during training")
+    ap.add_argument("--asynchronous", action="store_true",
+                    help="rollout.asynchronous: in-process the calls still run one at a time (docs/performance.md)")
     ap.add_argument("--no-train-bench", action="store_true")
     ap.add_argument("--train-reps", type=int, default=5)
     ap.add_argument("--no-ab", action="store_true", help="time the train step only as the runtime runs it")
@@ -206,7 +210,7 @@ def main() -> None:
                 for _ in range(args.steps):
                     rec = driver.train_step().flat()
                     recs.append(rec)
-                    shown = ("time_", "rollout_tokens", "train_tokens", "mfu", "memory_actor_gpu")
+                    shown = ("time_", "rollout_tokens", "train_tokens", "mfu", "memory_actor_gpu", "staleness")
                     keep = {k: v for k, v in rec.items() if k.startswith(shown)}
                     print(json.dumps({"step": rec["step"], **keep}), flush=True)
         finally:

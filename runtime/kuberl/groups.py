@@ -220,6 +220,10 @@ class RayWorkerGroup(WorkerGroup):
             out["GPU"] = 1.0
         return out
 
+    def concurrency(self) -> int:
+        """Calls one rank runs at once: under spec.rollout.asynchronous the actor generates beside its update."""
+        return 2 if self.role == "actor" and self.spec.rollout.asynchronous else 1
+
     def launch(self) -> None:
         """Reserve the placement group and create the actors without waiting (processes start in the background)."""
         import ray
@@ -242,7 +246,7 @@ class RayWorkerGroup(WorkerGroup):
             cls.options(
                 num_cpus=bundle["CPU"], num_gpus=bundle.get("GPU", 0), resources=custom,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=rank),
-                max_restarts=0, runtime_env=env,
+                max_restarts=0, runtime_env=env, max_concurrency=self.concurrency(),
             ).remote(spec_json, self.role, rank, self.world_size, self.device, max(1, int(bundle["CPU"])))
             for rank in range(self.world_size)
         ]

@@ -280,8 +280,13 @@ class Roles:
     def _stateful(self) -> list[str]:
         return [role for role in STATEFUL if role in self.proxies]
 
+    def _snapshots_on(self, role: str) -> bool:
+        """spec.resilience.snapshots for `role`: auto means on without GPUs only."""
+        mode = self.spec.resilience.snapshots
+        return mode == "on" or (mode == "auto" and not self.spec.roles.get(role).gpus)
+
     def _enable_snapshots(self, role: str) -> None:
-        if role in STATEFUL and self.snapshot_root is not None:
+        if role in STATEFUL and self.snapshot_root is not None and self._snapshots_on(role):
             RoleProxy(self.groups[role]).enable_snapshots(str(self.snapshot_root / role))
 
     def _root(self) -> Path:

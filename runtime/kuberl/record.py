@@ -53,6 +53,21 @@ class Recovery:
 
 
 @dataclass
+class Span:
+    """One phase of one step on one role ("driver" for the driver's own work), in seconds from the
+    step's start. A rollout generated ahead (spec.trainer.asyncRollout) starts before its step: < 0."""
+
+    role: str
+    phase: str
+    start_s: float
+    end_s: float
+
+    def overlaps(self, other: Span, offset_s: float = 0.0) -> bool:
+        """Whether the two spans share time; `offset_s`: `other`'s step started this much later."""
+        return self.start_s < other.end_s + offset_s and other.start_s + offset_s < self.end_s
+
+
+@dataclass
 class RoleStep:
     """One role in one step."""
 
@@ -90,6 +105,9 @@ class StepRecord:
     mfu_peak_tflops: float | None = None
     n_params: int | None = None
     roles: dict[str, RoleStep] = field(default_factory=dict)
+    timeline: list[Span] = field(default_factory=list)  # every phase's span, per role (kuberl.schedule)
+    start_s: float | None = None  # when the step began, seconds since this run's driver started
+    staleness: int | None = None  # updates the policy had taken since the weights that generated the batch
     extra: dict[str, Any] = field(default_factory=dict)  # what hooks add (e.g. eval_reward_mean)
 
     def recoveries(self) -> list[Recovery]:
@@ -103,6 +121,7 @@ class StepRecord:
         out.update(self.stats)
         out.update({f"time_{phase}_s": s for phase, s in self.phases.items()})
         _put(out, "time_step_s", self.step_s)
+        _put(out, "staleness", self.staleness)
         for key in ("weight_sync_worker_s", "rollout_tokens_per_s", "train_tokens_per_s", "mfu", "mfu_peak_tflops",
                     "n_params"):
             _put(out, key, getattr(self, key))
@@ -119,6 +138,9 @@ class StepRecord:
                 out[f"steps_lost_{role}"] = rs.steps_lost
         if self.recoveries():
             out["recoveries"] = [r.to_json() for r in self.recoveries()]
+        if self.timeline:
+            out["step_start_s"] = self.start_s
+            out["timeline"] = [asdict(s) for s in self.timeline]
         out.update(self.extra)
         return out
 

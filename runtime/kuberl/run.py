@@ -101,7 +101,7 @@ def build_driver(job: RLTrainingJob, out: Path, backend: str, device: str, fault
 def run_job(job: RLTrainingJob, out: Path, backend: str = "ray", device: str = "auto", ray_address: str | None = None,
             faults: tuple[str, ...] = (), progress: bool = True, export: bool = True) -> list[StepRecord]:
     """Run a validated job to completion; returns this run's per-step records."""
-    from .metrics import plot_reward_curve
+    from .metrics import plot_reward_curve, plot_timeline
 
     out.mkdir(parents=True, exist_ok=True)
     if backend == "ray":
@@ -143,6 +143,7 @@ def run_job(job: RLTrainingJob, out: Path, backend: str = "ray", device: str = "
     if reporter is not None:
         reporter.report(progress_of(last[-1] if last else None, total, "Succeeded", f"finished {total} steps"))
     plot_reward_curve(out / "metrics.jsonl", out / "reward_curve.png")
+    plot_timeline(out / "metrics.jsonl", out / "timeline.png")
     if export:
         export_last(job, out)
     return records
@@ -259,7 +260,8 @@ def summary(out: Path) -> str:
         parts.append(f"eval_reward_mean={evals[-1]['eval_reward_mean']:.3f} at step {evals[-1]['step']}")
     if (out / "model" / "config.json").is_file():
         parts.append(f"model in {out / 'model'}")
-    parts.append(f"metrics in {out / 'metrics.jsonl'}, curve in {out / 'reward_curve.png'}")
+    parts.append(f"metrics in {out / 'metrics.jsonl'}, curve in {out / 'reward_curve.png'}, "
+                 f"phases in {out / 'timeline.png'}")
     if (out / "tensorboard").is_dir():
         parts.append(f"TensorBoard in {out / 'tensorboard'}")
     return "; ".join(parts)

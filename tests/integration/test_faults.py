@@ -23,10 +23,16 @@ from .probes import PROBED, Probes
 ROLES = ("actor", "critic", "ref", "reward")
 
 
+STEP_CALLS = {"actor": ("generate", "update", "sync_weights"), "critic": ("compute_values", "update"),
+              "ref": ("compute_ref_logprobs",), "reward": ("compute_scores",)}  # once per step each
+
+
 class CountingGroup(RayWorkerGroup):
-    """A RayWorkerGroup (with the test probes on trained roles) that counts how often it is (re)created."""
+    """A RayWorkerGroup (with the test probes on trained roles) that counts how often it is (re)created
+    and how often each step call is sent to it (a replay is a second send)."""
 
     starts: dict[str, int] = {}
+    sent: dict[tuple[str, str], int] = {}
 
     def __init__(self, role, spec, **kw):
         super().__init__(role, spec, worker_cls=PROBED.get(role), **kw)
@@ -34,6 +40,11 @@ class CountingGroup(RayWorkerGroup):
     def launch(self) -> None:
         CountingGroup.starts[self.role] = CountingGroup.starts.get(self.role, 0) + 1
         super().launch()
+
+    def submit(self, fn, args=(), kwargs=None, fault=None):
+        key = (self.role, fn.__name__)
+        CountingGroup.sent[key] = CountingGroup.sent.get(key, 0) + 1
+        return super().submit(fn, args, kwargs, fault)
 
 
 class ProbingDriver(Driver):
@@ -71,10 +82,13 @@ def run_observed(driver: Driver) -> tuple[dict, list[dict], dict]:
         driver.shutdown()
 
 
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
 @pytest.mark.parametrize("role", ROLES)
-def test_killed_role_recovers_alone(ray_session, tmp_path, role):
-    spec = spec_for()
-    CountingGroup.starts = {}
+def test_killed_role_recovers_alone(ray_session, tmp_path, role, asynchronous):
+    """The kill lands in an overlapped phase: critic, ref, reward in values | ref | reward; the actor, in
+    async mode, in its update, beside the critic's update and the next step's rollout on the same actor."""
+    spec = spec_for(**{"rollout.asynchronous": asynchronous})
+    CountingGroup.starts, CountingGroup.sent = {}, {}
     digests: dict[int, float] = {}
 
     def on_step(rec):
@@ -93,6 +107,15 @@ def test_killed_role_recovers_alone(ray_session, tmp_path, role):
     assert CountingGroup.starts[role] == 2  # recreated exactly once
     (rec,) = driver.history[role].recoveries
     assert rec.step == 3 and "died" in rec.detail
+    if role == "actor" and asynchronous:
+        assert rec.phase == "update_actor"
+    # the calls in flight to other roles ran once; only the failed role's interrupted calls were sent again
+    for other, calls in STEP_CALLS.items():
+        extra = {c: CountingGroup.sent[other, c] - 8 for c in calls}
+        if other != role:
+            assert set(extra.values()) == {0}, (other, extra)
+        else:
+            assert set(extra.values()) <= {0, 1} and sum(extra.values()) >= 1, extra
     if role in ("actor", "critic"):
         assert rec.restored_from == "snapshot step 2"  # its own snapshot of the last completed step
         assert driver.after_restart["digest"] == pytest.approx(digests[2], rel=1e-12)

@@ -173,6 +173,20 @@ def test_token_rewards_placement():
 # --------------------------------------------------------------------------- losses
 
 
+def test_importance_ratio_to_the_behaviour_policy_by_hand():
+    # one sample, three tokens; log-probs of the sampled tokens under the trained and the behaviour policy
+    logp = T([[math.log(0.5), math.log(0.2), -30.0]])
+    behaviour = T([[math.log(0.25), math.log(0.4), 0.0]])
+    ratio, log_ratio = algos.importance_ratio(logp, behaviour)
+    assert ratio.shape == log_ratio.shape == (1, 3)
+    # t0: 0.5 / 0.25 = 2; t1: 0.2 / 0.4 = 0.5; t2: log ratio -30 is clamped to -20, ratio e^-20
+    close(ratio, [[2.0, 0.5, math.exp(-20.0)]])
+    close(log_ratio, [[math.log(2.0), math.log(0.5), -20.0]])
+    same, zero = algos.importance_ratio(logp, logp)
+    close(same, torch.ones(1, 3))
+    close(zero, torch.zeros(1, 3))
+
+
 def test_policy_loss_clipping():
     c = 0.2
     ratio = T([[1.5, 0.5, 0.5, 1.0, math.exp(5)]])

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from kuberl.metrics import MetricsSink, mfu, plot_reward_curve, read_jsonl
-from kuberl.record import RoleStep, StepRecord
+from kuberl.metrics import MetricsSink, mfu, plot_reward_curve, plot_timeline, read_jsonl
+from kuberl.record import RoleStep, Span, StepRecord
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -143,3 +143,23 @@ def test_plot_reward_curve_writes_png(tmp_path: Path) -> None:
 def test_plot_reward_curve_with_no_records(tmp_path: Path) -> None:
     png = plot_reward_curve(tmp_path / "missing.jsonl", tmp_path / "empty.png")
     assert png.read_bytes()[:8] == PNG_MAGIC
+
+
+def test_step_timeline_in_the_record_and_its_gantt_chart(tmp_path: Path) -> None:
+    ref, values = Span("ref", "ref", 1.0, 2.0), Span("critic", "values", 1.5, 3.0)
+    update = Span("actor", "update_actor", 4.0, 6.0)
+    ahead = Span("actor", "rollout", -1.5, 0.5)  # the next step's rollout, sent 1.5 s before that step began
+    assert ref.overlaps(values) and values.overlaps(ref) and not ref.overlaps(update)
+    assert update.overlaps(ahead, offset_s=5.0) and not update.overlaps(ahead, offset_s=8.0)
+    first = StepRecord(step=1, timeline=[ref, values, update], start_s=0.0, staleness=0)
+    second = StepRecord(step=2, timeline=[ahead, Span("driver", "advantage", 1.0, 1.1)], start_s=5.0, staleness=1)
+    rows = [first.flat(), second.flat()]
+    assert rows[1]["staleness"] == 1 and rows[1]["step_start_s"] == 5.0
+    assert rows[0]["timeline"][1] == {"role": "critic", "phase": "values", "start_s": 1.5, "end_s": 3.0}
+    jsonl = tmp_path / "metrics.jsonl"
+    jsonl.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    png = plot_timeline(jsonl, tmp_path / "timeline.png")
+    assert png is not None and png.read_bytes()[:8] == PNG_MAGIC
+    assert "timeline" not in StepRecord(step=3).flat()
+    (tmp_path / "empty.jsonl").write_text(json.dumps({"step": 1}) + "\n")
+    assert plot_timeline(tmp_path / "empty.jsonl", tmp_path / "none.png") is None

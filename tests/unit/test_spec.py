@@ -79,6 +79,7 @@ def test_hub_model_does_not_get_builtin_default() -> None:
         ({"resilience": {"callTimeoutSeconds": float("inf")}}, "spec.resilience.callTimeoutSeconds", "finite number"),
         ({"trainer": {"actorLr": float("nan")}}, "spec.trainer.actorLr", "finite number"),
         ({"trainer": {"criticLr": float("-inf")}}, "spec.trainer.criticLr", "finite number"),
+        ({"rollout": {"engine": "vllm", "asynchronous": True}}, "spec.rollout", "asynchronous needs engine hf"),
     ],
 )
 def test_errors_name_the_field_and_fix(spec, field, words) -> None:

@@ -17,18 +17,29 @@ PolicyLoss = Callable[[Tensor, Tensor, Tensor, Tensor, AlgorithmSpec], tuple[Ten
 POLICY_LOSSES: Registry[PolicyLoss] = Registry("policy loss", "spec.algorithm.policyLoss", POLICY_LOSS_NAMES)
 
 
+def importance_ratio(logprobs: Tensor, behaviour_logprobs: Tensor) -> tuple[Tensor, Tensor]:
+    """Per-token importance ratio of the policy being trained to the behaviour policy, the weights that
+    generated the batch: ``ratio = pi_theta(a|s) / pi_behaviour(a|s) = exp(logp - behaviour_logp)``.
+
+    Both inputs [B, T] (log-probs of the sampled tokens); returns ``(ratio [B, T], log_ratio [B, T])``
+    with the log-ratio clamped to [-20, 20] first. On-policy the two are the same weights and the ratio
+    is 1 at the first epoch; with spec.rollout.asynchronous the behaviour weights are one update older.
+    """
+    log_ratio = (logprobs - behaviour_logprobs).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    return torch.exp(log_ratio), log_ratio
+
+
 def policy_loss(
     logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, clip_ratio: float
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Clipped PPO surrogate (Schulman et al. 2017), token-mean over the mask.
 
-    All inputs [B, T]. Per token: ``max(-A * ratio, -A * clip(ratio, 1 - c, 1 + c))`` with
-    ``ratio = exp(logp - old_logp)`` (log-ratio clamped to [-20, 20]). Returns ``(loss scalar,
+    All inputs [B, T]; ``old_logprobs`` are the behaviour policy's. Per token:
+    ``max(-A * ratio, -A * clip(ratio, 1 - c, 1 + c))`` with ``ratio`` from `importance_ratio`. Returns ``(loss scalar,
     metrics)``; metrics (detached scalars): ``clip_frac`` (share of tokens where the clipped term is
     taken), ``approx_kl`` (mean of ``old_logp - logp``), ``ratio_mean``.
     """
-    log_ratio = (logprobs - old_logprobs).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-    ratio = torch.exp(log_ratio)
+    ratio, log_ratio = importance_ratio(logprobs, old_logprobs)
     unclipped = -advantages * ratio
     clipped = -advantages * ratio.clamp(1.0 - clip_ratio, 1.0 + clip_ratio)
     loss = masked_mean(torch.maximum(unclipped, clipped), mask)
@@ -70,8 +81,7 @@ def reinforce_policy_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Te
                           algo: AlgorithmSpec) -> tuple[Tensor, dict[str, Tensor]]:
     """Unclipped policy gradient ``-A * ratio`` per token (token mean): on the rollout's own policy
     (ratio 1) its gradient is REINFORCE's ``-A * grad log p``. Metrics as `policy_loss` (clip_frac 0)."""
-    log_ratio = (logprobs - old_logprobs).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-    ratio = torch.exp(log_ratio)
+    ratio, log_ratio = importance_ratio(logprobs, old_logprobs)
     loss = masked_mean(-advantages * ratio, mask)
     with torch.no_grad():
         metrics = {"clip_frac": torch.zeros((), device=loss.device), "approx_kl": masked_mean(-log_ratio, mask),

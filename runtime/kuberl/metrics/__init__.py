@@ -1,9 +1,9 @@
 """Per-step metrics, each sink written from the typed `kuberl.record.StepRecord`: `metrics.jsonl`,
-Prometheus, a progress bar (or log lines), and the reward-curve PNG."""
+Prometheus, a progress bar (or log lines), the reward-curve PNG and the timeline PNG."""
 
 from .flops import mfu
 from .jsonl import JsonlWriter, read_jsonl
-from .plot import plot_reward_curve
+from .plot import plot_reward_curve, plot_timeline
 from .prometheus import (
     ALIASES_REMOVED_IN,
     PROM_ALIASES,
@@ -17,5 +17,6 @@ from .sink import MetricsSink, StepWriter
 
 __all__ = [
     "ALIASES_REMOVED_IN", "PROM_ALIASES", "PROM_COUNTERS", "PROM_FAMILIES", "JsonlWriter", "MetricsSink",
-    "PromSeries", "PrometheusExporter", "StepWriter", "mfu", "plot_reward_curve", "prom_samples", "read_jsonl",
+    "PromSeries", "PrometheusExporter", "StepWriter", "mfu", "plot_reward_curve", "plot_timeline",
+    "prom_samples", "read_jsonl",
 ]

@@ -246,6 +246,17 @@ class RolloutSpec(Section):
     compile: bool = Field(False, description="hf on CUDA: static KV cache + CUDA graphs via torch.compile.")
     sleep_mode: bool = Field(True, description="vllm: release the engine's KV cache and weights after each "
                              "rollout until the next weight sync, so the actor trains in that GPU memory.")
+    asynchronous: bool = Field(
+        False, description="One-step-off rollout: while step k's updates run, the actor generates step k+1's batch "
+        "with the weights that generated step k's (so every batch after the first is one update stale); the "
+        "policy loss weighs it by the importance ratio to those behaviour log-probs, and the weights are synced "
+        "after both the update and that rollout are done. Needs engine hf.")
+
+    @model_validator(mode="after")
+    def _async_engine(self) -> RolloutSpec:
+        if self.asynchronous and self.engine != "hf":
+            raise ValueError("asynchronous needs engine hf (its behaviour log-probs come from the engine's model)")
+        return self
 
 
 class CheckpointSpec(Section):
@@ -401,6 +412,10 @@ class ResilienceSpec(Section):
     standby: bool = Field(
         False, description="Keep a warm standby per role (a process started in advance; on Kubernetes a Running "
                            "pod), which takes a failed role's place at once while a new standby starts.")
+    snapshots: Literal["auto", "on", "off"] = Field(
+        "auto", description="Per-step snapshots of actor and critic, so that a restart loses no completed step. "
+                            "auto: on for a role without GPUs, off for a role with GPUs (where a snapshot of the "
+                            "whole state every step is too slow today; docs/operations.md).")
 
 
 class PlacementSpec(Section):

@@ -42,7 +42,11 @@ class ActorWorker(Worker):
     def generate(self, batch: Batch, seed: int, greedy: bool = False) -> Batch:
         """Prompts -> responses, masks and old log-probs. Adds: responses [B,R], response_mask [B,R],
         input_ids/attention_mask [B,P+R], old_logprobs [B,R]; meta gen_seconds. `greedy`: the most
-        likely token at every step instead of sampling (e.g. ReMax's baseline)."""
+        likely token at every step instead of sampling (e.g. ReMax's baseline).
+
+        The old log-probs are the behaviour policy's: the trained model's, which the engine holds too
+        (synced after every update), or under spec.rollout.asynchronous the engine model's own, since
+        the trained model is being updated meanwhile (this call runs beside `update`)."""
         t0 = time.perf_counter()
         prompts, pmask = batch["prompt_ids"], batch["prompt_mask"]
         responses = self.engine.generate(prompts, pmask, seed=seed + self.rank, greedy=greedy).to(self.device)
@@ -55,7 +59,8 @@ class ActorWorker(Worker):
         attention_mask = torch.cat([pmask.float(), rmask], dim=1).long()
         out = Batch({"responses": responses, "response_mask": rmask, "input_ids": input_ids,
                      "attention_mask": attention_mask})
-        out.tensors["old_logprobs"] = self._logprobs(out)
+        behaviour = self.engine.model if self.spec.rollout.asynchronous else self.trainer.model
+        out.tensors["old_logprobs"] = self._logprobs(out, behaviour)
         return Batch({k: v.cpu() for k, v in out.tensors.items()}, {"gen_seconds": [gen_s] * len(out)})
 
     @register(Dispatch.SPLIT)
@@ -65,16 +70,17 @@ class ActorWorker(Worker):
         return eval_batch(self.engine.model, self.tokenizer, batch, self.spec.rollout.max_new_tokens)
 
     @torch.no_grad()
-    def _logprobs(self, b: Batch) -> torch.Tensor:
+    def _logprobs(self, b: Batch, model: torch.nn.Module) -> torch.Tensor:
         parts = []
         for mb in b.minibatches(self.spec.trainer.micro_batch_size):
-            lp, _ = self._logprobs_of(mb)
+            lp, _ = self._logprobs_of(mb, model=model)
             parts.append(lp)
         return torch.cat(parts)
 
-    def _logprobs_of(self, mb: Batch, with_entropy: bool = False, entropy_grad: bool = False):
+    def _logprobs_of(self, mb: Batch, with_entropy: bool = False, entropy_grad: bool = False,
+                     model: torch.nn.Module | None = None):
         k = self.kernels
-        return response_logprobs(self.trainer.model, mb["input_ids"], mb["attention_mask"], mb["responses"],
+        return response_logprobs(model or self.trainer.model, mb["input_ids"], mb["attention_mask"], mb["responses"],
                                  self.spec.rollout.temperature, chunk_size=k.chunk_rows, with_entropy=with_entropy,
                                  entropy_grad=entropy_grad, fused=k.fused_head, compile=k.compile_head)
 
