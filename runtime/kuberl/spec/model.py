@@ -24,6 +24,7 @@ SHORT_NAME = "rltj"
 API_VERSION = f"{GROUP}/{VERSION}"
 
 ROLES: tuple[str, ...] = ("actor", "critic", "ref", "reward")  # the built-in roles (spec.roles.<role>)
+TRAINING_ROLES: tuple[str, ...] = ("actor", "critic")  # the roles with an optimizer (offload and LoRA apply to these)
 ROLE_NAME = re.compile(r"^[a-z]([-a-z0-9]{0,18}[a-z0-9])?$")  # an extra role's name: a short DNS label
 
 
@@ -324,6 +325,23 @@ class Resources(Section):
         return float(parse_quantity(self.cpu))
 
 
+class OffloadSpec(Section):
+    """FSDP2 CPU offload for a training role (actor, critic): what lives in host memory between uses."""
+
+    params: bool = Field(False, description="Parameters and gradients on the CPU, brought to the GPU per FSDP unit "
+                                            "(FSDP2 CPUOffloadPolicy); AdamW then steps on the CPU, so it needs "
+                                            "optimizer: true as well.")
+    optimizer: bool = Field(False, description="AdamW state (exp_avg, exp_avg_sq) in pinned CPU memory; alone, the "
+                                               "step streams it through the GPU a chunk at a time.")
+    reshard_after_forward: bool | None = Field(
+        None, description="Free each unit's gathered parameters after forward (gathered again in backward): less "
+                          "memory, more traffic. Default: true, except one GPU without params offload.")
+
+    @property
+    def any(self) -> bool:
+        return self.params or self.optimizer or self.reshard_after_forward is not None
+
+
 class RoleSpec(Scheduling):
     """One role: its size and resources, and (on Kubernetes) where its pods may run (Scheduling)."""
 
@@ -333,6 +351,8 @@ class RoleSpec(Scheduling):
     gpus: int = Field(0, ge=0, description="GPUs per replica (0 = CPU).")
     resources: Resources = Field(default_factory=Resources)
     max_restarts: int = Field(3, ge=0, description="Restarts of this role before the job fails.")
+    offload: OffloadSpec = Field(default_factory=OffloadSpec,
+                                 description="CPU offload of a training role's FSDP2 state (actor, critic only).")
 
 
 class ExtraRoleSpec(RoleSpec):
@@ -546,6 +566,7 @@ def cross_field_problems(spec: JobSpec) -> list[tuple[str, str, str]]:
                         f"must be a multiple of the {role}'s ranks x trainer.microBatchSize "
                         f"({ranks} x {tr.micro_batch_size})",
                         f"set spec.trainer.miniBatchSize to a multiple of {ranks * tr.micro_batch_size}"))
+    out += offload_problems(spec)
     estimator = algo.estimator
     if algo.name == "reinforce" and estimator in ("grpo", "rloo") and algo.group_size < 2:
         out.append(("algorithm.groupSize",
@@ -603,4 +624,19 @@ def needed_role_problems(spec: JobSpec) -> list[tuple[str, str, str]]:
         if rs.gpu_product and product is not None and product != rs.gpu_product:
             out.append((f"{at}.gpuProduct", f"is {rs.gpu_product} but nodeSelector {GPU_PRODUCT_LABEL} is {product}",
                         f"give the GPU model once: gpuProduct, or nodeSelector {GPU_PRODUCT_LABEL}"))
+    return out
+
+
+def offload_problems(spec: JobSpec) -> list[tuple[str, str, str]]:
+    """Offload is for roles that train; params offload keeps the optimizer state on the CPU as well."""
+    out = []
+    for role in (*ROLES, *spec.roles.extra):
+        off, at = spec.roles.get(role).offload, spec.roles.path(role)
+        if role not in TRAINING_ROLES and off.any:
+            out.append((f"{at}.offload", f"{role} does not train: offload is for actor and critic",
+                        f"remove spec.{at}.offload"))
+        elif off.params and not off.optimizer:
+            out.append((f"{at}.offload.optimizer",
+                        "must be true with offload.params: FSDP2's CPUOffloadPolicy keeps the optimizer state "
+                        "with the parameters, on the CPU", f"set spec.{at}.offload.optimizer to true"))
     return out

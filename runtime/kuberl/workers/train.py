@@ -15,7 +15,7 @@ from .. import dist as kdist
 from ..batch import Batch
 from ..kernels.optim import ShardedAdamW, clip_grad_norm_local
 from ..kernels.options import KernelOptions
-from ..spec.model import TrainerSpec
+from ..spec.model import OffloadSpec, TrainerSpec
 
 # loss_fn(micro_batch) -> (sum of per-token loss over the micro-batch's valid tokens, {stat: token-sum})
 LossFn = Callable[[Batch], tuple[torch.Tensor, dict[str, torch.Tensor]]]
@@ -26,11 +26,16 @@ class FSDPTrainer:
 
     def __init__(self, model: nn.Module, device: torch.device, dtype: torch.dtype, lr: float,
                  weight_decay: float, grad_clip: float, warmup_steps: int = 0,
-                 kernels: KernelOptions | None = None):
-        """`kernels`: which training kernels to use (default: none of the compiled or fused ones)."""
-        kernels = kernels or KernelOptions()
-        self.model = kdist.shard(model, device, dtype, compile_blocks=kernels.compile_blocks)
-        self.optimizer = ShardedAdamW(self.model.parameters(), lr=lr, weight_decay=weight_decay)
+                 kernels: KernelOptions | None = None, offload: OffloadSpec | None = None):
+        """`kernels`: which training kernels to use (default: none of the compiled or fused ones).
+        `offload`: the role's CPU offload (params: FSDP2 CPUOffloadPolicy, the AdamW step on the CPU with
+        the fused kernel; optimizer alone: the moments streamed through the GPU each step)."""
+        kernels, offload = kernels or KernelOptions(), offload or OffloadSpec()
+        self.model = kdist.shard(model, device, dtype, compile_blocks=kernels.compile_blocks,
+                                 offload_params=offload.params, reshard_after_forward=offload.reshard_after_forward)
+        on_gpu = device.type == "cuda"
+        self.optimizer = ShardedAdamW(self.model.parameters(), lr=lr, weight_decay=weight_decay,
+                                      fused=on_gpu, offload_state=offload.optimizer and not offload.params)
         self.base_lr, self.warmup_steps, self.grad_clip = lr, warmup_steps, grad_clip
 
     def train_minibatch(self, mb: Batch, micro_size: int, loss_fn: LossFn) -> dict[str, float]:
@@ -92,4 +97,5 @@ class FSDPTrainer:
         checkpoint.save_trainable(self.model, self.optimizer.optimizer, path)
 
     def load(self, path: str) -> None:
+        self.optimizer.prepare_load()
         checkpoint.load_trainable(self.model, self.optimizer.optimizer, path)
