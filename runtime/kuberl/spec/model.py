@@ -43,7 +43,7 @@ def node_resource(node: str) -> str:
     """The custom Ray resource of the worker pods on Kubernetes node ``node``."""
     return f"{NODE_RESOURCE_PREFIX}{node}"
 
-BuiltinModel = Literal["tiny", "qwen2-0.5b", "qwen2-1.5b"]
+BuiltinModel = Literal["tiny", "qwen2-0.5b", "qwen2-1.5b", "qwen2-7b"]
 BuiltinTask = Literal["repeat-letter", "gsm8k-toy"]
 BUILTIN_MODELS: tuple[str, ...] = get_args(BuiltinModel)
 BUILTIN_TASKS: tuple[str, ...] = get_args(BuiltinTask)
@@ -77,7 +77,7 @@ class ModelSource(Section):
     """Where a model comes from: exactly one of a hub id, a local path, or a built-in config.
 
     Built-ins are random-initialised Qwen2-shaped models with a locally built tokenizer:
-    `tiny` (CPU quickstart), `qwen2-0.5b` and `qwen2-1.5b` (GPU benchmarks).
+    `tiny` (CPU quickstart), `qwen2-0.5b`, `qwen2-1.5b` and `qwen2-7b` (GPU benchmarks).
     """
 
     hub: str | None = Field(None, description="Hugging Face hub id, e.g. Qwen/Qwen2-0.5B.")
