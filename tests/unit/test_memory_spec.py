@@ -1,4 +1,4 @@
-"""Spec rules for the memory features (offload): one-line errors naming the field and the fix."""
+"""Spec rules for the memory features (offload, LoRA): one-line errors naming the field and the fix."""
 
 from __future__ import annotations
 
@@ -30,7 +30,15 @@ def test_offload_on_training_roles_is_accepted() -> None:
     ({"ref": {"offload": {"optimizer": True}}}, "roles.ref.offload", "ref does not train"),
     ({"reward": {"offload": {"reshardAfterForward": True}}}, "roles.reward.offload", "reward does not train"),
     ({"actor": {"offload": {"params": True}}}, "roles.actor.offload.optimizer", "CPUOffloadPolicy"),
+    ({"ref": {"lora": {"rank": 8}}}, "roles.ref.lora", "ref does not train: LoRA"),
 ])
 def test_offload_errors_name_the_field(roles: dict, field: str, words: str) -> None:
     (err,) = errors_of(roles)
     assert "\n" not in err and f"spec.{field}" in err and words in err and "fix" in err, err
+
+
+def test_lora_spec_defaults_and_bad_target() -> None:
+    job = validate_manifest(manifest({"actor": {"lora": {"rank": 8, "alpha": 16, "targetModules": ["q_proj"]}}}))
+    assert job.spec.roles.actor.lora.enabled and not job.spec.roles.critic.lora.enabled
+    (err,) = errors_of({"actor": {"lora": {"rank": 8, "targetModules": ["qproj"]}}})
+    assert "spec.roles.actor.lora.targetModules" in err and "\n" not in err, err

@@ -342,6 +342,24 @@ class OffloadSpec(Section):
         return self.params or self.optimizer or self.reshard_after_forward is not None
 
 
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+class LoraSpec(Section):
+    """LoRA adapters for a training role (actor, critic): the base model frozen, only adapters train."""
+
+    rank: int = Field(0, ge=0, le=1024, description="Adapter rank r; 0 = no LoRA (full fine-tuning).")
+    alpha: float = Field(16.0, gt=0, description="Scaling numerator: the update is (alpha / rank) B A x.")
+    dropout: float = Field(0.0, ge=0, lt=1, description="Dropout on the adapter's input.")
+    target_modules: list[Literal[LORA_TARGETS]] = Field(  # type: ignore[valid-type]
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"], min_length=1,
+        description="Linear layers (by name in each block) that get adapters.")
+
+    @property
+    def enabled(self) -> bool:
+        return self.rank > 0
+
+
 class RoleSpec(Scheduling):
     """One role: its size and resources, and (on Kubernetes) where its pods may run (Scheduling)."""
 
@@ -353,6 +371,7 @@ class RoleSpec(Scheduling):
     max_restarts: int = Field(3, ge=0, description="Restarts of this role before the job fails.")
     offload: OffloadSpec = Field(default_factory=OffloadSpec,
                                  description="CPU offload of a training role's FSDP2 state (actor, critic only).")
+    lora: LoraSpec = Field(default_factory=LoraSpec, description="LoRA adapters (actor, critic only).")
 
 
 class ExtraRoleSpec(RoleSpec):
@@ -566,7 +585,7 @@ def cross_field_problems(spec: JobSpec) -> list[tuple[str, str, str]]:
                         f"must be a multiple of the {role}'s ranks x trainer.microBatchSize "
                         f"({ranks} x {tr.micro_batch_size})",
                         f"set spec.trainer.miniBatchSize to a multiple of {ranks * tr.micro_batch_size}"))
-    out += offload_problems(spec)
+    out += memory_problems(spec)
     estimator = algo.estimator
     if algo.name == "reinforce" and estimator in ("grpo", "rloo") and algo.group_size < 2:
         out.append(("algorithm.groupSize",
@@ -627,15 +646,18 @@ def needed_role_problems(spec: JobSpec) -> list[tuple[str, str, str]]:
     return out
 
 
-def offload_problems(spec: JobSpec) -> list[tuple[str, str, str]]:
-    """Offload is for roles that train; params offload keeps the optimizer state on the CPU as well."""
+def memory_problems(spec: JobSpec) -> list[tuple[str, str, str]]:
+    """Offload and LoRA are for roles that train; params offload keeps the optimizer state on the CPU too."""
     out = []
     for role in (*ROLES, *spec.roles.extra):
         off, at = spec.roles.get(role).offload, spec.roles.path(role)
         if role not in TRAINING_ROLES and off.any:
             out.append((f"{at}.offload", f"{role} does not train: offload is for actor and critic",
                         f"remove spec.{at}.offload"))
-        elif off.params and not off.optimizer:
+        if role not in TRAINING_ROLES and spec.roles.get(role).lora.enabled:
+            out.append((f"{at}.lora", f"{role} does not train: LoRA is for actor and critic",
+                        f"remove spec.{at}.lora"))
+        if role in TRAINING_ROLES and off.params and not off.optimizer:
             out.append((f"{at}.offload.optimizer",
                         "must be true with offload.params: FSDP2's CPUOffloadPolicy keeps the optimizer state "
                         "with the parameters, on the CPU", f"set spec.{at}.offload.optimizer to true"))

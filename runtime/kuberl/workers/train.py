@@ -10,12 +10,12 @@ import torch
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-from .. import checkpoint
+from .. import checkpoint, lora
 from .. import dist as kdist
 from ..batch import Batch
 from ..kernels.optim import ShardedAdamW, clip_grad_norm_local
 from ..kernels.options import KernelOptions
-from ..spec.model import OffloadSpec, TrainerSpec
+from ..spec.model import LoraSpec, OffloadSpec, TrainerSpec
 
 # loss_fn(micro_batch) -> (sum of per-token loss over the micro-batch's valid tokens, {stat: token-sum})
 LossFn = Callable[[Batch], tuple[torch.Tensor, dict[str, torch.Tensor]]]
@@ -26,16 +26,23 @@ class FSDPTrainer:
 
     def __init__(self, model: nn.Module, device: torch.device, dtype: torch.dtype, lr: float,
                  weight_decay: float, grad_clip: float, warmup_steps: int = 0,
-                 kernels: KernelOptions | None = None, offload: OffloadSpec | None = None):
+                 kernels: KernelOptions | None = None, offload: OffloadSpec | None = None,
+                 lora_spec: LoraSpec | None = None, head: tuple[str, ...] = ()):
         """`kernels`: which training kernels to use (default: none of the compiled or fused ones).
         `offload`: the role's CPU offload (params: FSDP2 CPUOffloadPolicy, the AdamW step on the CPU with
-        the fused kernel; optimizer alone: the moments streamed through the GPU each step)."""
+        the fused kernel; optimizer alone: the moments streamed through the GPU each step). `lora_spec`
+        (rank > 0): adapters on its target layers, everything else frozen but the parameters named by
+        the `head` prefixes; checkpoints then hold those and their optimizer state only."""
         kernels, offload = kernels or KernelOptions(), offload or OffloadSpec()
+        self.lora = lora_spec if lora_spec is not None and lora_spec.enabled else None
+        if self.lora:
+            lora.apply_lora(model, self.lora, trainable=head)
         self.model = kdist.shard(model, device, dtype, compile_blocks=kernels.compile_blocks,
                                  offload_params=offload.params, reshard_after_forward=offload.reshard_after_forward)
         on_gpu = device.type == "cuda"
-        self.optimizer = ShardedAdamW(self.model.parameters(), lr=lr, weight_decay=weight_decay,
-                                      fused=on_gpu, offload_state=offload.optimizer and not offload.params)
+        trainable = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = ShardedAdamW(trainable, lr=lr, weight_decay=weight_decay, fused=on_gpu,
+                                      offload_state=offload.optimizer and not offload.params)
         self.base_lr, self.warmup_steps, self.grad_clip = lr, warmup_steps, grad_clip
 
     def train_minibatch(self, mb: Batch, micro_size: int, loss_fn: LossFn) -> dict[str, float]:
@@ -89,13 +96,15 @@ class FSDPTrainer:
         return lr
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
-        """Unsharded weights (every rank gets them; used for rollout weight sync)."""
-        return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True))
+        """Unsharded weights under the base model's names (every rank gets them; used for rollout weight
+        sync); with LoRA the adapters merged into them."""
+        state = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True))
+        return lora.merge(state, self.lora.alpha / self.lora.rank) if self.lora else state
 
     def save(self, path: str) -> None:
-        """World-size-independent checkpoint (torch DCP) of model + optimizer."""
-        checkpoint.save_trainable(self.model, self.optimizer.optimizer, path)
+        """World-size-independent checkpoint (torch DCP) of model + optimizer (with LoRA: adapters only)."""
+        checkpoint.save_trainable(self.model, self.optimizer.optimizer, path, trainable_only=self.lora is not None)
 
     def load(self, path: str) -> None:
         self.optimizer.prepare_load()
-        checkpoint.load_trainable(self.model, self.optimizer.optimizer, path)
+        checkpoint.load_trainable(self.model, self.optimizer.optimizer, path, trainable_only=self.lora is not None)
