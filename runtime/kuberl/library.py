@@ -124,7 +124,12 @@ class Roles:
 
     @property
     def ref(self) -> RefProxy | None:
-        return self.proxy("ref", RefProxy) if "ref" in self.proxies else None
+        """The ref role; with a LoRA actor and ref disabled, the actor itself (its base model, adapters off)."""
+        if "ref" in self.proxies:
+            return self.proxy("ref", RefProxy)
+        if self.spec.roles.actor.lora.enabled and not self.spec.roles.ref.enabled:
+            return RefProxy(self.groups["actor"], self)
+        return None
 
     @property
     def reward(self) -> RewardProxy:

@@ -6,7 +6,7 @@ import time
 
 import torch
 
-from .. import algos
+from .. import algos, lora
 from ..batch import Batch
 from ..dispatch import Dispatch, register
 from ..evaluation import eval_batch
@@ -64,6 +64,14 @@ class ActorWorker(Worker):
     def evaluate(self, batch: Batch) -> Batch:
         """Greedy answers to held-out prompts with the rollout engine's model (kuberl.evaluation)."""
         return eval_batch(self.engine.model, self.tokenizer, batch, self.spec.rollout.max_new_tokens)
+
+    @register(Dispatch.SPLIT)
+    @torch.no_grad()
+    def compute_ref_logprobs(self, batch: Batch) -> Batch:
+        """ref_logprobs [B, R] of the base model: this actor's own weights with its LoRA adapters off, so a
+        LoRA job needs no ref role and no second copy of the model (spec.roles.ref.enabled: false)."""
+        with lora.adapters_off(self.trainer.model):
+            return Batch({"ref_logprobs": self._logprobs(batch).cpu()})
 
     @torch.no_grad()
     def _logprobs(self, b: Batch) -> torch.Tensor:
