@@ -19,7 +19,7 @@ of the blocks, the rest frozen). Each row has its own peak GPU memory and traina
 a setting that does not fit is a row with "oom": true. --accum N takes N micro-batches per step.
 
     python bench/train_step.py --model qwen2-1.5b --variants runtime --setups none,optimizer,params,lora --reps 3
-    python bench/train_step.py --model qwen2-7b --variants runtime --setups optimizer --micro 4 --accum 8 --reps 2
+    python bench/train_step.py --model qwen2-7b --variants runtime --setups optimizer --micro 8 --accum 2 --reps 2
     python bench/train_step.py --quick   # tiny model on CPU, every setting (what the test runs)
 """
 
