@@ -29,7 +29,11 @@ def clip_grad_norm_local(params, max_norm: float) -> torch.Tensor:
         return torch.zeros(())
     sq = torch.stack(torch._foreach_norm(grads)).float().square().sum()
     if kdist.dist.is_initialized() and kdist.dist.get_world_size() > 1:
+        on = sq.device
+        if kdist.dist.get_backend() == "nccl" and on.type == "cpu":  # CPU-offloaded gradients: NCCL needs CUDA
+            sq = sq.cuda()
         kdist.dist.all_reduce(sq)
+        sq = sq.to(on)
     total = sq.sqrt()
     coef = (max_norm / (total + 1e-6)).clamp(max=1.0)
     torch._foreach_mul_(grads, coef.to(grads[0].dtype))
