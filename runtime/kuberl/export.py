@@ -75,7 +75,10 @@ def policy_state(actor_dir: Path, model) -> None:
         )
     adapted = any(lora.is_adapter(k) for k in model.state_dict())
     full = model.state_dict()
-    state = {"model": lora.adapter_only(full) if adapted else full}
+    if adapted:  # the checkpoint holds what trained (adapters, spec.roles.actor.lora.trainModules) only
+        meta = dcp.FileSystemReader(str(actor_dir)).read_metadata().state_dict_metadata
+        full = {k: v for k, v in full.items() if f"model.{k}" in meta}
+    state = {"model": full}
     with warnings.catch_warnings():  # this load is meant to run in one process: say nothing about it
         warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
         dcp.load(state, checkpoint_id=str(actor_dir), no_dist=True)

@@ -127,7 +127,8 @@ class Roles:
         """The ref role; with a LoRA actor and ref disabled, the actor itself (its base model, adapters off)."""
         if "ref" in self.proxies:
             return self.proxy("ref", RefProxy)
-        if self.spec.roles.actor.lora.enabled and not self.spec.roles.ref.enabled:
+        actor_lora = self.spec.roles.actor.lora
+        if actor_lora.enabled and not actor_lora.train_modules and not self.spec.roles.ref.enabled:
             return RefProxy(self.groups["actor"], self)
         return None
 

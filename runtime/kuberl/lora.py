@@ -52,8 +52,9 @@ class LoRALinear(nn.Linear):
 
 def apply_lora(model: nn.Module, spec: LoraSpec, trainable: tuple[str, ...] = ()) -> int:
     """Replace every nn.Linear whose name ends in one of `spec.target_modules` by a LoRALinear and
-    freeze everything but the adapters and the parameters whose names start with one of `trainable`
-    (e.g. the critic's value head). Returns the number of layers adapted."""
+    freeze everything but the adapters, the modules named by `spec.train_modules` and the parameters
+    whose names start with one of `trainable` (e.g. the critic's value head). Returns the number of
+    layers adapted."""
     targets = [(name, m) for name, m in model.named_modules()
                if isinstance(m, nn.Linear) and name.rsplit(".", 1)[-1] in spec.target_modules]
     for name, linear in targets:
@@ -61,7 +62,9 @@ def apply_lora(model: nn.Module, spec: LoraSpec, trainable: tuple[str, ...] = ()
         parent = model.get_submodule(parent_name) if parent_name else model
         setattr(parent, child, LoRALinear.wrap(linear, spec.rank, spec.alpha, spec.dropout))
     for name, p in model.named_parameters():
-        p.requires_grad_(is_adapter(name) or name.startswith(trainable))
+        module = name.rsplit(".", 2)[-2] if name.count(".") else ""
+        full = name.startswith(trainable) or module.endswith(tuple(spec.train_modules))
+        p.requires_grad_(is_adapter(name) or bool(full))
     return len(targets)
 
 

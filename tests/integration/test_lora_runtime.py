@@ -21,11 +21,14 @@ from .test_offload import train_batch
 
 LORA = {"rank": 16, "alpha": 32, "targetModules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
                                                    "down_proj"]}
+# the tiny model's embeddings are random and frozen: with RMSNorm gains fixed at 1 its logits stay within
+# about +-1.3 (|e| ~ 0.16 x |normed h| = 8), too flat to learn the task, so the quickstart trains the norms too
+QUICK_LORA = {**LORA, "trainModules": ["norm"]}
 KEYS = ("input_ids", "attention_mask", "responses", "response_mask", "old_logprobs", "advantages")
 
 
-def lora_job(**overrides):
-    return load_example("quickstart.yaml", **{"roles.actor.lora": LORA, "roles.critic.lora": LORA,
+def lora_job(spec: dict = LORA, **overrides):
+    return load_example("quickstart.yaml", **{"roles.actor.lora": spec, "roles.critic.lora": spec,
                                               "trainer.actorLr": 0.02, "trainer.criticLr": 0.02, **overrides})
 
 
@@ -53,16 +56,16 @@ def test_actor_with_adapters_off_is_the_reference_policy(netns):
 
 
 def test_quickstart_learns_with_lora_and_exports(netns, tmp_path):
-    """The quickstart with LoRA on actor and critic (ref off: the actor's base model serves it) gains
-    >= 0.2 reward; checkpoints hold adapters only; export merges them or writes them apart."""
-    job = lora_job(**{"roles.ref.enabled": False})
+    """The quickstart with LoRA on actor and critic (and their norms) gains >= 0.2 reward; export
+    merges the adapters or writes them apart, to the same model."""
+    job = lora_job(QUICK_LORA)
     run_job(job, tmp_path, backend="local", progress=False, export=False)
     rows = read_jsonl(tmp_path / "metrics.jsonl")
     first = sum(r["reward_mean"] for r in rows[:10]) / 10
     last = sum(r["reward_mean"] for r in rows[-10:]) / 10
     print(f"quickstart with LoRA reward first10={first:.3f} last10={last:.3f} gain={last - first:.3f}")
     assert last - first >= 0.2
-    assert "kl" in rows[-1] and "restarts_ref" not in rows[-1]
+    assert "kl" in rows[-1]
     merged, apart = tmp_path / "merged", tmp_path / "apart"
     step = export(tmp_path, merged)
     assert export(tmp_path, apart, adapter="separate") == step

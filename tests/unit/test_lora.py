@@ -50,6 +50,15 @@ def test_apply_keeps_names_freezes_the_base_and_starts_as_the_base() -> None:
     torch.testing.assert_close(logits(model, IDS), logits(base, IDS))  # B = 0: the base model
 
 
+def test_train_modules_train_in_full() -> None:
+    model = small_lm()
+    lora.apply_lora(model, SPEC.model_copy(update={"train_modules": ["norm"]}))
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    norms = {n for n in trainable if not lora.is_adapter(n)}
+    assert norms == {"model.norm.weight", *(f"model.layers.{i}.{k}.weight" for i in range(2)
+                                             for k in ("input_layernorm", "post_attention_layernorm"))}
+
+
 def test_adapters_off_is_the_base_model_and_fold_is_the_adapted_one() -> None:
     base = small_lm()
     model = copy.deepcopy(base)

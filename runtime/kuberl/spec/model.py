@@ -354,6 +354,9 @@ class LoraSpec(Section):
     target_modules: list[Literal[LORA_TARGETS]] = Field(  # type: ignore[valid-type]
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"], min_length=1,
         description="Linear layers (by name in each block) that get adapters.")
+    train_modules: list[str] = Field(
+        default_factory=list, description="Modules trained in full beside the adapters, by the end of their name "
+                                          "(e.g. norm: every RMSNorm); the actor then cannot stand in for ref.")
 
     @property
     def enabled(self) -> bool:
