@@ -21,15 +21,17 @@ from .test_offload import train_batch
 
 LORA = {"rank": 16, "alpha": 32, "targetModules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
                                                    "down_proj"]}
-# the tiny model's embeddings are random and frozen: with RMSNorm gains fixed at 1 its logits stay within
-# about +-1.3 (|e| ~ 0.16 x |normed h| = 8), too flat to learn the task, so the quickstart trains the norms too
-QUICK_LORA = {**LORA, "trainModules": ["norm"]}
+# the tiny model (hidden 64) with frozen random embeddings and unit RMSNorm gains keeps its logits within
+# about +-1.3, too flat to learn the task: the quickstart trains embeddings and norms in full beside
+# near-full-rank adapters (one run on the 2-core machine: gain 0.22; rank 16 with norms only: 0.01)
+QUICK_LORA = {**LORA, "rank": 48, "alpha": 96, "trainModules": ["norm", "embed_tokens"]}
+
 KEYS = ("input_ids", "attention_mask", "responses", "response_mask", "old_logprobs", "advantages")
 
 
-def lora_job(spec: dict = LORA, **overrides):
+def lora_job(spec: dict = LORA, lr: float = 0.02, **overrides):
     return load_example("quickstart.yaml", **{"roles.actor.lora": spec, "roles.critic.lora": spec,
-                                              "trainer.actorLr": 0.02, "trainer.criticLr": 0.02, **overrides})
+                                              "trainer.actorLr": lr, "trainer.criticLr": lr, **overrides})
 
 
 def test_actor_with_adapters_off_is_the_reference_policy(netns):
@@ -56,9 +58,9 @@ def test_actor_with_adapters_off_is_the_reference_policy(netns):
 
 
 def test_quickstart_learns_with_lora_and_exports(netns, tmp_path):
-    """The quickstart with LoRA on actor and critic (and their norms) gains >= 0.2 reward; export
+    """The quickstart with LoRA on actor and critic (embeddings and norms trained too) gains >= 0.2; export
     merges the adapters or writes them apart, to the same model."""
-    job = lora_job(QUICK_LORA)
+    job = lora_job(QUICK_LORA, lr=0.01)
     run_job(job, tmp_path, backend="local", progress=False, export=False)
     rows = read_jsonl(tmp_path / "metrics.jsonl")
     first = sum(r["reward_mean"] for r in rows[:10]) / 10
