@@ -83,11 +83,35 @@ def read_state(root: Path, step: int) -> dict[str, Any]:
     return json.loads((step_dir(root, step) / STATE_FILE).read_text())
 
 
-def load_trainable(model: nn.Module, optimizer: Optimizer, path: str) -> None:
+def trainable_state(model: nn.Module, optimizer: Optimizer, trainable_only: bool = False) -> dict[str, Any]:
+    """A role's model and optimizer state dicts for torch DCP (sharded, loadable at any world size);
+    `trainable_only`: the parameters that train (LoRA adapters) and not the frozen ones."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    msd, osd = get_state_dict(model, optimizer, options=_options(trainable_only))
+    return {"model": _trainable(model, msd) if trainable_only else msd, "optim": osd}
+
+
+def load_trainable(model: nn.Module, optimizer: Optimizer, path: str, trainable_only: bool = False) -> None:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-    msd, osd = get_state_dict(model, optimizer)
-    state = {"model": msd, "optim": osd}
+    options = _options(trainable_only)
+    msd, osd = get_state_dict(model, optimizer, options=options)
+    state = {"model": _trainable(model, msd) if trainable_only else msd, "optim": osd}
     dcp.load(state, checkpoint_id=path)
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"], options=options)
+
+
+def _trainable(model: nn.Module, msd: dict) -> dict:
+    """Only the entries of parameters that train (DCP's ignore_frozen_params keeps a tied frozen
+    weight under its second name, e.g. lm_head.weight)."""
+    names = {n for n, p in model.named_parameters(remove_duplicate=False) if p.requires_grad}
+    return {k: v for k, v in msd.items() if k in names}
+
+
+def _options(trainable_only: bool):
+    """DCP state-dict options: with `trainable_only`, frozen parameters are neither saved nor expected."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(ignore_frozen_params=trainable_only, strict=not trainable_only)

@@ -115,6 +115,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--step", type=int, help="the checkpoint step (default: the newest complete one)")
     p.add_argument("--out", required=True, help="the model folder to write")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], help="weights' dtype (default: spec.model.dtype)")
+    p.add_argument("--adapter", choices=["merge", "separate"], default="merge",
+                   help="a LoRA actor: fold the adapter into the weights, or write the base model and OUT/adapter")
     p.set_defaults(func=cmd_export)
     p = sub.add_parser("crd", help="print the RLTrainingJob CRD generated from the spec model")
     p.add_argument("-o", "--output")

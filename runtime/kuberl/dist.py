@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
 from .models import transformer_blocks
 
@@ -60,7 +60,8 @@ def mesh_for(device: torch.device) -> DeviceMesh:
 
 
 def shard(model: nn.Module, device: torch.device, dtype: torch.dtype, mesh: DeviceMesh | None = None,
-          compile_blocks: bool = False) -> nn.Module:
+          compile_blocks: bool = False, offload_params: bool = False,
+          reshard_after_forward: bool | None = None) -> nn.Module:
     """FSDP2: shard each transformer block, then the root. bf16 compute keeps fp32 master weights
     (param_dtype bf16, reduce_dtype fp32).
 
@@ -70,18 +71,25 @@ def shard(model: nn.Module, device: torch.device, dtype: torch.dtype, mesh: Devi
     forward goes through torch.compile, after sharding (FSDP's hooks stay outside the compiled region;
     parameter names are unchanged); blocks share one compiled graph, so this costs one compilation,
     not one per layer.
+
+    `offload_params`: FSDP2's `CPUOffloadPolicy` (sharded parameters, their gradients and so the
+    optimizer step on the CPU, pinned on CUDA); every block is then its own unit at any world size, so
+    only one block's parameters are on the GPU at a time. `reshard_after_forward` overrides the
+    default (true, except for the single unit at world size 1).
     """
     mesh = mesh or mesh_for(device)
     mp = MixedPrecisionPolicy()
     if dtype != torch.float32:
         mp = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
-    single = device.type == "cuda" and mesh.size() == 1
+    single = device.type == "cuda" and mesh.size() == 1 and not offload_params
+    reshard = not single if reshard_after_forward is None else reshard_after_forward
+    policy = CPUOffloadPolicy(pin_memory=device.type == "cuda") if offload_params else OffloadPolicy()
     model.to(device)
     blocks = transformer_blocks(model)
     if not single:
         for block in blocks:
-            fully_shard(block, mesh=mesh, mp_policy=mp)
-    fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=not single)
+            fully_shard(block, mesh=mesh, mp_policy=mp, offload_policy=policy, reshard_after_forward=reshard)
+    fully_shard(model, mesh=mesh, mp_policy=mp, offload_policy=policy, reshard_after_forward=reshard)
     if compile_blocks:
         # one code object (the block class's forward) serves every role in the process, each with its
         # own variants (grad or not, train or eval, mask or none, trunk or causal LM): the default

@@ -6,11 +6,12 @@ The actor's checkpoint is torch DCP, sharded by whatever world size wrote it; DC
 process (no process group) into a plain model of the job's architecture, so any checkpoint exports the
 same way. The result loads with `AutoModelForCausalLM.from_pretrained(DIR)` (and vLLM).
 
-The steps, each its own function so that adapters fit in later (LoRA, issue 13):
+The steps, each its own function:
     policy_state(actor_dir, model)  DCP "model" entries -> the model's parameters
-    (an adapter step goes here: fold each LoRA pair into its base weight, W + (alpha / r) B A, to
-     export a merged model; or skip the fold and write the adapter beside the base as a PEFT folder,
-     adapter_config.json + adapter_model.safetensors)
+    with LoRA (spec.roles.actor.lora): the checkpoint holds the adapters only, read into the job's
+        base model with its adapters; `--adapter merge` (default) folds each pair into its base weight,
+        W + (alpha / r) B A (`lora.fold`); `--adapter separate` writes the base model and, in DIR/adapter,
+        the adapter as a PEFT-style folder (adapter_config.json + adapter_model.safetensors)
     write_folder(model, tokenizer, spec, out)
 """
 
@@ -21,7 +22,7 @@ import sys
 import warnings
 from pathlib import Path
 
-from . import checkpoint
+from . import checkpoint, lora
 from .identity import IDENTITY_FILE, Identity
 from .spec import JobSpec
 
@@ -58,8 +59,8 @@ def build_model(spec: JobSpec):
 
     from .models import load_causal_lm, model_location
 
-    if spec.model.builtin:
-        return load_causal_lm(spec.model)
+    if spec.model.builtin:  # the seed the actor built it with: a LoRA checkpoint holds no base weights
+        return load_causal_lm(spec.model, seed=spec.trainer.seed)
     return AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_location(spec.model)))
 
 
@@ -72,11 +73,16 @@ def policy_state(actor_dir: Path, model) -> None:
             f"{actor_dir}: no DCP checkpoint here (on Kubernetes without "
             "spec.trainer.checkpoint.volumeClaim the actor's shards stay inside its pods)"
         )
-    state = {"model": model.state_dict()}
+    adapted = any(lora.is_adapter(k) for k in model.state_dict())
+    full = model.state_dict()
+    if adapted:  # the checkpoint holds what trained (adapters, spec.roles.actor.lora.trainModules) only
+        meta = dcp.FileSystemReader(str(actor_dir)).read_metadata().state_dict_metadata
+        full = {k: v for k, v in full.items() if f"model.{k}" in meta}
+    state = {"model": full}
     with warnings.catch_warnings():  # this load is meant to run in one process: say nothing about it
         warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
         dcp.load(state, checkpoint_id=str(actor_dir), no_dist=True)
-    model.load_state_dict(state["model"])
+    model.load_state_dict(state["model"], strict=not adapted)
     model.tie_weights()
 
 
@@ -100,23 +106,35 @@ def write_folder(model, tokenizer, spec: JobSpec, out: Path, dtype: str) -> None
     tokenizer.save_pretrained(out)
 
 
-def export(run_dir: Path, out: Path, step: int | None = None, dtype: str | None = None) -> int:
+def export(run_dir: Path, out: Path, step: int | None = None, dtype: str | None = None,
+           adapter: str = "merge") -> int:
     """Export the policy of `step` (default: the newest complete checkpoint) of the run at `run_dir`
     into `out`, with the spec its job record holds; returns the step exported."""
     root = checkpoint_root(run_dir)
     ident = Identity.read(root)
-    return export_policy(root, ident.name, JobSpec.model_validate(ident.spec), out, step, dtype)
+    return export_policy(root, ident.name, JobSpec.model_validate(ident.spec), out, step, dtype, adapter)
 
 
 def export_policy(root: Path, name: str, spec: JobSpec, out: Path, step: int | None = None,
-                  dtype: str | None = None) -> int:
-    """Export job `name`'s policy from its checkpoint folder `root` into `out`; returns the step exported."""
+                  dtype: str | None = None, adapter: str = "merge") -> int:
+    """Export job `name`'s policy from its checkpoint folder `root` into `out`; returns the step exported.
+    `adapter` (a LoRA actor only): "merge" folds the adapters into the weights, "separate" writes the
+    base model into `out` and the adapter into `out`/adapter."""
     from .models import load_tokenizer
 
     step = pick_step(root, step)
     model = build_model(spec)
+    spec_lora = spec.roles.actor.lora
+    if spec_lora.enabled:
+        lora.apply_lora(model, spec_lora)
     policy_state(checkpoint.step_dir(root, step) / "actor", model)
-    write_folder(model, load_tokenizer(spec.model), spec, out, dtype or spec.model.dtype)
+    dtype = dtype or spec.model.dtype
+    if spec_lora.enabled and adapter == "separate":
+        lora.write_adapter(model, spec_lora, out / "adapter", base=spec.model.hub or spec.model.path or str(out))
+        lora.fold(model, merge=False)
+    elif spec_lora.enabled:
+        lora.fold(model)
+    write_folder(model, load_tokenizer(spec.model), spec, out, dtype)
     record = {"job": name, "fingerprint": Identity.of(name, spec).fingerprint, "step": step, "checkpoint": str(root)}
     (out / "kuberl_export.json").write_text(json.dumps(record, indent=1))
     return step
@@ -125,7 +143,7 @@ def export_policy(root: Path, name: str, spec: JobSpec, out: Path, step: int | N
 def cmd_export(args) -> int:
     """`kuberl export`: one line on success, one `error:` line on failure."""
     try:
-        step = export(Path(args.run_dir), Path(args.out), args.step, args.dtype)
+        step = export(Path(args.run_dir), Path(args.out), args.step, args.dtype, args.adapter)
     except ExportError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

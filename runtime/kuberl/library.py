@@ -162,7 +162,13 @@ class Roles:
 
     @property
     def ref(self) -> RefProxy | None:
-        return self.proxy("ref", RefProxy) if "ref" in self.proxies else None
+        """The ref role; with a LoRA actor and ref disabled, the actor itself (its base model, adapters off)."""
+        if "ref" in self.proxies:
+            return self.proxy("ref", RefProxy)
+        actor_lora = self.spec.roles.actor.lora
+        if actor_lora.enabled and not actor_lora.train_modules and not self.spec.roles.ref.enabled:
+            return RefProxy(self.groups["actor"], self)
+        return None
 
     @property
     def reward(self) -> RewardProxy:

@@ -31,11 +31,14 @@ from .spec.model import ModelSource
 from .vocab import CHARS, SPECIALS
 
 # name -> (hidden, intermediate, layers, heads, kv heads, vocab); the qwen2 shapes follow the
-# published Qwen2-0.5B / Qwen2-1.5B configs (vocab 151,936, tied embeddings).
+# published Qwen2-0.5B / Qwen2-1.5B configs (vocab 151,936, tied embeddings); qwen2-7b is Qwen2-7B's
+# shape (hidden 3584, 28 layers, 28 heads, 4 kv heads, vocab 152,064) with tied embeddings (7.07B
+# parameters; the published model is untied, 7.6B), the 7B-class model of the offload benchmark.
 BUILTIN_SHAPES: dict[str, tuple[int, int, int, int, int, int | None]] = {
     "tiny": (64, 128, 2, 4, 2, None),
     "qwen2-0.5b": (896, 4864, 24, 14, 2, 151936),
     "qwen2-1.5b": (1536, 8960, 28, 12, 2, 151936),
+    "qwen2-7b": (3584, 18944, 28, 28, 4, 152064),
 }
 
 

@@ -83,14 +83,16 @@ class AsyncSaver:
         self.snapshot_root: str | None = None
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kuberl-snapshot")
 
-    def save(self, model: nn.Module, optimizer: Optimizer, path: str) -> None:
-        """Start writing a DCP checkpoint of model + optimizer to `path`; returns once the state is staged."""
+    def save(self, model: nn.Module, optimizer: Optimizer, path: str, trainable_only: bool = False) -> None:
+        """Start writing a DCP checkpoint of model + optimizer to `path`; returns once the state is staged.
+        `trainable_only`: the parameters that train (LoRA adapters) and not the frozen ones."""
         import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        from .checkpoint import trainable_state
 
         self.wait()  # one write at a time, so every rank's DCP collectives come in the same order
-        msd, osd = get_state_dict(model, optimizer)
-        future = dcp.async_save({"model": msd, "optim": osd}, checkpoint_id=path, process_group=self.group)
+        state = trainable_state(model, optimizer, trainable_only)
+        future = dcp.async_save(state, checkpoint_id=path, process_group=self.group)
         self.writes.append((path, future))
 
     def snapshot(self, model: nn.Module, optimizer: Optimizer, step: int) -> None:

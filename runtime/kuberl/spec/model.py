@@ -24,6 +24,7 @@ SHORT_NAME = "rltj"
 API_VERSION = f"{GROUP}/{VERSION}"
 
 ROLES: tuple[str, ...] = ("actor", "critic", "ref", "reward")  # the built-in roles (spec.roles.<role>)
+TRAINING_ROLES: tuple[str, ...] = ("actor", "critic")  # the roles with an optimizer (offload and LoRA apply to these)
 ROLE_NAME = re.compile(r"^[a-z]([-a-z0-9]{0,18}[a-z0-9])?$")  # an extra role's name: a short DNS label
 
 
@@ -42,7 +43,7 @@ def node_resource(node: str) -> str:
     """The custom Ray resource of the worker pods on Kubernetes node ``node``."""
     return f"{NODE_RESOURCE_PREFIX}{node}"
 
-BuiltinModel = Literal["tiny", "qwen2-0.5b", "qwen2-1.5b"]
+BuiltinModel = Literal["tiny", "qwen2-0.5b", "qwen2-1.5b", "qwen2-7b"]
 BuiltinTask = Literal["repeat-letter", "gsm8k-toy"]
 BUILTIN_MODELS: tuple[str, ...] = get_args(BuiltinModel)
 BUILTIN_TASKS: tuple[str, ...] = get_args(BuiltinTask)
@@ -76,7 +77,7 @@ class ModelSource(Section):
     """Where a model comes from: exactly one of a hub id, a local path, or a built-in config.
 
     Built-ins are random-initialised Qwen2-shaped models with a locally built tokenizer:
-    `tiny` (CPU quickstart), `qwen2-0.5b` and `qwen2-1.5b` (GPU benchmarks).
+    `tiny` (CPU quickstart), `qwen2-0.5b`, `qwen2-1.5b` and `qwen2-7b` (GPU benchmarks).
     """
 
     hub: str | None = Field(None, description="Hugging Face hub id, e.g. Qwen/Qwen2-0.5B.")
@@ -335,6 +336,44 @@ class Resources(Section):
         return float(parse_quantity(self.cpu))
 
 
+class OffloadSpec(Section):
+    """FSDP2 CPU offload for a training role (actor, critic): what lives in host memory between uses."""
+
+    params: bool = Field(False, description="Parameters and gradients on the CPU, brought to the GPU per FSDP unit "
+                                            "(FSDP2 CPUOffloadPolicy); AdamW then steps on the CPU, so it needs "
+                                            "optimizer: true as well.")
+    optimizer: bool = Field(False, description="AdamW state (exp_avg, exp_avg_sq) in pinned CPU memory; alone, the "
+                                               "step streams it through the GPU a chunk at a time.")
+    reshard_after_forward: bool | None = Field(
+        None, description="Free each unit's gathered parameters after forward (gathered again in backward): less "
+                          "memory, more traffic. Default: true, except one GPU without params offload.")
+
+    @property
+    def any(self) -> bool:
+        return self.params or self.optimizer or self.reshard_after_forward is not None
+
+
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+class LoraSpec(Section):
+    """LoRA adapters for a training role (actor, critic): the base model frozen, only adapters train."""
+
+    rank: int = Field(0, ge=0, le=1024, description="Adapter rank r; 0 = no LoRA (full fine-tuning).")
+    alpha: float = Field(16.0, gt=0, description="Scaling numerator: the update is (alpha / rank) B A x.")
+    dropout: float = Field(0.0, ge=0, lt=1, description="Dropout on the adapter's input.")
+    target_modules: list[Literal[LORA_TARGETS]] = Field(  # type: ignore[valid-type]
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"], min_length=1,
+        description="Linear layers (by name in each block) that get adapters.")
+    train_modules: list[str] = Field(
+        default_factory=list, description="Modules trained in full beside the adapters, by the end of their name "
+                                          "(e.g. norm: every RMSNorm); the actor then cannot stand in for ref.")
+
+    @property
+    def enabled(self) -> bool:
+        return self.rank > 0
+
+
 class RoleSpec(Scheduling):
     """One role: its size and resources, and (on Kubernetes) where its pods may run (Scheduling)."""
 
@@ -344,6 +383,9 @@ class RoleSpec(Scheduling):
     gpus: int = Field(0, ge=0, description="GPUs per replica (0 = CPU).")
     resources: Resources = Field(default_factory=Resources)
     max_restarts: int = Field(3, ge=0, description="Restarts of this role before the job fails.")
+    offload: OffloadSpec = Field(default_factory=OffloadSpec,
+                                 description="CPU offload of a training role's FSDP2 state (actor, critic only).")
+    lora: LoraSpec = Field(default_factory=LoraSpec, description="LoRA adapters (actor, critic only).")
 
 
 class ExtraRoleSpec(RoleSpec):
@@ -561,6 +603,7 @@ def cross_field_problems(spec: JobSpec) -> list[tuple[str, str, str]]:
                         f"must be a multiple of the {role}'s ranks x trainer.microBatchSize "
                         f"({ranks} x {tr.micro_batch_size})",
                         f"set spec.trainer.miniBatchSize to a multiple of {ranks * tr.micro_batch_size}"))
+    out += memory_problems(spec)
     estimator = algo.estimator
     if algo.name == "reinforce" and estimator in ("grpo", "rloo") and algo.group_size < 2:
         out.append(("algorithm.groupSize",
@@ -618,4 +661,22 @@ def needed_role_problems(spec: JobSpec) -> list[tuple[str, str, str]]:
         if rs.gpu_product and product is not None and product != rs.gpu_product:
             out.append((f"{at}.gpuProduct", f"is {rs.gpu_product} but nodeSelector {GPU_PRODUCT_LABEL} is {product}",
                         f"give the GPU model once: gpuProduct, or nodeSelector {GPU_PRODUCT_LABEL}"))
+    return out
+
+
+def memory_problems(spec: JobSpec) -> list[tuple[str, str, str]]:
+    """Offload and LoRA are for roles that train; params offload keeps the optimizer state on the CPU too."""
+    out = []
+    for role in (*ROLES, *spec.roles.extra):
+        off, at = spec.roles.get(role).offload, spec.roles.path(role)
+        if role not in TRAINING_ROLES and off.any:
+            out.append((f"{at}.offload", f"{role} does not train: offload is for actor and critic",
+                        f"remove spec.{at}.offload"))
+        if role not in TRAINING_ROLES and spec.roles.get(role).lora.enabled:
+            out.append((f"{at}.lora", f"{role} does not train: LoRA is for actor and critic",
+                        f"remove spec.{at}.lora"))
+        if role in TRAINING_ROLES and off.params and not off.optimizer:
+            out.append((f"{at}.offload.optimizer",
+                        "must be true with offload.params: FSDP2's CPUOffloadPolicy keeps the optimizer state "
+                        "with the parameters, on the CPU", f"set spec.{at}.offload.optimizer to true"))
     return out

@@ -6,7 +6,7 @@ import time
 
 import torch
 
-from .. import algos
+from .. import algos, lora
 from ..batch import Batch
 from ..dispatch import Dispatch, register
 from ..evaluation import eval_batch
@@ -24,7 +24,8 @@ class ActorWorker(Worker):
         if self.spec.model.gradient_checkpointing:
             policy.gradient_checkpointing_enable()
         self.trainer = FSDPTrainer(policy, self.device, self.dtype, tr.actor_lr, tr.weight_decay, tr.grad_clip,
-                                   tr.warmup_steps, self.kernels)
+                                   tr.warmup_steps, self.kernels, self.role_spec.offload,
+                                   self.role_spec.lora)
         self.engine = make_engine(self.spec, self.device, self.dtype, self.tokenizer)
         self.sync_weights()
 
@@ -68,6 +69,14 @@ class ActorWorker(Worker):
     def evaluate(self, batch: Batch) -> Batch:
         """Greedy answers to held-out prompts with the rollout engine's model (kuberl.evaluation)."""
         return eval_batch(self.engine.model, self.tokenizer, batch, self.spec.rollout.max_new_tokens)
+
+    @register(Dispatch.SPLIT)
+    @torch.no_grad()
+    def compute_ref_logprobs(self, batch: Batch) -> Batch:
+        """ref_logprobs [B, R] of the base model: this actor's own weights with its LoRA adapters off, so a
+        LoRA job needs no ref role and no second copy of the model (spec.roles.ref.enabled: false)."""
+        with lora.adapters_off(self.trainer.model):
+            return Batch({"ref_logprobs": self._logprobs(batch).cpu()})
 
     @torch.no_grad()
     def _logprobs(self, b: Batch, model: torch.nn.Module) -> torch.Tensor:

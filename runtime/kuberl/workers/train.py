@@ -10,13 +10,13 @@ import torch
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-from .. import checkpoint
+from .. import checkpoint, lora
 from .. import dist as kdist
 from ..batch import Batch
 from ..kernels.optim import ShardedAdamW, clip_grad_norm_local
 from ..kernels.options import KernelOptions
 from ..saves import AsyncSaver
-from ..spec.model import TrainerSpec
+from ..spec.model import LoraSpec, OffloadSpec, TrainerSpec
 
 # loss_fn(micro_batch) -> (sum of per-token loss over the micro-batch's valid tokens, {stat: token-sum})
 LossFn = Callable[[Batch], tuple[torch.Tensor, dict[str, torch.Tensor]]]
@@ -27,11 +27,23 @@ class FSDPTrainer:
 
     def __init__(self, model: nn.Module, device: torch.device, dtype: torch.dtype, lr: float,
                  weight_decay: float, grad_clip: float, warmup_steps: int = 0,
-                 kernels: KernelOptions | None = None):
-        """`kernels`: which training kernels to use (default: none of the compiled or fused ones)."""
-        kernels = kernels or KernelOptions()
-        self.model = kdist.shard(model, device, dtype, compile_blocks=kernels.compile_blocks)
-        self.optimizer = ShardedAdamW(self.model.parameters(), lr=lr, weight_decay=weight_decay)
+                 kernels: KernelOptions | None = None, offload: OffloadSpec | None = None,
+                 lora_spec: LoraSpec | None = None, head: tuple[str, ...] = ()):
+        """`kernels`: which training kernels to use (default: none of the compiled or fused ones).
+        `offload`: the role's CPU offload (params: FSDP2 CPUOffloadPolicy, the AdamW step on the CPU with
+        the fused kernel; optimizer alone: the moments streamed through the GPU each step). `lora_spec`
+        (rank > 0): adapters on its target layers, everything else frozen but the parameters named by
+        the `head` prefixes; checkpoints then hold those and their optimizer state only."""
+        kernels, offload = kernels or KernelOptions(), offload or OffloadSpec()
+        self.lora = lora_spec if lora_spec is not None and lora_spec.enabled else None
+        if self.lora:
+            lora.apply_lora(model, self.lora, trainable=head)
+        self.model = kdist.shard(model, device, dtype, compile_blocks=kernels.compile_blocks,
+                                 offload_params=offload.params, reshard_after_forward=offload.reshard_after_forward)
+        on_gpu = device.type == "cuda"
+        trainable = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = ShardedAdamW(trainable, lr=lr, weight_decay=weight_decay, fused=on_gpu,
+                                      offload_state=offload.optimizer and not offload.params)
         self.base_lr, self.warmup_steps, self.grad_clip = lr, warmup_steps, grad_clip
         self.trained_step = 0  # updates applied: the step whose state the model holds (0: the model path's)
         self.saver = AsyncSaver()
@@ -89,13 +101,15 @@ class FSDPTrainer:
         return lr
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
-        """Unsharded weights (every rank gets them; used for rollout weight sync)."""
-        return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True))
+        """Unsharded weights under the base model's names (every rank gets them; used for rollout weight
+        sync); with LoRA the adapters merged into them."""
+        state = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True))
+        return lora.merge(state, self.lora.alpha / self.lora.rank) if self.lora else state
 
     def save(self, path: str) -> int:
-        """Start a world-size-independent checkpoint (torch DCP) of model + optimizer, written in the
-        background (`saver.wait()` completes it); returns the trained step of the state saved."""
-        self.saver.save(self.model, self.optimizer.optimizer, path)
+        """Start a world-size-independent checkpoint (torch DCP) of model + optimizer (with LoRA: adapters
+        only), written in the background (`saver.wait()` completes it); returns the trained step saved."""
+        self.saver.save(self.model, self.optimizer.optimizer, path, trainable_only=self.lora is not None)
         return self.trained_step
 
     def load_snapshot(self, step: int) -> None:
@@ -106,12 +120,14 @@ class FSDPTrainer:
     def _init_optimizer_state(self) -> None:
         """Create the optimizer's state (a step on zero gradients); what it changes is overwritten next."""
         for p in self.model.parameters():
-            p.grad = torch.zeros_like(p)
+            if p.requires_grad:
+                p.grad = torch.zeros_like(p)
         self.optimizer.step()
         self.optimizer.zero_grad()
 
     def load(self, path: str, step: int) -> None:
-        """Load the state of trained step `step` from `path` (a checkpoint or a snapshot)."""
+        """Load the state of trained step `step` from `path` (a checkpoint)."""
         self.saver.wait()
-        checkpoint.load_trainable(self.model, self.optimizer.optimizer, path)
+        self.optimizer.prepare_load()
+        checkpoint.load_trainable(self.model, self.optimizer.optimizer, path, trainable_only=self.lora is not None)
         self.trained_step = step
