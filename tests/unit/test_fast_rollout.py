@@ -400,21 +400,6 @@ def test_fused_response_logprobs_match_unfused_with_gradients(entropy_grad: bool
 # --------------------------------------------------------------------------- training fast paths (FSDP2, gloo)
 
 
-@pytest.fixture()
-def one_rank_group(netns):
-    """A world-size-1 gloo process group on loopback (reuses one that is already up)."""
-    import torch.distributed as dist
-
-    from kuberl import dist as kdist
-
-    mine = not dist.is_initialized()
-    if mine:
-        kdist.init_group(0, 1, "127.0.0.1", kdist.free_port(), torch.device("cpu"))
-    yield
-    if mine:
-        dist.destroy_process_group()
-
-
 def test_local_shard_clip_and_fused_adamw_equal_torch_on_fsdp2(one_rank_group) -> None:
     """The trainer's clip and AdamW step run on the local shards (no DTensor dispatch): the clip gives
     the global L2 norm and scaling, and the AdamW step is bit-for-bit torch's fused AdamW on the FSDP2

@@ -7,7 +7,6 @@ import copy
 import json
 from pathlib import Path
 
-import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
@@ -90,20 +89,6 @@ def test_write_adapter_is_a_peft_style_folder(tmp_path: Path) -> None:
     assert len(tensors) == 12 and tensors[key].shape == (4, 32)
     config = json.loads((tmp_path / "adapter_config.json").read_text())
     assert config["r"] == 4 and config["lora_alpha"] == 8.0 and config["peft_type"] == "LORA"
-
-
-@pytest.fixture()
-def one_rank_group(netns):
-    import torch.distributed as dist
-
-    from kuberl import dist as kdist
-
-    mine = not dist.is_initialized()
-    if mine:
-        kdist.init_group(0, 1, "127.0.0.1", kdist.free_port(), torch.device("cpu"))
-    yield
-    if mine:
-        dist.destroy_process_group()
 
 
 def test_trainer_trains_adapters_only_and_checkpoints_them_alone(one_rank_group, tmp_path: Path) -> None:
