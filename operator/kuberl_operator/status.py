@@ -24,6 +24,7 @@ PENDING, PROVISIONING, RUNNING, RESTARTING = "Pending", "Provisioning", "Running
 SUCCEEDED, FAILED, SUSPENDED = "Succeeded", "Failed", "Suspended"
 ROLE_RESTARTING = "RoleRestarting"
 HEAD_FAILED = "RayHeadFailed"  # the Ray head pod failed: the whole Ray cluster restarts
+ROLE_FAILED = "RoleFailed"  # the driver reported a role's failure (a hang's diagnosis, a process that died)
 UNSCHEDULABLE = "RoleUnschedulable"  # no node satisfies a role's constraints (the scheduler says why)
 PLACEMENT_DEGRADED = Reason.PLACEMENT_DEGRADED.value  # the driver refused GPUs linked below spec.placement.minLink
 
@@ -86,6 +87,9 @@ def role_outcome(role: str, job: RLTrainingJob, old: Mapping[str, Any], seen: Ob
             last_failure = f"{now}: {'; '.join(failures)}"
     else:
         tracking, ready = Tracking(), 0
+    reported = seen.progress.failure_of(role)  # what the driver saw (a hang's diagnosis): no pod failed for it
+    if reported and reported != prev.get("driverFailure"):
+        last_failure = f"{now}: {reported}"
     standby = int(job.spec.resilience.standby)
     status = {
         "desired": spec.replicas + standby,  # the role's pods, its standby's included
@@ -94,6 +98,7 @@ def role_outcome(role: str, job: RLTrainingJob, old: Mapping[str, Any], seen: Ob
         "restarts": max(pod_restarts, seen.progress.restarts_of(role)),
         "podRestarts": pod_restarts,
         **({"lastFailure": last_failure} if last_failure else {}),
+        **({"driverFailure": reported} if reported else {}),
         **({"worstLink": link} if (link := seen.progress.link_of(role)) else {}),
         **({"unschedulable": waits} if (waits := waiting_for_node(pods)) else {}),
         **tracking.to_status(),
@@ -210,6 +215,10 @@ def decide(job: RLTrainingJob, generation: int, old: Mapping[str, Any], seen: Ob
                     f"role {r}: {'; '.join(o.failures)}; {action} "
                     f"(restart {o.status['restarts']} of at most {job.spec.roles.get(r).max_restarts})")
               for r, o in roles.items() if o.failures]
+    events += [Event("Warning", ROLE_FAILED, f"role {r} (reported by the driver): {why}")
+               for r, o in roles.items()
+               if (why := o.status.get("driverFailure")) and why != ((old.get("roles") or {}).get(r) or {}).get(
+                   "driverFailure")]
     events += [Event("Warning", UNSCHEDULABLE, f"role {r} waits for a node: {why}")
                for r, o in roles.items()
                if (why := o.status.get("unschedulable")) and why != ((old.get("roles") or {}).get(r) or {}).get(

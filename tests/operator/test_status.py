@@ -154,6 +154,19 @@ def test_the_drivers_account_of_a_failure_names_the_reason() -> None:
     assert cond(plain, "Failed")["reason"] == "DriverFailed" and cond(plain, "PlacementDegraded") is None
 
 
+def test_a_failure_the_driver_reports_is_the_roles_last_failure_with_one_event() -> None:
+    hang = "WorkerHung at step 3 (values): role critic rank 1 hung in user code: score at my/reward.py:12"
+    seen = Observed("rc", pods(), Progress(phase="Running", roles={"critic": RoleProgress(last_failure=hang)}))
+    first = run({}, seen)
+    critic = first.status["roles"]["critic"]
+    assert critic["lastFailure"] == f"{T1}: {hang}" and critic["driverFailure"] == hang
+    assert [e.reason for e in first.events].count("RoleFailed") == 1
+    assert any(e.message == f"role critic (reported by the driver): {hang}" for e in first.events)
+    again = run(first.status, seen, now="2026-01-01T00:05:00Z")  # the same report: no new Event, same text
+    assert "RoleFailed" not in [e.reason for e in again.events]
+    assert again.status["roles"]["critic"]["lastFailure"] == f"{T1}: {hang}"
+
+
 def test_invalid_spec_status_names_the_field() -> None:
     st = invalid_spec_status({}, 3, "spec.roles.actor.gpus: must be >= 0", T0)
     assert st["phase"] == "Failed"

@@ -106,6 +106,10 @@ class ProgressDocument(_Doc):
         entry = self.roles.get(role)
         return entry.restarts or 0 if entry is not None else 0
 
+    def failure_of(self, role: str) -> str | None:
+        entry = self.roles.get(role)
+        return entry.last_failure if entry is not None else None
+
     def link_of(self, role: str) -> str | None:
         entry = self.roles.get(role)
         return entry.worst_link if entry is not None else None

@@ -71,7 +71,10 @@ STATUS_SCHEMA: dict[str, Any] = {
                     "restarts": {"type": "integer", "description": "max(podRestarts, the driver's count)."},
                     "podRestarts": {"type": "integer",
                                     "description": "Restarts the operator counted from pod failures."},
-                    "lastFailure": {"type": "string"},
+                    "lastFailure": {"type": "string",
+                                    "description": "The newest failure: a pod's, or the one the driver reported."},
+                    "driverFailure": {"type": "string", "description": "The newest failure the driver reported "
+                                                                      "(a hang's diagnosis, a process that died)."},
                     "worstLink": {"type": "string", "description": "Worst GPU link inside the role's groups "
                                                                   "(NV#, PIX, PXB, PHB, NODE, SYS)."},
                     "unschedulable": {"type": "string",
