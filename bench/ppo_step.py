@@ -19,7 +19,7 @@ matmul peak measured in this run (printed), and peak GPU memory. Then, unless --
 plain actor training step on one micro-batch-sized mini-batch (default 16 x 512 tokens: forward,
 backward, clip, fused AdamW step), timed over --train-reps repetitions.
 The first step includes torch.compile and CUDA-graph capture; the summary is the median of the
-later steps.
+later steps (with --asynchronous, less the last step, which sends no early rollout: use --steps >= 4).
 """
 
 from __future__ import annotations
@@ -221,6 +221,10 @@ def main() -> None:
     seq = args.prompt_len + args.response_len
     upd_flops = model_flops(cfg, args.batch, seq, args.response_len)["total"]
     later = recs[1:] if len(recs) > 1 else recs
+    if args.asynchronous and len(later) > 1:
+        # in-process the early rollout of step k+1 runs inside step k, and the last step sends none:
+        # its wall clock holds no rollout, so it is left out of the median
+        later = later[:-1]
     med = lambda key: statistics.median(r.get(key, 0.0) for r in later)  # noqa: E731
     gpu_peak = torch.cuda.max_memory_allocated() / 2**30 if args.device == "cuda" else 0.0
     summary = {
