@@ -76,7 +76,7 @@ class ActorWorker(Worker):
         """ref_logprobs [B, R] of the base model: this actor's own weights with its LoRA adapters off, so a
         LoRA job needs no ref role and no second copy of the model (spec.roles.ref.enabled: false)."""
         with lora.adapters_off(self.trainer.model):
-            return Batch({"ref_logprobs": self._logprobs(batch).cpu()})
+            return Batch({"ref_logprobs": self._logprobs(batch, self.trainer.model).cpu()})
 
     @torch.no_grad()
     def _logprobs(self, b: Batch, model: torch.nn.Module) -> torch.Tensor:
