@@ -52,7 +52,8 @@ def test_standby_takes_over_and_a_new_one_starts(ray_session, tmp_path, role):
     assert after == seen["standby"]  # the processes started in advance took over
     assert not set(next_standby) & (set(after) | set(seen["active"]))  # and a fresh standby stands behind them
     assert standby_ready is True and group.takeovers == 1
-    assert rec.restored_from == ("checkpoint step 2" if role == "critic" else "model path")
+    # the critic (CPU) comes back from its per-step snapshot of the last completed step: nothing lost
+    assert rec.restored_from == ("snapshot step 2" if role == "critic" else "model path")
     assert [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == list(range(1, 6))
     assert records[-1].roles[role].last_failure.startswith("WorkerDied at step 3")
     print(f"standby {role}: detect={rec.detect_s:.3f}s ready={rec.ready_s:.3f}s replay={rec.replay_s:.3f}s")
@@ -95,7 +96,7 @@ def test_a_rank_hung_outside_a_collective_is_named_while_its_peer_times_out_in_o
     assert rec.reason.value == "WorkerHung" and "a collective failed (RuntimeError:" in rec.detail
     assert "Timed out waiting 10000ms" in rec.detail and rec.detect_s < 20
     assert rec.diagnosis.startswith("role critic rank 1 hung in user code: execute at kuberl/workers/base.py:")
-    assert driver.step == 3 and rec.restored_from == "model path"
+    assert driver.step == 3 and rec.restored_from == "snapshot step 1" and rec.steps_lost == 0
 
 
 def test_the_same_error_twice_in_a_row_fails_the_job_with_it(ray_session, tmp_path):
