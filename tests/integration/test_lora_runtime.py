@@ -57,6 +57,7 @@ def test_actor_with_adapters_off_is_the_reference_policy(netns):
         ref_g.shutdown()
 
 
+@pytest.mark.slow  # a whole quickstart whose bar is known unmet (below): not worth the default run's minutes
 @pytest.mark.xfail(reason="issue 13's bar is unmet: the LoRA quickstart gained 0.10-0.22 over five runs", strict=False)
 def test_quickstart_learns_with_lora_and_exports(netns, tmp_path):
     """The quickstart with LoRA on actor and critic (embeddings and norms trained too) gains >= 0.2; export
