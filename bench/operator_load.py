@@ -31,7 +31,7 @@ from localkube.api import JOBS, NAMESPACES, PODS, RAYCLUSTERS, RLTJ  # noqa: E40
 from localkube.nodes import NodeSpec, gpu_node  # noqa: E402
 from localkube.stack import Cluster  # noqa: E402
 
-from tests.chart.render import CHART, Helm, find_helm  # noqa: E402
+from tests.chart.render import Helm, find_helm  # noqa: E402
 from tests.cluster.jobs import manifest  # noqa: E402
 from tests.cluster.operator_process import OperatorProcess, http_get  # noqa: E402
 
@@ -106,19 +106,7 @@ def main() -> int:
         operator = None
         try:
             helm = Helm(helm_bin, work / "helm")
-            helm.run(
-                "install",
-                "kuberl",
-                str(CHART),
-                "-n",
-                "kuberl-system",
-                "--create-namespace",
-                "--kubeconfig",
-                str(cluster.kubeconfig),
-                "--wait",
-                "--timeout",
-                "120s",
-            )
+            helm.install(cluster.kubeconfig)
             admin = cluster.admin(NAMESPACE)
             kubeconfig = work / "operator.kubeconfig"
             kubeconfig.write_text(

@@ -52,6 +52,11 @@ class Helm:
             raise HelmFailed(list(args), proc.stderr)
         return proc.stdout
 
+    def install(self, kubeconfig: Path | str) -> str:
+        """`helm install` of charts/kuberl into a live cluster (release kuberl in kuberl-system), waited for."""
+        return self.run("install", RELEASE, str(CHART), "--namespace", NAMESPACE, "--create-namespace",
+                        "--kubeconfig", str(kubeconfig), "--wait", "--timeout", "120s")
+
     @cache  # noqa: B019 (one Helm per test session: the cache lives as long as it does)
     def _template(self, values_json: str, kube_version: str, api_versions: tuple[str, ...]) -> str:
         values_file = self.home / f"values-{abs(hash(values_json))}.yaml"

@@ -23,7 +23,7 @@ from localkube.api import NAMESPACES, Api  # noqa: E402
 from localkube.nodes import NodeSpec, gpu_node  # noqa: E402
 from localkube.stack import Cluster  # noqa: E402
 
-from tests.chart.render import CHART, Helm, find_helm  # noqa: E402
+from tests.chart.render import Helm, find_helm  # noqa: E402
 
 from .operator_process import OperatorProcess  # noqa: E402
 
@@ -86,19 +86,7 @@ def helm(tmp_path_factory: pytest.TempPathFactory) -> Helm:
 @pytest.fixture(scope="session")
 def release(cluster: Cluster, helm: Helm) -> str:
     """`helm install` of charts/kuberl (every namespace watched: the ClusterRole)."""
-    helm.run(
-        "install",
-        RELEASE,
-        str(CHART),
-        "--namespace",
-        OPERATOR_NAMESPACE,
-        "--create-namespace",
-        "--kubeconfig",
-        str(cluster.kubeconfig),
-        "--wait",
-        "--timeout",
-        "120s",
-    )
+    helm.install(cluster.kubeconfig)
     return RELEASE
 
 
