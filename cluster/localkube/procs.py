@@ -13,7 +13,7 @@ import os
 import signal
 import subprocess
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 PR_SET_PDEATHSIG = 1
@@ -29,9 +29,16 @@ class Proc:
     pid: int
     exe: str
     log: Path
+    popen: subprocess.Popen | None = field(default=None, compare=False, repr=False)  # set when we are the parent
 
     def alive(self) -> bool:
-        """Running, and still the process we started (a recycled pid is not ours)."""
+        """Running, and still the process we started (a recycled pid is not ours).
+
+        Our own child is asked directly: between fork and exec its cmdline is still ours, so a
+        cmdline check right after the start would call a starting process dead.
+        """
+        if self.popen is not None:
+            return self.popen.poll() is None
         try:
             cmdline = Path(f"/proc/{self.pid}/cmdline").read_bytes().split(b"\0")[0].decode()
             state = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
@@ -78,9 +85,7 @@ def start(
             start_new_session=True,
             preexec_fn=_die_with_parent if tie_to_parent else None,
         )
-    proc = Proc(name, popen.pid, argv[0], log)
-    proc.popen = popen  # type: ignore[attr-defined]  (reaped by stop_all when we are the parent)
-    return proc
+    return Proc(name, popen.pid, argv[0], log, popen)
 
 
 def save(path: Path, procs: list[Proc]) -> None:
@@ -99,9 +104,8 @@ def stop_all(procs: list[Proc]) -> None:
     """Newest first, each given time to exit cleanly."""
     for proc in reversed(procs):
         proc.stop()
-        popen = getattr(proc, "popen", None)
-        if popen is not None:
+        if proc.popen is not None:
             try:
-                popen.wait(5)
+                proc.popen.wait(5)
             except subprocess.TimeoutExpired:
                 pass
