@@ -14,10 +14,11 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from torch import nn
-from torch.optim import Optimizer
+if TYPE_CHECKING:  # torch is imported by the functions that use it: the CLI's checks run without it
+    from torch import nn
+    from torch.optim import Optimizer
 
 STATE_FILE = "trainer_state.json"
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 from kuberl import checkpoint
@@ -93,3 +95,12 @@ def test_an_interrupted_save_is_replaced(tmp_path: Path, capsys) -> None:
     (stale / ".metadata").write_text("old")
     d = checkpoint.fresh_step_dir(tmp_path, 4)
     assert list(d.iterdir()) == [] and "interrupted save" in capsys.readouterr().out
+
+
+def test_the_run_commands_checks_import_no_torch() -> None:
+    """`kuberl run` refuses a bad job in about a second: its checks (manifest, output folder, checkpoints'
+    owner) import neither torch nor Ray."""
+    code = ("import sys, kuberl.run, kuberl.identity, kuberl.checkpoint, kuberl.preflight; "
+            "print(sorted(m for m in ('torch', 'ray') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
