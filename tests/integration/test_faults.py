@@ -148,9 +148,11 @@ def test_hung_worker_counts_as_failed(ray_session, tmp_path):
     assert elapsed < 60
 
 
-@pytest.mark.parametrize("role, fault_step, final_ckpt", [("critic", 4, 3), ("reward", 4, 3)])
+@pytest.mark.parametrize("role, fault_step, final_ckpt", [("critic", 5, 3), ("reward", 4, 3)])
 def test_restart_budget_exhausted_fails_with_role_and_reason(ray_session, tmp_path, role, fault_step, final_ckpt):
-    """maxRestarts=0: the first failure ends the job with an error naming the role, after a final checkpoint."""
+    """maxRestarts=0: the first failure ends the job with an error naming the role, keeping the last checkpoint.
+    The critic fails at step 5, after step 3's checkpoint is committed (at the end of step 4): a kill during
+    its write is the kill-in-save tests' case."""
     spec = spec_for(**{f"roles.{role}.maxRestarts": 0, "trainer.checkpoint.interval": 3})
     driver = Driver(spec, "budget", tmp_path, lambda r: RayWorkerGroup(r, spec, timeout_s=120),
                     faults=[Fault(role, fault_step)], progress=False)
