@@ -83,9 +83,8 @@ def _host(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
         return t
     if local.device.type != "cpu":
         local = torch.empty(local.shape, dtype=local.dtype, pin_memory=True).copy_(local)
-    if isinstance(like, DTensor):
-        return DTensor.from_local(local, like.device_mesh, like.placements, run_check=False, shape=like.shape,
-                                  stride=like.stride())
+    if isinstance(like, DTensor):  # not DTensor.from_local: it moves a CPU shard onto the mesh's device
+        return DTensor(local, like._spec, requires_grad=False)
     return local
 
 
