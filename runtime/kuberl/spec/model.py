@@ -386,6 +386,12 @@ class RoleSpec(Scheduling):
     offload: OffloadSpec = Field(default_factory=OffloadSpec,
                                  description="CPU offload of a training role's FSDP2 state (actor, critic only).")
     lora: LoraSpec = Field(default_factory=LoraSpec, description="LoRA adapters (actor, critic only).")
+    colocate_with: str | None = Field(
+        None, pattern=ROLE_NAME.pattern,
+        description="Run this role's ranks on the same GPUs (on Kubernetes: in the same pods) as the named role's "
+                    "ranks, each role still its own process with its own restarts; each of the k roles sharing a GPU "
+                    "asks Ray for 1/k of it. The host role must be enabled, must not be colocated itself, and must "
+                    "have the same replicas and gpus (docs/user-guide.md, Colocation).")
 
 
 class ExtraRoleSpec(RoleSpec):
@@ -604,6 +610,7 @@ def cross_field_problems(spec: JobSpec) -> list[tuple[str, str, str]]:
                         f"({ranks} x {tr.micro_batch_size})",
                         f"set spec.trainer.miniBatchSize to a multiple of {ranks * tr.micro_batch_size}"))
     out += memory_problems(spec)
+    out += colocation_problems(spec)
     estimator = algo.estimator
     if algo.name == "reinforce" and estimator in ("grpo", "rloo") and algo.group_size < 2:
         out.append(("algorithm.groupSize",
@@ -680,3 +687,58 @@ def memory_problems(spec: JobSpec) -> list[tuple[str, str, str]]:
                         "must be true with offload.params: FSDP2's CPUOffloadPolicy keeps the optimizer state "
                         "with the parameters, on the CPU", f"set spec.{at}.offload.optimizer to true"))
     return out
+
+
+def colocation_problems(spec: JobSpec) -> list[tuple[str, str, str]]:
+    """`colocateWith` of each running role: the host is another running role, not colocated itself (no chains,
+    no cycles), with the same replicas and gpus per replica, so that rank r of each role shares rank r's GPUs."""
+    out: list[tuple[str, str, str]] = []
+    running, roles = enabled_roles(spec), spec.roles
+    for role in running:
+        rs, at = roles.get(role), roles.path(role)
+        host = rs.colocate_with
+        if host is None:
+            continue
+        field = f"{at}.colocateWith"
+        others = ", ".join(r for r in running if r != role)
+        if host == role:
+            out.append((field, f"names {role} itself", f"name another role ({others}) or remove spec.{field}"))
+        elif host not in (*ROLES, *roles.extra):
+            out.append((field, f"names {host!r}, which is not a role of this job",
+                        f"name one of {others}, or remove spec.{field}"))
+        elif host not in running:
+            out.append((field, f"names {host}, which does not run in this job (disabled, replicas 0, or a critic "
+                               f"without algorithm ppo)", f"name a running role ({others}) or remove spec.{field}"))
+        elif (beyond := roles.get(host).colocate_with) is not None:
+            what = "a cycle" if _colocation_cycle(spec, role) else "a chain"
+            out.append((field, f"names {host}, which is colocated with {beyond} itself: {what} of colocations",
+                        f"colocate {role} with the role {host} shares GPUs with, or remove spec.{field}"))
+        else:
+            hs, hat = roles.get(host), roles.path(host)
+            if (rs.replicas, rs.gpus) != (hs.replicas, hs.gpus):
+                out.append((field, f"{role} has {rs.replicas} replicas x {rs.gpus} gpus but {host} has "
+                                   f"{hs.replicas} x {hs.gpus}: rank r of each shares one replica's GPUs",
+                            f"set spec.{at}.replicas to {hs.replicas} and spec.{at}.gpus to {hs.gpus} "
+                            f"(as spec.{hat}), or remove spec.{field}"))
+            elif rs.gpu_product and rs.gpu_product != hs.gpu_product:
+                out.append((f"{at}.gpuProduct", f"is {rs.gpu_product}, but {role} runs on {host}'s GPUs "
+                                                f"({hs.gpu_product or 'any model'})",
+                            f"remove spec.{at}.gpuProduct (spec.{hat}.gpuProduct chooses the GPUs)"))
+    guests = [r for r in running if roles.get(r).colocate_with is not None]
+    if guests and spec.resilience.standby:
+        out.append(("resilience.standby", f"a warm standby would need a second share of the GPUs that colocated "
+                                          f"roles ({', '.join(guests)}) share",
+                    "set spec.resilience.standby to false, or remove colocateWith"))
+    return out
+
+
+def _colocation_cycle(spec: JobSpec, role: str) -> bool:
+    """Whether following colocateWith from `role` comes back to a role already seen."""
+    seen, at = {role}, spec.roles.get(role).colocate_with
+    known = (*ROLES, *spec.roles.extra)
+    while at is not None and at in known:
+        if at in seen:
+            return True
+        seen.add(at)
+        at = spec.roles.get(at).colocate_with
+    return False
