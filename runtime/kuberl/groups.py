@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import hangs
+from .colocation import SharedPlacement, gpu_share, rank_cpus, sharing
 from .dispatch import MethodInfo, gather, method_info, scatter
 from .kernels import KernelOptions
 from .spec import JobSpec, role_resource
@@ -196,14 +197,21 @@ class LocalWorkerGroup(WorkerGroup):
 
 
 class RayWorkerGroup(WorkerGroup):
-    """`world_size` Ray actors of one role in the role's own placement group (one bundle per rank)."""
+    """`world_size` Ray actors of one role in the role's own placement group (one bundle per rank), or, for
+    a role that shares its GPUs (`kuberl.colocation`), in its colocation set's group, asking 1/k of a GPU."""
 
     standby_capable = True  # separate processes: a second set can be kept warm (kuberl.standby)
 
     def __init__(self, role: str, spec: JobSpec, device: str = "auto", timeout_s: float | None = None,
-                 ready_timeout_s: float | None = None, worker_cls: type[Worker] | None = None):
-        """Timeouts default to spec.resilience.callTimeoutSeconds / startTimeoutSeconds."""
+                 ready_timeout_s: float | None = None, worker_cls: type[Worker] | None = None,
+                 shared: SharedPlacement | None = None):
+        """Timeouts default to spec.resilience.callTimeoutSeconds / startTimeoutSeconds. `shared`: the job's
+        colocation placement groups, needed when the role shares its GPUs (one per job, for every group)."""
         self.role, self.spec, self.device = role, spec, device
+        if shared is None and sharing(spec, role):
+            raise ValueError(f"role {role} shares its GPUs ({', '.join(sharing(spec, role))}): give every "
+                             f"RayWorkerGroup of the job one SharedPlacement(spec)")
+        self.shared = shared if sharing(spec, role) else None
         self.worker_cls = worker_cls or worker_class(spec, role)
         self.world_size = world_size(spec, role)
         self.timeout_s = timeout_s or spec.resilience.call_timeout_seconds
@@ -213,11 +221,10 @@ class RayWorkerGroup(WorkerGroup):
         self.slowest: dict[str, float] = {}  # method -> slowest completed call on these ranks, seconds
 
     def bundle(self) -> dict[str, float]:
-        rs = self.spec.roles.get(self.role)
-        cpus = rs.resources.cpu_cores() / max(rs.gpus, 1)
-        out = {"CPU": cpus, role_resource(self.role): 1.0}
-        if rs.gpus:
-            out["GPU"] = 1.0
+        """What one rank's actor asks for: its CPUs, its share of a GPU, one unit of its role resource."""
+        out = {"CPU": rank_cpus(self.spec, self.role), role_resource(self.role): 1.0}
+        if self.spec.roles.get(self.role).gpus:
+            out["GPU"] = gpu_share(self.spec, self.role)
         return out
 
     def concurrency(self) -> int:
@@ -231,8 +238,11 @@ class RayWorkerGroup(WorkerGroup):
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         bundle = self.bundle()
-        name = f"kuberl-{self.role}-{os.getpid()}-{time.time_ns()}"
-        self.pg = placement_group([bundle] * self.world_size, strategy="PACK", name=name)
+        if self.shared is not None:
+            self.pg = self.shared.acquire(self.role, self.world_size)
+        else:
+            name = f"kuberl-{self.role}-{os.getpid()}-{time.time_ns()}"
+            self.pg = placement_group([bundle] * self.world_size, strategy="PACK", name=name)
         cls = ray.remote(concurrency_groups={hangs.CONTROL: 2})(self.worker_cls)
         spec_json = self.spec.model_dump_json(by_alias=True)
         # GPU ranks see every GPU of their node and pin themselves by topology (kuberl.placement);
@@ -364,15 +374,18 @@ class RayWorkerGroup(WorkerGroup):
         return ids
 
     def shutdown(self) -> None:
-        """Kill this role's actors and release its placement group; other roles are untouched."""
+        """Kill this role's actors and release its placement group (a shared one stays while another role of
+        its colocation set holds it); other roles are untouched."""
         import ray
         from ray.util.placement_group import remove_placement_group
 
         for actor in self.actors:
             ray.kill(actor, no_restart=True)
         self.actors = []
-        if self.pg is not None:
+        if self.pg is not None and self.shared is not None:
+            self.shared.release(self.role)
+        elif self.pg is not None:
             remove_placement_group(self.pg)
-            self.pg = None
+        self.pg = None
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 
+from .colocation import host_of
 from .spec import JobSpec
 from .topology import LinkMatrix, link_class, meets, nccl_p2p_level, pin_devices, plan_groups
 
@@ -26,7 +27,9 @@ class RankPlacement:
 
 def group_size(spec: JobSpec, role: str) -> int:
     """GPUs that must talk fast: the rollout's tensor-parallel group for the actor when it is > 1,
-    else one replica's GPUs (its FSDP shard group)."""
+    else one replica's GPUs (its FSDP shard group). A colocated role's ranks pin as its host's do, so rank r
+    of each takes the same GPU (they see the same node GPUs in the same order)."""
+    role = host_of(spec, role)
     rs = spec.roles.get(role)
     if role == "actor" and spec.rollout.tensor_parallel_size > 1:
         return spec.rollout.tensor_parallel_size

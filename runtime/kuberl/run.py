@@ -94,7 +94,10 @@ def build_driver(job: RLTrainingJob, out: Path, backend: str, device: str, fault
             raise UsageError("fault injection kills worker processes: it needs --backend ray")
         make = lambda role: LocalWorkerGroup(role, spec, device)  # noqa: E731
     else:
-        make = lambda role: RayWorkerGroup(role, spec, device)  # noqa: E731
+        from .colocation import SharedPlacement
+
+        shared = SharedPlacement(spec)  # the placement groups of roles that share GPUs
+        make = lambda role: RayWorkerGroup(role, spec, device, shared=shared)  # noqa: E731
     return Driver(spec, job.metadata.name, out, make, fault_list, progress)
 
 

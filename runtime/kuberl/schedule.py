@@ -11,7 +11,8 @@ while other calls are in flight is recovered by that call's own wait and only th
 are untouched. `wait` collects whichever call is back first, so a span ends when its result came
 back (to within `POLL_S`), not when the driver got round to it. `spans()` gives them in seconds from
 the step's start (`kuberl.record.Span`). `sequential=True` waits for each call as it is sent: one
-phase after another, the loop the overlap's bit-identity test compares with.
+phase after another, the loop the overlap's bit-identity test compares with. Roles that share GPUs
+never overlap: each phase of one waits for the others' phases in flight.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .batch import Batch
+from .colocation import sharing
 from .library import Roles
 from .proxies import BoundRemote, RoleFuture
 from .record import Span
@@ -66,10 +68,16 @@ class Phases:
         self.phases: list[Phase] = []
 
     def start(self, name: str, method: BoundRemote[..., Any], *args: Any, **kwargs: Any) -> Phase:
-        """Send `method(*args, **kwargs)` to its role as phase `name`; returns at once (unless sequential)."""
+        """Send `method(*args, **kwargs)` to its role as phase `name`; returns at once (unless sequential).
+        A role that shares its GPUs (`kuberl.colocation`) waits first for the phases in flight on the roles
+        it shares them with, so that only one of them holds its phase's GPU memory at a time (`kuberl.idle`)."""
+        role = method.proxy.role
+        for other in self.phases:
+            if not other.finished and other.role != role and other.role in sharing(self.roles.spec, role):
+                other.finish()
         t = time.perf_counter()
         with self.roles.phase(name):
-            phase = Phase(method.proxy.role, name, method.submit(*args, **kwargs), t)
+            phase = Phase(role, name, method.submit(*args, **kwargs), t)
         if self.sequential or phase.future.done():  # in-process, the call ran to its end when sent
             phase.finish()
         self.phases.append(phase)

@@ -69,3 +69,8 @@ def test_a_cycle_is_named_a_cycle_on_each_role() -> None:
 def test_colocate_with_must_look_like_a_role_name() -> None:
     (err,) = errors_of({"ref": {"colocateWith": "Actor Role"}})
     assert err.startswith("spec.roles.ref.colocateWith: must match") and "\n" not in err, err
+
+
+def test_asynchronous_rollout_refused_when_the_actor_shares_its_gpus() -> None:
+    (err,) = errors_of({"ref": {"colocateWith": "actor"}}, rollout={"asynchronous": True})
+    assert err.startswith("spec.rollout.asynchronous:") and "shares its GPUs with ref" in err, err

@@ -88,6 +88,29 @@ def _host(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return local
 
 
+def _on_device(t: torch.Tensor, like: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """`t` with its local shard on `device`, a DTensor placed like the parameter `like` when that is one."""
+    local = _local(t)
+    if local.device == device:
+        return t
+    local = local.to(device, non_blocking=True)
+    if isinstance(like, DTensor):
+        return DTensor.from_local(local, like.device_mesh, like.placements, run_check=False, shape=like.shape,
+                                  stride=like.stride())
+    return local
+
+
+def move_adamw_state(opt: torch.optim.Optimizer, device: torch.device) -> None:
+    """Move the AdamW moments that exist (a parameter not yet stepped has none) to `device`, or to pinned host
+    memory when `device` is the CPU; `step` stays where it is."""
+    for group in opt.param_groups:
+        for p in group["params"]:
+            st = opt.state.get(p) or {}
+            for key in ("exp_avg", "exp_avg_sq"):
+                if key in st:
+                    st[key] = _host(st[key], p) if device.type == "cpu" else _on_device(st[key], p, device)
+
+
 def host_adamw_state(opt: torch.optim.Optimizer) -> None:
     """Create (zeros) or move every parameter's AdamW moments into CPU memory; `step` stays on the device."""
     for group in opt.param_groups:

@@ -392,6 +392,11 @@ class RoleSpec(Scheduling):
                     "ranks, each role still its own process with its own restarts; each of the k roles sharing a GPU "
                     "asks Ray for 1/k of it. The host role must be enabled, must not be colocated itself, and must "
                     "have the same replicas and gpus (docs/user-guide.md, Colocation).")
+    idle_memory: Literal["offload", "free"] = Field(
+        "offload", description="A role that shares its GPUs (colocateWith, on either side), between its phases: "
+                               "offload moves its weights, optimizer state and hf rollout model to host memory and "
+                               "back before its next phase, and frees the allocator's cache; free only frees the "
+                               "cache (activations, temporaries), the weights stay on the GPU.")
 
 
 class ExtraRoleSpec(RoleSpec):
@@ -725,6 +730,12 @@ def colocation_problems(spec: JobSpec) -> list[tuple[str, str, str]]:
                                                 f"({hs.gpu_product or 'any model'})",
                             f"remove spec.{at}.gpuProduct (spec.{hat}.gpuProduct chooses the GPUs)"))
     guests = [r for r in running if roles.get(r).colocate_with is not None]
+    shared = [r for r in guests if "actor" in (r, roles.get(r).colocate_with)]
+    if shared and spec.rollout.asynchronous:
+        out.append(("rollout.asynchronous", f"generates beside the updates, but the actor shares its GPUs with "
+                                            f"{', '.join(r for r in shared if r != 'actor') or 'its host'}, whose "
+                                            f"phases run one after another",
+                    "set spec.rollout.asynchronous to false, or remove colocateWith"))
     if guests and spec.resilience.standby:
         out.append(("resilience.standby", f"a warm standby would need a second share of the GPUs that colocated "
                                           f"roles ({', '.join(guests)}) share",

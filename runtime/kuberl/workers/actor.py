@@ -29,6 +29,12 @@ class ActorWorker(Worker):
         self.engine = make_engine(self.spec, self.device, self.dtype, self.tokenizer)
         self.sync_weights()
 
+    def resident_modules(self) -> list[torch.nn.Module]:
+        """The policy, and the hf engine's model unless CUDA graphs captured its buffers (rollout.compile)."""
+        engine = getattr(self.engine, "model", None)
+        keep = isinstance(engine, torch.nn.Module) and getattr(self.engine, "fast", None) is None
+        return [*super().resident_modules(), *([engine] if keep else [])]
+
     @register(Dispatch.ALL)
     def sync_weights(self) -> float:
         """Copy the (unsharded) policy weights into the rollout engine; returns this rank's seconds."""

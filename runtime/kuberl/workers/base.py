@@ -20,7 +20,9 @@ import torch
 from .. import dist as kdist
 from .. import hangs, saves
 from ..batch import Batch
+from ..colocation import sharing
 from ..dispatch import Dispatch, method_info, register
+from ..idle import Resident
 from ..kernels import KernelOptions
 from ..models import count_params, load_tokenizer
 from ..placement import pin_rank
@@ -37,6 +39,7 @@ class Worker:
     any name)."""
 
     trainer: FSDPTrainer | None = None
+    resident: Resident | None = None  # set when the role shares its GPUs (kuberl.idle)
     _call_thread: int | None = None  # the thread running the driver's current (non-control) call
 
     def __init__(self, spec_json: str, role: str, rank: int, world_size: int, device: str = "auto", threads: int = 0,
@@ -63,14 +66,15 @@ class Worker:
         """Every thread's Python stack, and the frames of the call in progress (`kuberl.hangs.capture_stacks`)."""
         return hangs.capture_stacks(self._call_thread)
 
-    @register(Dispatch.ALL)
+    @register(Dispatch.ALL, state=False)
     def placement_info(self) -> dict[str, Any]:
-        """This rank's GPU, the worst link inside the role's groups and where the links were read (None on CPU)."""
+        """This rank's GPU, the worst link inside the role's groups and where the links were read (None on CPU);
+        under Ray also its node, placement group and what Ray reserved for it (`ray` is None outside Ray)."""
         p = self.placement
         return {"device": None if p is None else p.device, "worst_link": None if p is None else p.worst_link,
-                "topology_source": None if p is None else p.topology_source}
+                "topology_source": None if p is None else p.topology_source, "ray": _ray_placement()}
 
-    @register(Dispatch.ONE)
+    @register(Dispatch.ONE, state=False)
     def measure_peak_flops(self) -> float:
         """Dense matmul FLOP/s on this worker's device and dtype (the MFU denominator)."""
         return kdist.measure_matmul_flops(self.device, self.dtype)
@@ -83,7 +87,7 @@ class Worker:
         gpu = torch.cuda.max_memory_allocated(self.device) if self.device.type == "cuda" else 0
         return {"gpu_peak": int(gpu), "rss_peak": int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024}
 
-    @register(Dispatch.ONE)
+    @register(Dispatch.ONE, state=False)
     def num_params(self) -> int:
         return count_params(self.trainer.model) if self.trainer is not None else 0
 
@@ -116,6 +120,19 @@ class Worker:
         kdist.init_group(self.rank, self.world_size, addr, port, self.device, getattr(self, "_listen", None),
                          hangs.collective_timeout(self.spec.resilience.call_timeout_seconds))
         self.setup()
+        self.resident = self._resident() if sharing(self.spec, self.role) else None
+        if self.resident is not None:
+            self.resident.sleep()
+
+    def resident_modules(self) -> list[torch.nn.Module]:
+        """The modules this role keeps on its device between phases (offloaded while it shares its GPUs)."""
+        return [self.trainer.model] if self.trainer is not None else []
+
+    def _resident(self) -> Resident:
+        off = self.role_spec.offload
+        return Resident(self.device, self.role_spec.idle_memory == "offload", self.resident_modules(),
+                        self.trainer.optimizer if self.trainer is not None else None, off.params,
+                        off.params or off.optimizer)
 
     def setup(self) -> None:
         raise NotImplementedError
@@ -127,7 +144,7 @@ class Worker:
         Injected faults hit it only when aimed at the checkpoint phase."""
         return self.trainer.save(path) if self.trainer is not None else None
 
-    @register(Dispatch.ALL, faults=False)
+    @register(Dispatch.ALL, faults=False, state=False)
     def has_checkpoint(self, path: str) -> bool:
         """Whether this rank sees a complete DCP checkpoint at `path` (not so on per-pod storage)."""
         return saves.complete(path)
@@ -149,18 +166,18 @@ class Worker:
     def restored(self) -> None:
         """Called after the trainable state was loaded (the actor refreshes its rollout engine)."""
 
-    @register(Dispatch.ALL, faults=False)
+    @register(Dispatch.ALL, faults=False, state=False)
     def enable_snapshots(self, root: str) -> None:
         """Snapshot the trainable state after every update under `root` (kuberl.saves)."""
         if self.trainer is not None:
             self.trainer.saver.snapshot_root = root
 
-    @register(Dispatch.ALL, faults=False)
+    @register(Dispatch.ALL, faults=False, state=False)
     def newest_snapshot(self, root: str) -> int | None:
         """The newest step whose snapshot of this rank is whole under `root`."""
         return saves.newest_snapshot(root, self.rank)
 
-    @register(Dispatch.ALL)
+    @register(Dispatch.ALL, state=False)
     def commit_saves(self) -> dict[str, Any]:
         """Wait for this rank's writes in flight: {"trained_step": the state's step, "written": [paths]}.
         Injected faults hit it only when aimed at the snapshot phase."""
@@ -182,7 +199,14 @@ class Worker:
             while True:
                 time.sleep(3600)
         bound = getattr(self, fn.__name__)  # virtual: a subclass's override runs, as in a plain call
-        return bound(*(a.to(self.device) if isinstance(a, Batch) else a for a in args), **kwargs)
+        resident = self.resident if info.state else None
+        if resident is not None:
+            resident.wake()
+        try:
+            return bound(*(a.to(self.device) if isinstance(a, Batch) else a for a in args), **kwargs)
+        finally:
+            if resident is not None:
+                resident.sleep()
 
 
 def _ray_node_ip() -> str | None:
@@ -191,3 +215,16 @@ def _ray_node_ip() -> str | None:
     except ImportError:
         return None
     return ray.util.get_node_ip_address() if ray.is_initialized() else None
+
+
+def _ray_placement() -> dict[str, Any] | None:
+    """This actor's Ray node id, placement group id, assigned resources ({"GPU": 0.5, ...}) and GPU ids."""
+    try:
+        import ray
+    except ImportError:
+        return None
+    if not ray.is_initialized():
+        return None
+    ctx = ray.get_runtime_context()
+    return {"node": ctx.get_node_id(), "placement_group": ctx.get_placement_group_id(),
+            "resources": ctx.get_assigned_resources(), "gpu_ids": [str(g) for g in ray.get_gpu_ids()]}

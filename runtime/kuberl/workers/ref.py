@@ -18,6 +18,9 @@ class RefWorker(Worker):
         model.requires_grad_(False)
         self.model = kdist.shard(model, self.device, self.dtype, compile_blocks=self.kernels.compile_blocks).eval()
 
+    def resident_modules(self) -> list[torch.nn.Module]:
+        return [self.model]
+
     @register(Dispatch.SPLIT)
     @torch.no_grad()
     def compute_ref_logprobs(self, batch: Batch) -> Batch:

@@ -24,6 +24,9 @@ class RewardWorker(Worker):
             model.requires_grad_(False)
             self.model = kdist.shard(model, self.device, self.dtype, compile_blocks=self.kernels.compile_blocks).eval()
 
+    def resident_modules(self) -> list[torch.nn.Module]:
+        return [self.model] if self.model is not None else []
+
     @register(Dispatch.SPLIT)
     @torch.no_grad()
     def compute_scores(self, batch: Batch) -> Batch:
