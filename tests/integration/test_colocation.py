@@ -10,7 +10,7 @@ import pytest
 
 from kuberl.colocation import SharedPlacement
 from kuberl.driver import Driver, Fault
-from kuberl.groups import RayWorkerGroup
+from kuberl.groups import LocalWorkerGroup, RayWorkerGroup
 from kuberl.metrics import read_jsonl
 from kuberl.workers import Worker
 
@@ -77,3 +77,44 @@ def test_a_colocated_group_needs_the_shared_placement(ray_session):
     with pytest.raises(ValueError, match="give every RayWorkerGroup of the job one SharedPlacement"):
         RayWorkerGroup("ref", spec, "cpu")
     assert RayWorkerGroup("reward", spec, "cpu").bundle() == {"CPU": 0.25, "kuberl_role_reward": 1.0}
+
+
+TRAINED = ("reward_mean", "kl", "pg_loss", "vf_loss", "entropy", "actor_grad_norm", "critic_grad_norm")
+
+
+def local_run(tmp_path, colocated: bool, idle: str = "offload") -> tuple[list[dict], dict]:
+    """3 steps in-process (`--backend local`): every role's worker in this process, on the CPU."""
+    shared = {"colocateWith": "actor", "idleMemory": idle} if colocated else {}
+    spec = load_example("quickstart.yaml", **{
+        "trainer.steps": 3, "trainer.ppoEpochs": 1, "trainer.miniBatchSize": 8, "trainer.microBatchSize": 4,
+        "data.batchSize": 16, "roles.ref": {"replicas": 1, **shared}, "roles.critic": {"replicas": 1, **shared},
+        "roles.actor.idleMemory": idle}).spec
+    out = tmp_path / ("colocated" if colocated else "apart")
+    driver = Driver(spec, "local", out, lambda r: LocalWorkerGroup(r, spec, "cpu"), progress=False)
+    driver.start()
+    try:
+        driver.run()
+        residents = {r: g.worker.resident for r, g in driver.groups.items()}
+    finally:
+        driver.shutdown()
+    return read_jsonl(out / "metrics.jsonl"), residents
+
+
+@pytest.fixture(scope="module")
+def apart(netns, tmp_path_factory) -> list[dict]:
+    metrics, residents = local_run(tmp_path_factory.mktemp("apart"), colocated=False)
+    assert set(residents.values()) == {None}  # no role shares its GPUs: no memory policy
+    return metrics
+
+
+@pytest.mark.parametrize("idle", ["offload", "free"])
+def test_in_process_colocation_trains_like_apart(apart, tmp_path, idle):
+    """The memory policy runs between every phase (on the CPU its moves stay in host memory) and the job
+    computes the same steps, bit for bit, as with each role on its own."""
+    together, residents = local_run(tmp_path, colocated=True, idle=idle)
+    assert residents["reward"] is None and all(residents[r].offload == (idle == "offload") for r in SHARED)
+    assert all(residents[r].asleep == (idle == "offload") for r in SHARED)  # asleep between phases
+    assert len(residents["actor"].modules) == 2  # the policy and the hf engine's model
+    assert [r["step"] for r in together] == [1, 2, 3]
+    for a, b in zip(apart, together):
+        assert {k: b[k] for k in TRAINED} == {k: a[k] for k in TRAINED}, a["step"]
