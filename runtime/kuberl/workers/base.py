@@ -199,8 +199,10 @@ class Worker:
             while True:
                 time.sleep(3600)
         bound = getattr(self, fn.__name__)  # virtual: a subclass's override runs, as in a plain call
-        resident = self.resident if info.state else None
-        if resident is not None:
+        # a role that shares its GPUs: its state back on the device for a call that needs it (kuberl.idle),
+        # and after every call (what a bookkeeping call allocated too) its idle memory given back
+        resident = None if info.control else self.resident
+        if resident is not None and info.state:
             resident.wake()
         try:
             return bound(*(a.to(self.device) if isinstance(a, Batch) else a for a in args), **kwargs)

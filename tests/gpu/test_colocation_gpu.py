@@ -1,0 +1,57 @@
+"""idleMemory offload on a CUDA device: between its calls a role that shares its GPU keeps its weights, AdamW
+moments and hf rollout model in host memory, and trains exactly as it does alone. (On CPU every tensor is in
+host memory, so tests/integration/test_colocation.py cannot show where the state lives.)
+Run: `pytest -m gpu tests/gpu -s` on a machine with a GPU (skipped elsewhere).
+"""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+import torch
+from torch.distributed.tensor import DTensor
+
+from kuberl.groups import LocalWorkerGroup
+from kuberl.proxies import ActorProxy
+
+from ..integration.conftest import load_example
+from ..integration.test_offload import OVERRIDES, train_batch
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+KEYS = ("input_ids", "attention_mask", "responses", "response_mask", "old_logprobs", "advantages")
+
+
+def local(t: torch.Tensor) -> torch.Tensor:
+    return t._local_tensor if isinstance(t, DTensor) else t
+
+
+def two_updates(colocated: bool) -> tuple[int, list[str], list[float]]:
+    """(GPU bytes allocated after two actor updates, the devices its state is on, the losses)."""
+    ref = {"gpus": 1, **({"colocateWith": "actor"} if colocated else {})}
+    spec = load_example("quickstart.yaml", **OVERRIDES, **{"roles.actor.gpus": 1, "roles.ref": ref}).spec
+    group = LocalWorkerGroup("actor", spec, "cuda")
+    group.start()
+    try:
+        actor = ActorProxy(group)
+        batch = train_batch(spec, actor)
+        losses = [actor.update(batch.select(*KEYS), step=s)["pg_loss"] for s in range(2)]
+        torch.cuda.synchronize()
+        worker = group.worker
+        state = [local(p) for p in worker.trainer.model.parameters()]
+        state += [local(st[k]) for st in worker.trainer.optimizer.optimizer.state.values()
+                  for k in ("exp_avg", "exp_avg_sq")]
+        state += list(worker.engine.model.parameters())
+        return torch.cuda.memory_allocated(), sorted({t.device.type for t in state}), losses
+    finally:
+        group.shutdown()
+        gc.collect()
+        torch.cuda.empty_cache()
+
+
+def test_a_colocated_actor_sleeps_in_host_memory_and_trains_the_same():
+    alone, devices_alone, losses_alone = two_updates(colocated=False)
+    asleep, devices, losses = two_updates(colocated=True)
+    assert devices_alone == ["cuda"] and devices == ["cpu"]
+    assert asleep < 0.2 * alone, (asleep, alone)
+    assert losses == pytest.approx(losses_alone, rel=1e-5, abs=1e-7)
