@@ -94,10 +94,7 @@ def _on_device(t: torch.Tensor, like: torch.Tensor, device: torch.device) -> tor
     if local.device == device:
         return t
     local = local.to(device, non_blocking=True)
-    if isinstance(like, DTensor):
-        return DTensor.from_local(local, like.device_mesh, like.placements, run_check=False, shape=like.shape,
-                                  stride=like.stride())
-    return local
+    return DTensor(local, like._spec, requires_grad=False) if isinstance(like, DTensor) else local
 
 
 def move_adamw_state(opt: torch.optim.Optimizer, device: torch.device) -> None:
