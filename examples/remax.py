@@ -91,12 +91,15 @@ def main(argv: list[str] | None = None) -> int:
         spec = spec.model_copy(update={"trainer": spec.trainer.model_copy(update={"steps": args.steps})})
     import ray
 
+    from kuberl.colocation import SharedPlacement
     from kuberl.groups import RayWorkerGroup
     from kuberl.run import start_local_ray
 
     start_local_ray(spec)
+    shared = SharedPlacement(spec)  # the placement groups of roles that share GPUs (colocateWith), if any
     try:
-        records = remax(spec, lambda role: RayWorkerGroup(role, spec), Path(args.out), job.metadata.name)
+        records = remax(spec, lambda role: RayWorkerGroup(role, spec, shared=shared), Path(args.out),
+                        job.metadata.name)
     finally:
         ray.shutdown()
     first, last = records[: min(10, len(records))], records[-min(10, len(records)):]

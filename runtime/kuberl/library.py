@@ -3,7 +3,7 @@
     from kuberl.library import Roles
     from kuberl.groups import RayWorkerGroup
 
-    roles = Roles(spec, lambda role: RayWorkerGroup(role, spec))
+    roles = Roles(spec, lambda role: RayWorkerGroup(role, spec))   # colocateWith: shared=SharedPlacement(spec)
     with roles:                                   # starts every enabled role, each in its own group
         for step in range(1, n + 1):
             roles.begin_step(step)
