@@ -220,12 +220,13 @@ def _ray_node_ip() -> str | None:
 
 
 def _ray_placement() -> dict[str, Any] | None:
-    """This actor's Ray node id, placement group id, assigned resources ({"GPU": 0.5, ...}) and GPU ids."""
+    """This actor's Ray node id, placement group id, assigned resources ({"GPU": 0.5, ...}) and GPU ids; None
+    when this worker is not a Ray actor (in-process, even in a process that runs a Ray driver)."""
     try:
         import ray
     except ImportError:
         return None
-    if not ray.is_initialized():
+    if not ray.is_initialized() or ray.get_runtime_context().get_actor_id() is None:
         return None
     ctx = ray.get_runtime_context()
     return {"node": ctx.get_node_id(), "placement_group": ctx.get_placement_group_id(),
