@@ -715,9 +715,12 @@ def colocation_problems(spec: JobSpec) -> list[tuple[str, str, str]]:
             out.append((field, f"names {host}, which does not run in this job (disabled, replicas 0, or a critic "
                                f"without algorithm ppo)", f"name a running role ({others}) or remove spec.{field}"))
         elif (beyond := roles.get(host).colocate_with) is not None:
-            what = "a cycle" if _colocation_cycle(spec, role) else "a chain"
-            out.append((field, f"names {host}, which is colocated with {beyond} itself: {what} of colocations",
-                        f"colocate {role} with the role {host} shares GPUs with, or remove spec.{field}"))
+            if _colocation_cycle(spec, role):
+                out.append((field, f"names {host}, which is colocated with {beyond} itself: a cycle of colocations",
+                            "make one role of the cycle the host: remove its colocateWith"))
+            else:
+                out.append((field, f"names {host}, which is colocated with {beyond} itself: a chain of colocations",
+                            f"set spec.{field} to {beyond} (colocate every role with the host itself)"))
         else:
             hs, hat = roles.get(host), roles.path(host)
             if (rs.replicas, rs.gpus) != (hs.replicas, hs.gpus):
