@@ -70,6 +70,13 @@ def test_killed_colocated_ref_recovers_alone_on_the_actors_gpu(ray_session, tmp_
     assert driver.step == 4 and [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == [1, 2, 3, 4]
     assert records[-1].flat()["restarts_ref"] == 1 and records[-1].flat()["restarts_actor"] == 0
     assert shared.groups == {}  # the set's placement group went with the last of its roles
+    # the three roles' phases ran one after another (ref, values; update_critic, update_actor), never at once
+    for rec in records:
+        spans = [s for s in rec.timeline if s.role in SHARED]
+        assert {s.phase for s in spans} >= {"ref", "values", "update_critic", "update_actor"}
+        clashes = [(a.phase, b.phase) for i, a in enumerate(spans) for b in spans[i + 1:]
+                   if a.role != b.role and a.overlaps(b)]
+        assert clashes == [], (rec.step, clashes)
 
 
 def test_a_colocated_group_needs_the_shared_placement(ray_session):
