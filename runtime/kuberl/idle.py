@@ -1,12 +1,12 @@
 """What a role that shares its GPUs does with its GPU memory between its phases (`spec.roles.<role>.idleMemory`).
 
 Roles on the same GPUs run their phases one after another (`kuberl.schedule`); each holds the GPU memory
-of its phase only while the phase runs. After every phase call a sharing role frees the caching
-allocator's blocks (activations, temporaries, an unsharded FSDP gather) so that the next role's process
-can allocate them, and under `offload` (the default) it also moves its resident state to host memory:
-the FSDP2 parameters (after a reshard), the AdamW moments and the actor's hf rollout model. Before its
-next phase the state comes back. Already-offloaded state (`spec.roles.<role>.offload`) stays where that
-offload keeps it. Costs about 2 x the state's bytes of host<->device copies per phase call.
+of its phase only while the phase runs. After every call a sharing role frees what an FSDP2 forward left
+gathered and the caching allocator's blocks (activations, temporaries), so that the next role's process
+can allocate them; under `offload` (the default) it also moves its resident state to host memory: the
+FSDP2 parameters, the AdamW moments and the actor's hf rollout model. Before its next phase the state
+comes back. Already-offloaded state (`spec.roles.<role>.offload`) stays where that offload keeps it.
+Costs about 2 x the state's bytes of host<->device copies per phase call.
 """
 
 from __future__ import annotations
@@ -37,7 +37,10 @@ class Resident:
 
     @torch.no_grad()
     def sleep(self) -> None:
-        """After a phase: state to the host (offload) and the allocator's cache back to the GPU's pool."""
+        """After a phase: gathered FSDP2 weights freed, state to the host (offload), and the allocator's cache
+        back to the GPU's pool."""
+        for module in self.modules:
+            reshard(module)
         if self.offload and not self.asleep:
             self._move(HOST)
             self.asleep = True
@@ -55,14 +58,13 @@ class Resident:
     def _move(self, to: torch.device) -> None:
         if not self.params_on_host:
             for module in self.modules:
-                reshard(module)
                 module.to(to)
         if self.optimizer is not None and not self.moments_on_host:
             move_adamw_state(self.optimizer.optimizer, to)
 
 
 def reshard(module: nn.Module) -> None:
-    """Free the unsharded parameters FSDP2 keeps after a forward without reshard (one unit on one GPU)."""
+    """Free the unsharded parameters an FSDP2 unit keeps after a forward without reshard (one unit on one GPU)."""
     for m in module.modules():
         if isinstance(m, FSDPModule):
             m.reshard()
