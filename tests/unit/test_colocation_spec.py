@@ -74,3 +74,19 @@ def test_colocate_with_must_look_like_a_role_name() -> None:
 def test_asynchronous_rollout_refused_when_the_actor_shares_its_gpus() -> None:
     (err,) = errors_of({"ref": {"colocateWith": "actor"}}, rollout={"asynchronous": True})
     assert err.startswith("spec.rollout.asynchronous:") and "shares its GPUs with ref" in err, err
+
+
+def test_colocation_sets_shares_and_bundles() -> None:
+    from kuberl.colocation import gpu_share, host_of, set_bundle, sharing
+
+    gpus = {"replicas": 2, "gpus": 1}
+    spec = validate_manifest(manifest({
+        "actor": {**gpus, "resources": {"cpu": "2"}}, "ref": {**gpus, "colocateWith": "actor"},
+        "critic": {**gpus, "colocateWith": "actor", "resources": {"cpu": "500m"}}})).spec
+    assert sharing(spec, "ref") == sharing(spec, "actor") == ("actor", "critic", "ref")
+    assert sharing(spec, "reward") == () and host_of(spec, "reward") == "reward" and host_of(spec, "ref") == "actor"
+    assert gpu_share(spec, "critic") == pytest.approx(1 / 3) and gpu_share(spec, "reward") == 1.0
+    assert set_bundle(spec, "actor") == {"CPU": 3.5, "GPU": 1.0, "kuberl_role_actor": 1.0,
+                                         "kuberl_role_critic": 1.0, "kuberl_role_ref": 1.0}
+    off = validate_manifest(manifest({"ref": {"replicas": 0, "colocateWith": "actor"}})).spec
+    assert sharing(off, "actor") == () and host_of(off, "ref") == "ref"  # a role that does not run shares nothing
