@@ -1,10 +1,11 @@
 """Peak GPU memory of actor + ref + critic on one GPU (colocateWith), against the three run apart.
 
-    PYTHONPATH=runtime python3 bench/colocation.py                      # H200: qwen2-0.5b, bf16, ~1 min
+    PYTHONPATH=runtime python3 bench/colocation.py                      # H200: qwen2-0.5b, bf16, apart + offload
+    PYTHONPATH=runtime python3 bench/colocation.py --modes free          # idleMemory free alone (its own process)
     PYTHONPATH=runtime python3 bench/colocation.py --model qwen2-1.5b    # bigger shape, slower to build
     PYTHONPATH=runtime python3 bench/colocation.py --quick               # CPU smoke (tiny model, no memory figures)
 
-In-process (LocalWorkerGroup, no Ray), full PPO steps through the runtime's Driver, three runs:
+In-process (LocalWorkerGroup, no Ray), full PPO steps through the runtime's Driver; the runs (`--modes`):
 
 - apart: no colocation. In-process the calls run one at a time, so every byte a call leaves allocated
   (or frees) belongs to its role: each role's resident memory is tracked call by call, and its own peak
@@ -13,7 +14,8 @@ In-process (LocalWorkerGroup, no Ray), full PPO steps through the runtime's Driv
   The run's own peak is `shared_no_policy`: the three roles on one GPU with all their state resident.
 - colocated offload: ref and critic colocateWith the actor, idleMemory offload (the default): between
   its phases each role's weights and optimizer state sit in host memory.
-- colocated free: idleMemory free (only the allocator's cache is released between phases).
+- colocated free (`--modes` free): idleMemory free (only gathered weights and the allocator's cache are
+  released between phases). Each run costs a model build (about 23 s for qwen2-0.5b on the H200).
 
 Prints one JSON line per run (peak allocated and reserved GiB, per-role peaks, step seconds, losses) and
 a table; the colocated runs' losses are compared with apart's (the memory policy must not change them).
@@ -132,12 +134,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="qwen2-0.5b", choices=["tiny", "qwen2-0.5b", "qwen2-1.5b"])
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
-    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--batch", type=int, default=32, help="prompts (= sequences) per step")
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--response-len", type=int, default=128)
     ap.add_argument("--micro", type=int, default=8, help="sequences per forward/backward")
-    ap.add_argument("--modes", default="apart,offload,free", help="runs, comma-separated: apart, offload, free")
+    ap.add_argument("--modes", default="apart,offload", help="runs, comma-separated: apart, offload, free")
     ap.add_argument("--quick", action="store_true", help="CPU smoke: tiny model, 2 steps, small batch")
     ap.add_argument("--json", default="", help="also write every run's figures to this file")
     args = ap.parse_args()
