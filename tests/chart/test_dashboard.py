@@ -51,13 +51,14 @@ def test_every_dashboard_metric_exists_in_code() -> None:
 
 @pytest.mark.parametrize("metric", [
     "kuberl_rollout_tokens_per_second", "kuberl_train_tokens_per_second", "kuberl_phase_seconds",
-    "kuberl_reward_mean", "kuberl_kl", "kuberl_mfu_ratio", "kuberl_role_group_restarts_total",
+    "kuberl_reward_mean", "kuberl_kl", "kuberl_mfu_ratio", "kuberl_rollout_staleness_steps",
+    "kuberl_role_group_restarts_total",
     "kuberl_recovery_seconds",
     "kuberl_operator_role_ready_replicas", "kuberl_role_memory_bytes",
 ])
 def test_dashboard_shows(metric: str) -> None:
     """The issue's list: tokens/s, step time by phase, reward, KL, MFU, per-role restarts and recovery,
-    per-role ready replicas, GPU memory per role."""
+    per-role ready replicas, GPU memory per role; and issue 14's rollout staleness."""
     panels = [p for p in dashboard()["panels"] for t in p.get("targets", []) if metric in {n for n,
                                                                                            _ in metrics_in(t["expr"])}]
     assert panels, f"no panel queries {metric}"

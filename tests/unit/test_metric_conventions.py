@@ -106,7 +106,7 @@ def test_build_info_from_each_component() -> None:
 RECORD = StepRecord(
     step=3, reward_mean=0.5, stats={"kl": 0.01, "kl_coef": 0.001, "entropy": 1.2, "clip_frac": 0.1},
     response_length_mean=6.0, rollout_tokens_per_s=900.0, train_tokens_per_s=1800.0, mfu=0.3,
-    phases={"rollout": 0.5}, step_s=1.0,
+    phases={"rollout": 0.5}, step_s=1.0, staleness=1,
     roles={"critic": RoleStep(restarts=1, recoveries=[Recovery("critic", 3, "values", Reason.WORKER_DIED, "killed",
                                                                detect_s=0.1, ready_s=2.0, replay_s=0.3, steps_lost=1)]),
            "actor": RoleStep(restarts=0, worst_link="PIX", memory={"gpu_peak": 2**30, "rss_peak": 2**31})})

@@ -123,6 +123,22 @@ def test_prometheus_types_timestamp_and_build_info(tmp_path: Path) -> None:
     assert f'kuberl_build_info{{component="driver",job="demo",version="{version()}"}} 1.0' in text
 
 
+def test_prometheus_serves_each_steps_staleness(tmp_path: Path) -> None:
+    """kuberl_rollout_staleness_steps is the last step's `staleness` (0 on-policy, 1 one-step-off); a record
+    without one (None) serves none rather than a made-up 0."""
+    sink = MetricsSink(tmp_path, "demo", total_steps=3, progress=False, prometheus_port=0)
+    try:
+        sink.log(StepRecord(step=1))
+        assert "kuberl_rollout_staleness_steps{" not in scrape(sink.port)
+        for step, staleness in ((2, 0), (3, 1)):
+            sink.log(StepRecord(step=step, staleness=staleness))
+            text = scrape(sink.port)
+            assert "# TYPE kuberl_rollout_staleness_steps gauge" in text
+            assert f'kuberl_rollout_staleness_steps{{job="demo"}} {float(staleness)}' in text
+    finally:
+        sink.close()
+
+
 def test_prometheus_port_is_released_on_close(tmp_path: Path) -> None:
     sink = MetricsSink(tmp_path, "demo", total_steps=1, progress=False, prometheus_port=0)
     port = sink.port

@@ -28,6 +28,8 @@ PROM_FAMILIES: dict[str, tuple[str, tuple[str, ...]]] = {
     "kuberl_rollout_tokens_per_second": ("Generated tokens per second of generation time.", ()),
     "kuberl_train_tokens_per_second": ("Actor training tokens per second of update time.", ()),
     "kuberl_mfu_ratio": ("Actor update model-FLOPs utilisation (6·N·tokens / measured peak).", ()),
+    "kuberl_rollout_staleness_steps": ("Updates between the weights that generated the last step's batch and the "
+                                       "weights it updated: 0 on-policy, 1 with spec.rollout.asynchronous.", ()),
     "kuberl_phase_seconds": ("Seconds spent in a phase of the last step.", ("phase",)),
     "kuberl_role_group_restarts_total": ("Restarts of a role's WorkerGroup since the job began.", ("role",)),
     "kuberl_recovery_seconds": ("Seconds of a role's recoveries in the last step that had one, by part "
@@ -49,7 +51,8 @@ PROM_ALIASES: dict[str, str] = {
 ALIASES_REMOVED_IN = "0.2.0"
 _FIELDS = {"reward_mean": "kuberl_reward_mean", "response_length_mean": "kuberl_response_length_tokens",
            "rollout_tokens_per_s": "kuberl_rollout_tokens_per_second",
-           "train_tokens_per_s": "kuberl_train_tokens_per_second", "mfu": "kuberl_mfu_ratio"}
+           "train_tokens_per_s": "kuberl_train_tokens_per_second", "mfu": "kuberl_mfu_ratio",
+           "staleness": "kuberl_rollout_staleness_steps"}
 _STATS = {"kl": "kuberl_kl", "kl_coef": "kuberl_kl_coef", "entropy": "kuberl_entropy",
           "clip_frac": "kuberl_clipped_tokens_ratio"}
 
