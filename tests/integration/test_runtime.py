@@ -101,8 +101,8 @@ def test_two_fsdp_ranks_match_one(ray_session):
         g2.shutdown()
 
 
-def run_local(spec: JobSpec, out: Path, **kw) -> Driver:
-    driver = Driver(spec, "local", out, lambda role: LocalWorkerGroup(role, spec, "cpu"), progress=False, **kw)
+def run_local(spec: JobSpec, out: Path, driver_cls: type[Driver] = Driver, **kw) -> Driver:
+    driver = driver_cls(spec, "local", out, lambda role: LocalWorkerGroup(role, spec, "cpu"), progress=False, **kw)
     driver.start()
     try:
         driver.run()
