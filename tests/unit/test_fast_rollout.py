@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import copy
 import math
+import threading
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -302,6 +304,54 @@ def test_hf_engine_weight_sync_is_in_place_and_changes_output() -> None:
     after = engine.fast.generate(enc["input_ids"], enc["attention_mask"], 12, SamplingParams(greedy=True))
     want = hf_greedy(engine.model, enc["input_ids"], enc["attention_mask"], 12)
     assert torch.equal(after, want) and not torch.equal(before, after)
+
+
+def reseeding_meanwhile(call: Callable[[], torch.Tensor]) -> torch.Tensor:
+    """`call()` while another thread keeps reseeding and drawing from torch's global generator (what an
+    update beside an asynchronous rollout could do in the actor's process)."""
+    stop = threading.Event()
+
+    def noise() -> None:
+        while not stop.is_set():
+            torch.manual_seed(0)
+            torch.rand(64)
+
+    thread = threading.Thread(target=noise)
+    thread.start()
+    try:
+        return call()
+    finally:
+        stop.set()
+        thread.join()
+
+
+@pytest.mark.parametrize("fast_path", [False, True], ids=["generate", "static-eager"])
+def test_hf_engine_draws_from_its_own_generator(fast_path: bool) -> None:
+    """The engine's sampling never touches torch's global generator (the state is the same after a call, and a
+    thread reseeding it meanwhile changes no token), and gives the tokens it gave when it seeded the global
+    generator: torch.manual_seed(seed) then transformers' sampling (or the fast decoder's global draw)."""
+    tok = char_tokenizer()
+    engine = HFRollout(spec(temperature=0.7, topP=0.9), torch.device("cpu"), torch.float32, tok, fast=fast_path)
+    with torch.no_grad():
+        for p in engine.model.parameters():  # peaked enough that temperature and top-p cut tokens
+            p.mul_(20.0)
+    enc = tok(["say a:", "3+4=", "say q:", "x"], padding=True, return_tensors="pt")
+    ids, mask = enc["input_ids"], enc["attention_mask"]
+    torch.manual_seed(123)
+    state = torch.get_rng_state()
+    out = engine.generate(ids, mask, seed=7)
+    assert torch.equal(torch.get_rng_state(), state)
+    torch.manual_seed(7)
+    if fast_path:
+        before = engine.fast.generate(ids, mask, 12, engine.sampling())
+    else:
+        full = engine.model.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=0.7, top_p=0.9,
+                                     top_k=0, max_new_tokens=12, pad_token_id=tok.pad_token_id,
+                                     eos_token_id=tok.eos_token_id)[:, ids.shape[1]:]
+        before = torch.cat([full, full.new_full((len(full), 12 - full.shape[1]), tok.pad_token_id)], dim=1)
+    assert torch.equal(out, before)
+    assert torch.equal(reseeding_meanwhile(lambda: engine.generate(ids, mask, seed=7)), out)
+    assert not torch.equal(engine.generate(ids, mask, seed=8), out)
 
 
 def test_cpu_default_is_transformers_generate() -> None:

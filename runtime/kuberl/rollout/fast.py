@@ -491,15 +491,16 @@ class StaticDecoder:
 
     @torch.no_grad()
     def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new_tokens: int,
-                 sp: SamplingParams = DEFAULT_SAMPLING, prompt_multiple: int = 16) -> torch.Tensor:
+                 sp: SamplingParams = DEFAULT_SAMPLING, prompt_multiple: int = 16,
+                 generator: torch.Generator | None = None) -> torch.Tensor:
         """Left-padded prompts [B, P] -> responses [B, max_new_tokens], right-padded with `pad` after EOS.
 
         Prompts are left-padded further to a multiple of `prompt_multiple`, so that one captured graph
         serves prompts of similar lengths (extra padding is dropped; it does not change the result).
-        The noise key comes from torch's default generator (CPU): torch.manual_seed(s) then generate
-        gives the same tokens every time.
+        The noise key is one draw from `generator` (a CPU one; default: torch's global generator, so
+        torch.manual_seed(s) then generate gives the same tokens every time, as a generator seeded s does).
         """
-        seed = int(torch.randint(0, 2**62, (1,)))
+        seed = int(torch.randint(0, 2**62, (1,), generator=generator))
         input_ids = input_ids.to(self.device)
         attention_mask = attention_mask.to(self.device)
         b, p = input_ids.shape

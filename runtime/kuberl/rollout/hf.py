@@ -8,13 +8,24 @@ Two paths over the same Hugging Face model object:
 
 Weight sync copies into the model's parameters in place, so the fast path's captured graphs (which
 read those very tensors) stay valid.
+
+Randomness: each `generate` call draws from a `torch.Generator` of its own, seeded by the call's seed,
+never from torch's global generator. Under spec.rollout.asynchronous this call runs on a second thread
+of the actor's process beside `update`, and the global generator is one per process: seeding it here
+would reseed it under the update, and a draw there would shift this call's samples. Tokens are the same
+as `torch.manual_seed(seed)` then transformers' sampling: `OwnDraw` applies the same warpers
+(temperature, top-p: transformers' own classes, in generate's order) and the same
+`multinomial(softmax(scores))`, only from the call's generator, then leaves generate a one-hot choice
+that its greedy path takes (tests/unit/test_fast_rollout.py checks both).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 
 import torch
+from transformers import LogitsProcessor, TemperatureLogitsWarper, TopPLogitsWarper
 
 from ..models import load_causal_lm
 from ..spec import JobSpec
@@ -69,11 +80,12 @@ class HFRollout:
     @torch.no_grad()
     def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, seed: int,
                  greedy: bool = False) -> torch.Tensor:
+        """Left-padded prompts [B, P] -> responses [B, max_new_tokens]; torch's global RNG is not touched."""
         r = self.spec.rollout
-        torch.manual_seed(seed)
         if self.fast is not None:
             try:
-                return self.fast.generate(input_ids, attention_mask, r.max_new_tokens, self.sampling(greedy))
+                return self.fast.generate(input_ids, attention_mask, r.max_new_tokens, self.sampling(greedy),
+                                          generator=torch.Generator().manual_seed(seed))
             except Exception as exc:  # inductor/Triton problems on an unusual setup: keep the graphs, drop compile
                 if not self.fast.compiled:
                     raise
@@ -81,14 +93,14 @@ class HFRollout:
                             "using CUDA graphs without it",
                             type(exc).__name__, exc)
                 self.fast.disable_compile()
-                torch.manual_seed(seed)
-                return self.fast.generate(input_ids, attention_mask, r.max_new_tokens, self.sampling(greedy))
-        sampling = {} if greedy else {"temperature": r.temperature, "top_p": r.top_p, "top_k": 0}
+                return self.fast.generate(input_ids, attention_mask, r.max_new_tokens, self.sampling(greedy),
+                                          generator=torch.Generator().manual_seed(seed))
+        draw = [] if greedy else [OwnDraw(r.temperature, r.top_p, torch.Generator(self.device).manual_seed(seed))]
         out = self.model.generate(
             input_ids=input_ids.to(self.device),
             attention_mask=attention_mask.to(self.device),
-            do_sample=not greedy,
-            **sampling,
+            do_sample=False,  # the draw is OwnDraw's; generate takes the one token it leaves
+            logits_processor=draw,
             max_new_tokens=r.max_new_tokens,
             min_new_tokens=r.max_new_tokens if r.fixed_length else 0,
             pad_token_id=self.tok.pad_token_id,
@@ -99,3 +111,19 @@ class HFRollout:
             pad = resp.new_full((resp.shape[0], r.max_new_tokens - resp.shape[1]), self.tok.pad_token_id)
             resp = torch.cat([resp, pad], dim=1)
         return resp
+
+
+class OwnDraw(LogitsProcessor):
+    """Sampling from a generator of its own, as a logits processor (the last one): scores [B, V] -> 0 at one
+    token per row drawn from softmax(top_p(scores / temperature)), -inf elsewhere."""
+
+    def __init__(self, temperature: float, top_p: float, generator: torch.Generator):
+        self.warpers = ([TemperatureLogitsWarper(temperature)] if temperature != 1.0 else []) + \
+            ([TopPLogitsWarper(top_p)] if top_p < 1.0 else [])
+        self.generator = generator
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        for warp in self.warpers:
+            scores = warp(input_ids, scores)
+        token = torch.multinomial(torch.softmax(scores, dim=-1), 1, generator=self.generator)  # [B, 1]
+        return torch.full_like(scores, -math.inf).scatter_(1, token, 0.0)
