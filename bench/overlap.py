@@ -3,10 +3,10 @@ loop with its independent phases overlapped (the default), and the one-step-off 
 (spec.rollout.asynchronous). All three in one local Ray session, each from a fresh output folder.
 
 Prints one JSON line per mode (mean/median step seconds over the steps after `--warmup`, the reward's
-first and last 10-step means) and a Markdown table.
+first and last 10-step means, each step's staleness) and a Markdown table.
 
     unshare -rn sh -c 'ip link set lo up; PYTHONPATH=runtime .venv/bin/python bench/overlap.py --steps 40'
-    ... bench/overlap.py --quick      # 4 steps per mode: a smoke run (tests/integration/test_overlap.py)
+    ... bench/overlap.py --quick      # 2 steps per mode, 1 not timed: a smoke run (tests/unit/test_overlap_bench.py)
 """
 
 from __future__ import annotations
@@ -52,7 +52,8 @@ def one_mode(mode: str, steps: int, warmup: int) -> dict:
     k = min(10, len(rewards))
     return {"bench": "overlap", "mode": mode, "steps": steps, "timed_steps": len(times),
             "step_s_mean": statistics.fmean(times), "step_s_median": statistics.median(times),
-            "reward_first10": statistics.fmean(rewards[:k]), "reward_last10": statistics.fmean(rewards[-k:])}
+            "reward_first10": statistics.fmean(rewards[:k]), "reward_last10": statistics.fmean(rewards[-k:]),
+            "staleness": [r.staleness for r in records]}
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
@@ -60,9 +61,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--warmup", type=int, default=3, help="first steps left out of the timing")
     ap.add_argument("--modes", default=",".join(MODES))
-    ap.add_argument("--quick", action="store_true", help="4 steps per mode, 1 warm-up (a smoke run)")
+    ap.add_argument("--quick", action="store_true", help="2 steps per mode, 1 warm-up (a smoke run)")
     args = ap.parse_args(argv)
-    steps, warmup = (4, 1) if args.quick else (args.steps, args.warmup)
+    steps, warmup = (2, 1) if args.quick else (args.steps, args.warmup)
     quiet_local_ray()
     start_local_ray(spec_for(steps, "sequential"))
     rows = []
