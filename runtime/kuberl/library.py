@@ -166,7 +166,7 @@ class Roles:
         if "ref" in self.proxies:
             return self.proxy("ref", RefProxy)
         actor_lora = self.spec.roles.actor.lora
-        if actor_lora.enabled and not actor_lora.train_modules and not self.spec.roles.ref.enabled:
+        if actor_lora.enabled and actor_lora.base_frozen and not self.spec.roles.ref.enabled:
             return RefProxy(self.groups["actor"], self)
         return None
 

@@ -52,9 +52,9 @@ class LoRALinear(nn.Linear):
 
 def apply_lora(model: nn.Module, spec: LoraSpec, trainable: tuple[str, ...] = ()) -> int:
     """Replace every nn.Linear whose name ends in one of `spec.target_modules` by a LoRALinear and
-    freeze everything but the adapters, the modules named by `spec.train_modules` and the parameters
-    whose names start with one of `trainable` (e.g. the critic's value head). Returns the number of
-    layers adapted."""
+    freeze everything but the adapters, the modules named by `spec.train_modules`, the biases `spec.bias`
+    names (those of the adapted layers, or all) and the parameters whose names start with one of
+    `trainable` (e.g. the critic's value head). Returns the number of layers adapted."""
     targets = [(name, m) for name, m in model.named_modules()
                if isinstance(m, nn.Linear) and name.rsplit(".", 1)[-1] in spec.target_modules]
     for name, linear in targets:
@@ -64,8 +64,15 @@ def apply_lora(model: nn.Module, spec: LoraSpec, trainable: tuple[str, ...] = ()
     for name, p in model.named_parameters():
         module = name.rsplit(".", 2)[-2] if name.count(".") else ""
         full = name.startswith(trainable) or module.endswith(tuple(spec.train_modules))
-        p.requires_grad_(is_adapter(name) or bool(full))
+        p.requires_grad_(is_adapter(name) or bool(full) or trains_bias(name, module, spec))
     return len(targets)
+
+
+def trains_bias(name: str, module: str, spec: LoraSpec) -> bool:
+    """Whether parameter `name` (of the module named `module`, its last part) is a bias `spec.bias` trains."""
+    if not name.endswith(".bias") or spec.bias == "none":
+        return False
+    return spec.bias == "all" or module in spec.target_modules
 
 
 def is_adapter(name: str) -> bool:
@@ -126,14 +133,18 @@ def fold(model: nn.Module, merge: bool = True) -> nn.Module:
 
 def write_adapter(model: nn.Module, spec: LoraSpec, out: Path, base: str) -> None:
     """The adapters as a PEFT-style LoRA folder: adapter_model.safetensors (keys
-    base_model.model.<module>.lora_A.weight [r, in] / lora_B.weight [out, r]) and adapter_config.json."""
+    base_model.model.<module>.lora_A.weight [r, in] / lora_B.weight [out, r], and with `spec.bias` the
+    trained biases as base_model.model.<module>.bias, as PEFT writes them) and adapter_config.json."""
     from safetensors.torch import save_file
 
     out.mkdir(parents=True, exist_ok=True)
+    state = model.state_dict()
     tensors = {f"base_model.model.{k.rsplit('.', 1)[0]}.{k.rsplit('.', 1)[1]}.weight": v.detach().contiguous()
-               for k, v in adapter_only(model.state_dict()).items()}
+               for k, v in adapter_only(state).items()}
+    tensors |= {f"base_model.model.{k}": v.detach().contiguous() for k, v in state.items()
+                if trains_bias(k, k.rsplit(".", 2)[-2] if k.count(".") else "", spec)}
     save_file(tensors, str(out / "adapter_model.safetensors"))
     config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": spec.rank, "lora_alpha": spec.alpha,
-              "lora_dropout": spec.dropout, "target_modules": list(spec.target_modules), "bias": "none",
+              "lora_dropout": spec.dropout, "target_modules": list(spec.target_modules), "bias": spec.bias,
               "base_model_name_or_path": base}
     (out / "adapter_config.json").write_text(json.dumps(config, indent=1))

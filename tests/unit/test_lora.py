@@ -58,6 +58,33 @@ def test_train_modules_train_in_full() -> None:
                                              for k in ("input_layernorm", "post_attention_layernorm"))}
 
 
+def test_bias_trains_the_adapted_layers_biases_or_all(tmp_path: Path) -> None:
+    """bias: lora_only trains the biases of the adapted layers (Qwen2: q/k/v have one; here q and v are
+    adapted), all trains every bias; the adapter file carries them under PEFT's names; the base is then
+    no longer frozen (the actor cannot stand in for ref)."""
+    from safetensors.torch import load_file
+
+    def biases(bias: str) -> set[str]:
+        model = small_lm()
+        lora.apply_lora(model, SPEC.model_copy(update={"bias": bias}))
+        return {n for n, p in model.named_parameters() if p.requires_grad and not lora.is_adapter(n)}
+
+    per_layer = lambda *mods: {f"model.layers.{i}.self_attn.{m}.bias" for i in range(2) for m in mods}  # noqa: E731
+    assert biases("none") == set()
+    assert biases("lora_only") == per_layer("q_proj", "v_proj")
+    assert biases("all") == per_layer("q_proj", "k_proj", "v_proj")
+    spec = SPEC.model_copy(update={"bias": "lora_only"})
+    model = small_lm()
+    lora.apply_lora(model, spec)
+    lora.write_adapter(model, spec, tmp_path, base="base")
+    tensors = load_file(str(tmp_path / "adapter_model.safetensors"))
+    in_file = {k for k in tensors if k.endswith(".bias")}
+    assert in_file == {f"base_model.model.{n}" for n in per_layer("q_proj", "v_proj")}
+    assert json.loads((tmp_path / "adapter_config.json").read_text())["bias"] == "lora_only"
+    assert SPEC.base_frozen and not spec.base_frozen
+    assert not SPEC.model_copy(update={"train_modules": ["norm"]}).base_frozen
+
+
 def test_adapters_off_is_the_base_model_and_fold_is_the_adapted_one() -> None:
     base = small_lm()
     model = copy.deepcopy(base)

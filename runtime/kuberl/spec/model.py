@@ -368,10 +368,18 @@ class LoraSpec(Section):
     train_modules: list[str] = Field(
         default_factory=list, description="Modules trained in full beside the adapters, by the end of their name "
                                           "(e.g. norm: every RMSNorm); the actor then cannot stand in for ref.")
+    bias: Literal["none", "lora_only", "all"] = Field(
+        "none", description="Biases that train beside the adapters, as PEFT's bias: none, those of the adapted layers "
+                            "(lora_only) or every bias (all); with biases training the actor cannot stand in for ref.")
 
     @property
     def enabled(self) -> bool:
         return self.rank > 0
+
+    @property
+    def base_frozen(self) -> bool:
+        """Whether the base model stays as loaded (only adapters train), so it is the reference policy."""
+        return not self.train_modules and self.bias == "none"
 
 
 class RoleSpec(Scheduling):
