@@ -21,10 +21,6 @@ from .test_offload import train_batch
 
 LORA = {"rank": 16, "alpha": 32, "targetModules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
                                                    "down_proj"]}
-# the tiny model (hidden 64) with frozen random embeddings and unit RMSNorm gains keeps its logits within
-# about +-1.3, too flat to learn the task: the quickstart trains embeddings and norms in full beside
-# near-full-rank adapters (one run on the 2-core machine: gain 0.22; rank 16 with norms only: 0.01)
-QUICK_LORA = {**LORA, "rank": 48, "alpha": 96, "trainModules": ["norm", "embed_tokens"]}
 
 KEYS = ("input_ids", "attention_mask", "responses", "response_mask", "old_logprobs", "advantages")
 
@@ -57,12 +53,16 @@ def test_actor_with_adapters_off_is_the_reference_policy(netns):
         ref_g.shutdown()
 
 
-@pytest.mark.slow  # a whole quickstart whose bar is known unmet (below): not worth the default run's minutes
-@pytest.mark.xfail(reason="issue 13's bar is unmet: the LoRA quickstart gained 0.10-0.22 over five runs", strict=False)
+@pytest.mark.slow  # a whole quickstart whose bar is not met for every seed (below)
+@pytest.mark.xfail(reason="issue 13's bar is met for 2 of 4 seeds, not reliably: with the q/k/v biases trained the "
+                          "LoRA quickstart gained 0.28-0.32 (seeds 0, 1), 0.13-0.14 (seeds 2, 3); docs/performance.md",
+                   strict=False)
 def test_quickstart_learns_with_lora_and_exports(netns, tmp_path):
-    """The quickstart with LoRA on actor and critic (embeddings and norms trained too) gains >= 0.2; export
-    merges the adapters or writes them apart, to the same model."""
-    job = lora_job(QUICK_LORA, lr=0.01)
+    """examples/quickstart-lora.yaml (LoRA on actor and critic; embeddings, norms and the adapted layers'
+    biases trained too; the quickstart's learning rate) gains >= 0.2 (docs/performance.md, "LoRA on the CPU
+    quickstart": each seed measured; seed 0, the test's, gained 0.28 and 0.30); export merges the adapters
+    or writes them apart, to the same model."""
+    job = load_example("quickstart-lora.yaml")
     run_job(job, tmp_path, backend="local", progress=False, export=False)
     rows = read_jsonl(tmp_path / "metrics.jsonl")
     first = sum(r["reward_mean"] for r in rows[:10]) / 10
@@ -74,7 +74,7 @@ def test_quickstart_learns_with_lora_and_exports(netns, tmp_path):
     step = export_policy(root, name, job.spec, merged)
     assert export_policy(root, name, job.spec, apart, adapter="separate") == step
     config = json.loads((apart / "adapter" / "adapter_config.json").read_text())
-    assert config["r"] == QUICK_LORA["rank"]
+    assert config["r"] == job.spec.roles.actor.lora.rank
     ids = torch.tensor([[5, 6, 7, 8, 9]])
     m = AutoModelForCausalLM.from_pretrained(merged)
     base = AutoModelForCausalLM.from_pretrained(apart)
