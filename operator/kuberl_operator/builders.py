@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 
 from kuberl.spec import API_VERSION, KIND, RLTrainingJob, RoleSpec, enabled_roles, role_resource
-from kuberl.spec.contract import Env, ExitCode
+from kuberl.spec.contract import LIVE_RESIZED, PROGRESS_KEY, REPLICAS_KEY, Env, ExitCode, ReplicasDocument
 from kuberl.spec.model import node_resource
 
 from . import names
@@ -362,14 +362,21 @@ def spec_configmap(job: RLTrainingJob, raw_spec: Mapping[str, Any], opts: BuildO
     }
 
 
+def replicas_document(job: RLTrainingJob) -> ReplicasDocument:
+    """What the operator asks the driver to run: the spec's replicas of each live-resized role the job runs."""
+    running = enabled_roles(job.spec)
+    return ReplicasDocument(roles={r: job.spec.roles.get(r).replicas for r in LIVE_RESIZED if r in running})
+
+
 def progress_configmap(job: RLTrainingJob, opts: BuildOptions) -> dict[str, Any]:
-    """Where the driver reports progress (data.progress, JSON); the operator mirrors it to status."""
+    """Where the driver reports progress (data.progress, JSON), which the operator mirrors to status, and
+    reads the replicas the operator asks for (data.replicas, JSON: `rescale`)."""
     name = job.metadata.name
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": meta(names.progress_configmap(name), opts.namespace, names.labels(name, "progress")),
-        "data": {"progress": "{}"},
+        "data": {PROGRESS_KEY: "{}", REPLICAS_KEY: replicas_document(job).to_json()},
     }
 
 

@@ -22,8 +22,9 @@ import kopf
 
 from kuberl.spec import ROLES as JOB_ROLES
 from kuberl.spec import RLTrainingJob, SpecInvalid, validate_manifest
+from kuberl.spec.contract import REPLICAS_KEY
 
-from . import builders, conditions, names, placement, ray_token
+from . import builders, conditions, names, placement, ray_token, rescale
 from .config import OperatorConfig
 from .kube import (
     CONFIGMAPS,
@@ -82,11 +83,12 @@ class Indices:
         return cls(kwargs["worker_pods"], kwargs["progress_reports"], kwargs["driver_jobs"], kwargs["head_pods"])
 
     def observed(self, namespace: str, name: str, cluster_uid: str | None,
-                 applied: Mapping[str, Any] | None = None) -> Observed:
+                 applied: Mapping[str, Any] | None = None, groups: Mapping[str, int] | None = None) -> Observed:
         key = (namespace, name)
         return Observed(
             cluster_uid=cluster_uid,
             applied_spec=applied,
+            groups=dict(groups or {}),
             pods=tuple(self.pods.get(key, ())),
             progress=next(iter(self.progress.get(key, ())), Progress()),
             driver=next(iter(self.drivers.get(key, ())), None),
@@ -177,10 +179,26 @@ async def ensure(ctx: Context, body: kopf.Body, obj: MutableMapping[str, Any], s
     return False
 
 
-def pending_changes(diff: Sequence[Any]) -> list[str]:
-    """Changed spec fields, other than suspend, from kopf's diff of ``spec``."""
+def pending_changes(diff: Sequence[Any], live: frozenset[str] = frozenset()) -> list[str]:
+    """Changed spec fields, other than suspend and the ``live`` ones, from kopf's diff of ``spec``."""
     fields = {".".join(("spec", *[str(f) for f in item[1] if f != "spec"][:3])) for item in diff}
-    return sorted(fields - {"spec.suspend"})
+    return sorted(fields - {"spec.suspend"} - live)
+
+
+def worker_groups(cluster: Mapping[str, Any] | None) -> dict[str, int]:
+    """A RayCluster's worker group replicas, by group (role) name."""
+    return {g.get("groupName"): g.get("replicas", 0) for g in ((cluster or {}).get("spec") or {}).get(
+        "workerGroupSpecs") or []}
+
+
+async def ask_driver(ctx: Context, namespace: str, job: RLTrainingJob) -> None:
+    """Write the spec's replicas of the live roles into ``data.replicas`` of the progress ConfigMap, where
+    the driver reads them between two steps (`rescale`); nothing is written when they are there already."""
+    name = names.progress_configmap(job.metadata.name)
+    doc = rescale.replicas_document(job).to_json()
+    existing = await ctx.kube.get(CONFIGMAPS, namespace, name)
+    if existing is not None and (existing.get("data") or {}).get(REPLICAS_KEY) != doc:
+        await ctx.kube.patch(CONFIGMAPS, namespace, name, {"data": {REPLICAS_KEY: doc}})
 
 
 async def apply_spec(ctx: Context, body: kopf.Body, patch: kopf.Patch, diff: Sequence[Any] = ()) -> None:
@@ -210,12 +228,14 @@ async def apply_spec(ctx: Context, body: kopf.Body, patch: kopf.Patch, diff: Seq
             created.append(f"{obj['kind']} {obj['metadata']['name']}")
     if created:
         kopf.event(body, type="Normal", reason="Created", message=f"created {', '.join(created)}")
+    await ask_driver(ctx, namespace, job)
     if job.spec.suspend:
         stopped = [f"{res.plural} {child}" for res, child in runtime
                    if await delete_owned(ctx, res, namespace, child, body.meta.uid)]
         if stopped:
             kopf.event(body, type="Normal", reason="Suspended", message=f"deleted {', '.join(stopped)}")
-    elif (changes := pending_changes(diff)) and not any(c.startswith("RayCluster") for c in created):
+    elif (changes := pending_changes(diff, rescale.live_fields(job))) and not any(
+            c.startswith("RayCluster") for c in created):
         kopf.event(body, type="Normal", reason="SpecChangePending",
                    message=f"{', '.join(changes)} changed: the running RayCluster and driver keep the spec they "
                            f"started with; suspend and resume the job to apply it")
@@ -293,7 +313,8 @@ async def reconcile_once(ctx: Context, namespace: str, name: str, indices: Indic
         return True  # the spec handler reports it
     if placement.static_problems(job, ctx.config.max_gpus_per_node):
         return True  # likewise
-    seen = indices.observed(namespace, name, cluster_uid, applied_spec(cluster) if live else None)
+    seen = indices.observed(namespace, name, cluster_uid, applied_spec(cluster) if live else None,
+                            worker_groups(cluster) if live else None)
     decision = decide(job, body["metadata"].get("generation", 1), old, seen, now())
     patch = merge_diff(old, decision.status)
     if patch is not None:
@@ -308,6 +329,13 @@ async def reconcile_once(ctx: Context, namespace: str, name: str, indices: Indic
     ctx.metrics.observe(namespace, name, decision.status, job.spec)
     for event in decision.events:
         kopf.event(body, type=event.type, reason=event.reason, message=event.message)
+    resize = rescale.cluster_patch(cluster, decision.groups, decision.leaving) if live else None
+    if resize is not None:  # before any pod goes: KubeRay must not replace a pod a shrink gives up
+        await ctx.kube.patch(RAYCLUSTERS, namespace, names.cluster(name), resize)
+        sizes = ", ".join(f"{r} {n}" for r, n in decision.groups.items() if n != seen.groups.get(r))
+        kopf.event(body, type="Normal", reason="RoleResized", message=f"worker groups resized: {sizes}" + (
+            f" (giving up pods {', '.join(p for ps in decision.leaving.values() for p in ps)})"
+            if decision.leaving else ""))
     for pod in decision.delete_pods:
         await ctx.kube.delete(PODS, namespace, pod)
     if decision.teardown:

@@ -15,7 +15,7 @@ from kuberl.spec import RLTrainingJob, enabled_roles
 from kuberl.spec.contract import Reason, restart_budget_spent
 
 from . import conditions as cond
-from . import names
+from . import names, rescale
 from .health import PodView, Tracking, assess_role
 from .progress import DriverOutcome, Progress
 from .spec_changes import pending_changes
@@ -39,6 +39,7 @@ class Observed:
     driver: DriverOutcome | None = None
     head: Sequence[PodView] = ()  # the Ray head pod (more than one while KubeRay replaces it)
     applied_spec: Mapping[str, Any] | None = None  # what the live RayCluster was built from (spec_changes)
+    groups: Mapping[str, int] = field(default_factory=dict)  # the live RayCluster's worker group replicas, by role
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,8 @@ class Decision:
     events: tuple[Event, ...] = ()
     delete_pods: tuple[str, ...] = ()
     teardown: bool = False  # the job is over: delete its RayCluster to free the GPUs
+    groups: Mapping[str, int] = field(default_factory=dict)  # worker group replicas of live-resized roles
+    leaving: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # pods a shrinking group gives up
 
 
 @dataclass
@@ -61,6 +64,7 @@ class RoleOutcome:
     status: dict[str, Any]
     failures: tuple[str, ...]
     doomed: tuple[str, ...]
+    leaving: tuple[str, ...] = ()  # pods given up by a shrink (no failure): KubeRay deletes them
 
 
 def role_outcome(role: str, job: RLTrainingJob, old: Mapping[str, Any], seen: Observed, accounting: bool,
@@ -74,10 +78,17 @@ def role_outcome(role: str, job: RLTrainingJob, old: Mapping[str, Any], seen: Ob
     last_failure = prev.get("lastFailure")
     failures: tuple[str, ...] = ()
     doomed: tuple[str, ...] = ()
+    leaving: tuple[str, ...] = ()
     if accounting:
         same_cluster = old.get("rayClusterUID") == seen.cluster_uid
-        health = assess_role(pods, Tracking.from_status(prev) if same_cluster else Tracking(),
-                             gang=not job.spec.resilience.standby)
+        known = Tracking.from_status(prev) if same_cluster else Tracking()
+        if role in rescale.LIVE_ROLES and (keep := rescale.group_pods(job, role, seen.progress, seen.applied_spec)) < (
+                seen.groups.get(role) or 0):
+            gone = rescale.leaving(pods, keep, seen.progress.hosts_of(role))
+            leaving = tuple(p.name for p in gone)
+            known = Tracking({u: n for u, n in known.members.items() if n not in leaving},
+                             known.handled | {p.uid for p in gone})
+        health = assess_role(pods, known, gang=not job.spec.resilience.standby)
         failures, doomed, tracking, ready = health.failures, health.doomed, health.tracking, health.ready
         if cluster_restart:
             failures, ready, tracking = (), 0, Tracking({}, frozenset(p.uid for p in pods))
@@ -99,11 +110,12 @@ def role_outcome(role: str, job: RLTrainingJob, old: Mapping[str, Any], seen: Ob
         "podRestarts": pod_restarts,
         **({"lastFailure": last_failure} if last_failure else {}),
         **({"driverFailure": reported} if reported else {}),
+        **({"replicas": n} if (n := seen.progress.replicas_of(role)) is not None else {}),
         **({"worstLink": link} if (link := seen.progress.link_of(role)) else {}),
         **({"unschedulable": waits} if (waits := waiting_for_node(pods)) else {}),
         **tracking.to_status(),
     }
-    return RoleOutcome(status, failures, doomed)
+    return RoleOutcome(status, failures, doomed, leaving)
 
 
 @dataclass
@@ -246,8 +258,8 @@ def decide(job: RLTrainingJob, generation: int, old: Mapping[str, Any], seen: Ob
             message = seen.progress.message
 
     status = {k: v for k, v in old.items() if k not in ("rayCluster", "rayClusterUID", "pendingChanges")}
-    if seen.cluster_uid is not None and not job.spec.suspend and (pending := pending_changes(seen.applied_spec, job)):
-        status["pendingChanges"] = pending  # until a suspend and resume rebuilds the runtime from the spec
+    if seen.cluster_uid is not None and not job.spec.suspend and (pending := live_pending(job, seen)):
+        status["pendingChanges"] = pending  # until applied: live ones by the driver, the rest by a suspend and resume
     status.update(phase=phase, message=message, conditions=conds, observedGeneration=generation,
                   roles={r: o.status for r, o in roles.items()}, head=head.status,
                   restarts=sum(o.status["restarts"] for o in roles.values()) + head.status["restarts"])
@@ -258,7 +270,19 @@ def decide(job: RLTrainingJob, generation: int, old: Mapping[str, Any], seen: Ob
     status.update({k: v for k, v in progress.items() if v is not None})
     terminal = ended is not None
     delete_pods = () if terminal else (*head.doomed, *(p for o in roles.values() for p in o.doomed))
-    return Decision(status, tuple(events), delete_pods, teardown=terminal and seen.cluster_uid is not None)
+    groups = {} if terminal or seen.cluster_uid is None else {
+        r: rescale.group_pods(job, r, seen.progress, seen.applied_spec) for r in rescale.LIVE_ROLES if r in roles}
+    leaving = {r: o.leaving for r, o in roles.items() if o.leaving}
+    return Decision(status, tuple(events), delete_pods, teardown=terminal and seen.cluster_uid is not None,
+                    groups=groups, leaving=leaving)
+
+
+def live_pending(job: RLTrainingJob, seen: Observed) -> list[str]:
+    """status.pendingChanges: fields changed since the RayCluster was built, less the live ones the driver
+    already runs (`rescale`); a live field stays listed until the driver reports the new size."""
+    live = rescale.live_fields(job)
+    return [f for f in pending_changes(seen.applied_spec, job)
+            if f not in live or rescale.pending(job, f.split(".")[2], seen.progress, seen.applied_spec)]
 
 
 def invalid_spec_status(old: Mapping[str, Any], generation: int, message: str, now: str) -> dict[str, Any]:

@@ -32,6 +32,7 @@ from .metrics import MetricsSink, mfu
 from .record import RoleStep, StepRecord
 from .schedule import Phases, Rollout
 from .spec import JobSpec, SpecInvalid
+from .spec.contract import ReplicasDocument
 from .tasks import META_KEYS
 from .tracking import make_trackers
 
@@ -42,8 +43,13 @@ SEQ = ("input_ids", "attention_mask", "responses", "response_mask")
 class Driver:
     def __init__(self, spec: JobSpec, name: str, out_dir: Path, make_group: Callable[[str], WorkerGroup],
                  faults: list[Fault] | None = None, progress: bool = True,
-                 on_step: Callable[[StepRecord], None] | None = None):
+                 on_step: Callable[[StepRecord], None] | None = None,
+                 replicas_source: Callable[[], ReplicasDocument | None] | None = None):
+        """`replicas_source`: where the replicas asked for while the job runs come from, beside `kuberl scale`'s
+        requests in `out_dir` (on Kubernetes: the operator's document, `ProgressReporter.desired_replicas`)."""
         self.spec, self.name, self.out = spec, name, out_dir
+        self.replicas_source = replicas_source
+        self.refused: dict[str, int] = {}  # role -> the replicas last refused (a standing request is said once)
         self.progress, self.on_step = progress, on_step
         self.ckpt_root = checkpoint.root_for(spec, out_dir)
         self.roles = Roles(spec, make_group, faults, self.ckpt_root, name)
@@ -183,10 +189,17 @@ class Driver:
         rec.start_s, rec.staleness = t_step - self.t_run, staleness
         return rec
 
+    def scale_requests(self) -> dict[str, int]:
+        """role -> replicas asked for that differ from what runs: the operator's document, then `kuberl scale`'s."""
+        doc = self.replicas_source() if self.replicas_source is not None else None
+        asked = dict(doc.roles) if doc is not None else {}
+        asked.update(elastic.take_requests(self.out).roles)
+        return elastic.changes(ReplicasDocument(roles=asked), self.spec)
+
     def apply_scale_requests(self) -> None:
-        """Between two steps: resize the frozen roles `kuberl scale` asked for (kuberl.elastic). A request
-        that breaks a rule is refused with one line naming it; the job goes on as it was."""
-        for role, replicas in elastic.take_requests(self.out).items():
+        """Between two steps: resize the roles asked for (kuberl.elastic). A request that breaks a rule is
+        refused with one line naming it (once, while it stands); the job goes on as it was."""
+        for role, replicas in self.scale_requests().items():
             problem = elastic.request_problem(role, replicas)
             if problem is None and role not in self.groups:
                 problem = f"role {role} does not run in this job"
@@ -196,8 +209,11 @@ class Driver:
             except SpecInvalid as exc:
                 problem = "; ".join(str(e) for e in exc.errors)
             if spec is None:
-                print(f"[{self.name}] scale refused: {problem}", flush=True)
+                if self.refused.get(role) != replicas:
+                    print(f"[{self.name}] scale refused: {problem}", flush=True)
+                self.refused[role] = replicas
                 continue
+            self.refused.pop(role, None)
             before = self.roles.rescale(spec, role)
             self.spec = spec
             ranks = common_ranks([world_size(spec, r) for r in ("actor", "reward")])

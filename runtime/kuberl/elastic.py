@@ -1,10 +1,14 @@
-"""Elastic frozen roles: `ref` and `reward` grow or shrink between two steps of a running local job.
+"""Elastic frozen roles: `ref` and `reward` grow or shrink between two steps of a running job.
 
-`kuberl scale JOB ROLE N` leaves a request in the job's output folder (``<out>/scale/<role>``, the
-replica count as text); the driver takes it before its next step, checks the rescaled spec against
-every rule of the spec model, and recreates only that role's WorkerGroup at the new size. A frozen
-role holds no trained state (it loads the model path), so nothing is lost; every other role's
-workers (Ray actors) stay as they are, and the data-parallel split follows the new world size.
+The driver learns the replicas asked for as a `ReplicasDocument` (kuberl.spec.contract), from one of
+two transports: on a local run `kuberl scale JOB ROLE N` leaves a request in the job's output folder
+(``<out>/scale/<role>``, the replica count as text), taken as it is read; on Kubernetes the operator
+writes the spec's replicas into ``data.replicas`` of ConfigMap ``<job>-progress``, which the driver
+gets between two steps (`kuberl.progress.ProgressReporter.desired_replicas`). Either way the driver
+checks the rescaled spec against every rule of the spec model, and recreates only that role's
+WorkerGroup at the new size. A frozen role holds no trained state (it loads the model path), so
+nothing is lost; every other role's workers (Ray actors) stay as they are, and the data-parallel
+split follows the new world size.
 """
 
 from __future__ import annotations
@@ -13,8 +17,9 @@ import os
 from pathlib import Path
 
 from .spec import JobSpec, validate_manifest
+from .spec.contract import LIVE_RESIZED, ReplicasDocument
 
-ELASTIC = ("ref", "reward")  # roles without trained state: resized live
+ELASTIC = LIVE_RESIZED  # roles without trained state: resized live
 REQUESTS = "scale"
 
 
@@ -32,18 +37,30 @@ def write_request(out: Path, role: str, replicas: int) -> Path:
     return folder / role
 
 
-def take_requests(out: Path) -> dict[str, int]:
-    """The pending requests, role -> replicas, removed as they are read (the newest per role wins)."""
+def take_requests(out: Path) -> ReplicasDocument:
+    """The pending local requests, removed as they are read (the newest per role wins; -1: unreadable)."""
     folder, found = request_dir(out), {}
-    if not folder.is_dir():
-        return found
-    for path in sorted(folder.iterdir()):
-        if path.name.startswith("."):
-            continue
-        text = path.read_text().strip()
-        path.unlink()
-        found[path.name] = int(text) if text.isdigit() else -1
-    return found
+    if folder.is_dir():
+        for path in sorted(folder.iterdir()):
+            if path.name.startswith("."):
+                continue
+            text = path.read_text().strip()
+            path.unlink()
+            found[path.name] = int(text) if text.isdigit() else -1
+    return ReplicasDocument(roles=found)
+
+
+def changes(asked: ReplicasDocument, spec: JobSpec) -> dict[str, int]:
+    """The roles whose asked replicas differ from what ``spec`` runs (a role the job lacks is kept, to refuse)."""
+    out = {}
+    for role, n in asked.roles.items():
+        try:
+            now = spec.roles.get(role).replicas
+        except KeyError:
+            now = None
+        if now != n:
+            out[role] = n
+    return out
 
 
 def request_problem(role: str, replicas: int) -> str | None:

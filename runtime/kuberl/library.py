@@ -105,6 +105,7 @@ class Roles:
         self.history = {r: RoleHistory() for r in self.roles}
         self.worst_links: dict[str, str | None] = {}
         self.topology_sources: dict[str, str] = {}  # role -> where its ranks read the links (nvml, nvidia-smi, none)
+        self.hosts: dict[str, list[str]] = {}  # role -> its ranks' hostnames, in rank order
         self.step = 0  # completed steps: the step in progress is step + 1
         self.last_checkpoint = 0  # the newest complete checkpoint's step (0: none)
         self._phase = ""
@@ -211,7 +212,8 @@ class Roles:
                                memory=(memory or {}).get(role, {}), worst_link=self.worst_links.get(role),
                                topology_source=self.topology_sources.get(role),
                                last_failure=h.recoveries[-1].summary() if h.recoveries else None,
-                               standby_ready=self.groups[role].standby_ready() if role in self.groups else None)
+                               standby_ready=self.groups[role].standby_ready() if role in self.groups else None,
+                               replicas=self.spec.roles.get(role).replicas, hosts=self.hosts.get(role))
                 for role, h in self.history.items()}
 
     def memory(self) -> dict[str, dict[str, int]]:
@@ -309,6 +311,7 @@ class Roles:
         for role in roles or list(self.groups):
             infos = RoleProxy(self.groups[role]).placement_info()
             self.worst_links[role] = worst_link([p["worst_link"] for p in infos if p["worst_link"]])
+            self.hosts[role] = [p["host"] for p in infos]
             sources = {p["topology_source"] for p in infos if p["topology_source"]}
             self.topology_sources[role] = ",".join(sorted(sources))
             problem = placement_problem(self.spec, role, self.worst_links[role])

@@ -1,4 +1,5 @@
-"""Report the driver's progress to the operator by patching ConfigMap `<job>-progress` (in-cluster only).
+"""Report the driver's progress to the operator by patching ConfigMap `<job>-progress` (in-cluster only),
+and read from the same ConfigMap the replicas the operator asks for (`data.replicas`, kuberl.elastic).
 
 The operator mirrors `data.progress` into the RLTrainingJob status (step, tokens/s, per-role restarts).
 Plain HTTPS from the standard library, with the pod's service-account token: the runtime image needs no
@@ -22,7 +23,7 @@ import urllib.request
 from dataclasses import dataclass
 
 from .record import StepRecord
-from .spec.contract import Env, ProgressDocument, RoleProgress
+from .spec.contract import PROGRESS_KEY, REPLICAS_KEY, Env, ProgressDocument, ReplicasDocument, RoleProgress
 
 SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"  # the pod's mount, unless Env.SA_DIR says otherwise
 FINAL_PHASES = ("Succeeded", "Failed")
@@ -86,17 +87,31 @@ class ProgressReporter:
                 return None
         return self.token
 
-    def _patch(self, body: bytes) -> None:
-        """One PATCH; raises urllib's errors (HTTPError for an answer other than 2xx)."""
+    def _request(self, method: str, body: bytes | None = None) -> bytes:
+        """One request on the ConfigMap (PATCH with a body, GET without); raises urllib's errors (HTTPError
+        for an answer other than 2xx)."""
         url = f"{self.api_url}/api/v1/namespaces/{self.namespace}/configmaps/{self.configmap}"
-        req = urllib.request.Request(url, data=body, method="PATCH",
-                                     headers={"Content-Type": "application/merge-patch+json"})
+        headers = {"Content-Type": "application/merge-patch+json"} if body is not None else {}
+        req = urllib.request.Request(url, data=body, method=method, headers=headers)
         token = self._bearer()
         if token:
             req.add_header("Authorization", f"Bearer {token}")
         ctx = ssl.create_default_context(cafile=self.ca_file) if self.api_url.startswith("https") else None
-        with urllib.request.urlopen(req, timeout=self.timeout_s, context=ctx):
-            pass
+        with urllib.request.urlopen(req, timeout=self.timeout_s, context=ctx) as resp:
+            return resp.read()
+
+    def _patch(self, body: bytes) -> None:
+        self._request("PATCH", body)
+
+    def desired_replicas(self) -> ReplicasDocument | None:
+        """The operator's `data.replicas` (one GET, the Role's `get` on this ConfigMap); None when it cannot
+        be read now (logged in one line: the driver keeps its sizes and asks again before the next step)."""
+        try:
+            data = json.loads(self._request("GET")).get("data") or {}
+        except (OSError, ValueError) as exc:
+            print(f"warning: reading the replicas asked for from {self.configmap} failed: {exc}", file=sys.stderr)
+            return None
+        return ReplicasDocument.parse(data.get(REPLICAS_KEY))
 
     def report(self, progress: ProgressDocument, final: bool | None = None) -> bool:
         """Merge-patch `data.progress`, retrying transient failures; returns False (and logs one line) when
@@ -104,7 +119,7 @@ class ProgressReporter:
         whether the document's phase is Succeeded or Failed."""
         final = progress.phase in FINAL_PHASES if final is None else final
         attempts = self.final_attempts if final else self.step_attempts
-        body = json.dumps({"data": {"progress": progress.to_json()}}).encode()
+        body = json.dumps({"data": {PROGRESS_KEY: progress.to_json()}}).encode()
         for attempt in range(1, attempts + 1):
             try:
                 self._patch(body)
@@ -132,7 +147,7 @@ def progress_of(rec: StepRecord | None, total_steps: int, phase: str = "Running"
     steps = rec.roles if rec is not None else {}
     roles = {role: RoleProgress(restarts=rs.restarts, worst_link=rs.worst_link,
                                 last_failure=rs.last_failure[:1024] if rs.last_failure else None,
-                                standby_ready=rs.standby_ready)
+                                standby_ready=rs.standby_ready, replicas=rs.replicas, hosts=rs.hosts)
              for role, rs in steps.items()}
     for role, link in (worst_links or {}).items():
         if link:

@@ -78,6 +78,8 @@ class RoleStep:
     topology_source: str | None = None  # where its ranks read the links: nvml, nvidia-smi (comma-joined), none
     last_failure: str | None = None  # the newest recovery's `Recovery.summary()` since the job began (this run)
     standby_ready: bool | None = None  # whether its warm standby can take over now; None: it keeps none
+    replicas: int | None = None  # spec.roles.<role>.replicas its group runs (a live resize shows here)
+    hosts: list[str] | None = None  # its ranks' hostnames, in rank order (in a cluster: the pods' names)
 
     def recovery_seconds(self, part: str) -> float:
         return sum(r.seconds(part) for r in self.recoveries)

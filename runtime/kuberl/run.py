@@ -132,6 +132,7 @@ def run_job(job: RLTrainingJob, out: Path, backend: str = "ray", device: str = "
             last[:] = [rec]
             reporter.report(progress_of(rec, total))
         driver.on_step = on_step
+        driver.replicas_source = reporter.desired_replicas  # the operator's data.replicas, read between steps
     try:
         driver.start()
         records = driver.run()

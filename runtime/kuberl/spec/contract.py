@@ -83,6 +83,10 @@ class RoleProgress(_Doc):
                     "and an Event.")
     standby_ready: bool | None = Field(
         None, alias="standbyReady", description="spec.resilience.standby: the role's warm standby can take over now.")
+    replicas: int | None = Field(None, ge=0, description="Replicas the role's WorkerGroup runs now (a live resize "
+                                                          "shows here once the driver applied it).")
+    hosts: list[str] | None = Field(None, description="Hostnames of the role's ranks (in a cluster: its pods' "
+                                                      "names), so a shrink removes the pods no rank uses.")
 
 
 class ProgressDocument(_Doc):
@@ -105,6 +109,14 @@ class ProgressDocument(_Doc):
     def restarts_of(self, role: str) -> int:
         entry = self.roles.get(role)
         return entry.restarts or 0 if entry is not None else 0
+
+    def replicas_of(self, role: str) -> int | None:
+        entry = self.roles.get(role)
+        return entry.replicas if entry is not None else None
+
+    def hosts_of(self, role: str) -> list[str]:
+        entry = self.roles.get(role)
+        return list(entry.hosts or []) if entry is not None else []
 
     def failure_of(self, role: str) -> str | None:
         entry = self.roles.get(role)
@@ -131,6 +143,33 @@ class ProgressDocument(_Doc):
         return cls(**_valid_fields(cls, data, skip="roles"),
                    roles={role: RoleProgress(**_valid_fields(RoleProgress, entry))
                           for role, entry in roles.items() if isinstance(entry, dict)})
+
+
+class ReplicasDocument(_Doc):
+    """The replicas the job's spec asks for now, of the roles that are resized while the job runs, e.g.
+    ``{"roles": {"ref": 1, "reward": 3}}``. One document, two transports: on Kubernetes the operator writes
+    it into ``data.replicas`` of ConfigMap ``<job>-progress`` (which the driver may already get) and the
+    driver reads it between two steps; on a local run `kuberl scale` leaves one in the run's folder."""
+
+    roles: dict[str, int] = Field(default_factory=dict)
+
+    def to_json(self) -> str:
+        return json.dumps(self.model_dump(by_alias=True, mode="json"), sort_keys=True)
+
+    @classmethod
+    def parse(cls, text: str | None) -> ReplicasDocument:
+        """The reader's side: a malformed document, or a role whose count is not a whole number, is dropped."""
+        try:
+            data = json.loads(text or "{}")
+        except ValueError:
+            return cls()
+        roles = data.get("roles") if isinstance(data, dict) and isinstance(data.get("roles"), dict) else {}
+        return cls(roles={r: n for r, n in roles.items() if isinstance(n, int) and not isinstance(n, bool)})
+
+
+LIVE_RESIZED = ("ref", "reward")  # roles the driver resizes between two steps, with no other role restarted
+PROGRESS_KEY = "progress"  # ConfigMap <job>-progress: the driver's ProgressDocument (driver -> operator)
+REPLICAS_KEY = "replicas"  # ConfigMap <job>-progress: the spec's ReplicasDocument (operator -> driver)
 
 
 def _valid_fields(model: type[BaseModel], data: dict[str, Any], skip: str = "") -> dict[str, Any]:

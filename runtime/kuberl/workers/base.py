@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -69,10 +70,12 @@ class Worker:
     @register(Dispatch.ALL, state=False)
     def placement_info(self) -> dict[str, Any]:
         """This rank's GPU, the worst link inside the role's groups and where the links were read (None on CPU);
-        under Ray also its node, placement group and what Ray reserved for it (`ray` is None outside Ray)."""
+        its host's name (in a cluster: its pod's); under Ray also its node, placement group and what Ray reserved
+        for it (`ray` is None outside Ray)."""
         p = self.placement
         return {"device": None if p is None else p.device, "worst_link": None if p is None else p.worst_link,
-                "topology_source": None if p is None else p.topology_source, "ray": _ray_placement()}
+                "topology_source": None if p is None else p.topology_source, "host": socket.gethostname(),
+                "ray": _ray_placement()}
 
     @register(Dispatch.ONE, state=False)
     def measure_peak_flops(self) -> float:

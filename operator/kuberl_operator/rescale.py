@@ -1,0 +1,85 @@
+"""Roles resized while the job runs (docs/operator.md, "Spec changes"): pure decisions, no API calls.
+
+A change of ``spec.roles.<role>.replicas`` of a role in `LIVE_ROLES` is applied without a restart of
+anything else, in two halves that meet in ConfigMap ``<job>-progress``:
+
+- the operator writes the spec's replicas of those roles into ``data.replicas`` (a `ReplicasDocument`),
+  which the driver reads between two steps and applies to the role's WorkerGroup;
+- the operator sizes the role's RayCluster worker group: at once when it grows (the driver's new ranks
+  wait for the pods), and, when it shrinks, only once the driver reports (``data.progress``,
+  ``roles.<role>.replicas``) that it runs the smaller group, naming the pods that no rank of the role
+  uses in ``scaleStrategy.workersToDelete``; their deletion is then no failure of the role.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from kuberl.spec import RLTrainingJob, enabled_roles
+from kuberl.spec.contract import LIVE_RESIZED
+
+from .builders import group_size, replicas_document
+from .health import PodView
+from .progress import Progress
+
+LIVE_ROLES = LIVE_RESIZED
+__all__ = ["LIVE_ROLES", "cluster_patch", "group_pods", "leaving", "live_fields", "pending", "replicas_document"]
+
+
+def live_fields(job: RLTrainingJob) -> frozenset[str]:
+    """The spec fields applied while the job runs (beside spec.suspend)."""
+    return frozenset(f"spec.roles.{role}.replicas" for role in LIVE_ROLES if role in enabled_roles(job.spec))
+
+
+def running_replicas(role: str, progress: Progress, applied: Mapping[str, Any] | None) -> int | None:
+    """The replicas the driver runs of ``role``: its report, else what the RayCluster was built with."""
+    reported = progress.replicas_of(role)
+    if reported is not None:
+        return reported
+    built = (((applied or {}).get("roles") or {}).get(role) or {}).get("replicas")
+    return built if isinstance(built, int) else None
+
+
+def group_pods(job: RLTrainingJob, role: str, progress: Progress, applied: Mapping[str, Any] | None) -> int:
+    """The pods the role's worker group should have now: the spec's, or while the driver still runs a
+    larger group (a shrink it has not applied yet), that group's, so no rank loses its pod."""
+    want = group_size(job, role)
+    running = running_replicas(role, progress, applied)
+    if running is None:
+        return want
+    return max(want, running + int(job.spec.resilience.standby))
+
+
+def pending(job: RLTrainingJob, role: str, progress: Progress, applied: Mapping[str, Any] | None) -> bool:
+    """Whether the driver has yet to apply the spec's replicas of a live role."""
+    running = running_replicas(role, progress, applied)
+    return running is not None and running != job.spec.roles.get(role).replicas
+
+
+def leaving(pods: Sequence[PodView], keep: int, hosts: Sequence[str]) -> tuple[PodView, ...]:
+    """The pods to remove so that ``keep`` stay: pods no rank of the role runs on (``hosts``) go first,
+    not-ready before ready, then by name; pods already being deleted are not counted."""
+    alive = [p for p in pods if not p.deleting and not p.failure]
+    order = sorted(alive, key=lambda p: (p.name in hosts, p.ready, p.name))
+    return tuple(order[:max(0, len(alive) - keep)])
+
+
+def cluster_patch(cluster: Mapping[str, Any], pods_by_role: Mapping[str, int],
+                  leaving_by_role: Mapping[str, Sequence[str]]) -> dict[str, Any] | None:
+    """The merge patch of the RayCluster's ``spec.workerGroupSpecs`` (a list: replaced whole, so built
+    from the cluster's own) that sizes each role's group; None when every group already has its size.
+    ``leaving_by_role``: the pods KubeRay deletes (``scaleStrategy.workersToDelete``) as a group shrinks."""
+    groups = [dict(g) for g in (cluster.get("spec") or {}).get("workerGroupSpecs") or []]
+    changed = False
+    for group in groups:
+        role = group.get("groupName")
+        if role not in pods_by_role:
+            continue
+        n, gone = pods_by_role[role], sorted(leaving_by_role.get(role, ()))
+        want = {"replicas": n, "minReplicas": n, "maxReplicas": n}
+        if any(group.get(k) != v for k, v in want.items()):
+            group.update(want)
+            group["scaleStrategy"] = {"workersToDelete": gone}
+            changed = True
+    return {"spec": {"workerGroupSpecs": groups}} if changed else None
