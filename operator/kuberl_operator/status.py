@@ -278,11 +278,11 @@ def decide(job: RLTrainingJob, generation: int, old: Mapping[str, Any], seen: Ob
 
 
 def live_pending(job: RLTrainingJob, seen: Observed) -> list[str]:
-    """status.pendingChanges: fields changed since the RayCluster was built, less the live ones the driver
-    already runs (`rescale`); a live field stays listed until the driver reports the new size."""
+    """status.pendingChanges: fields changed since the RayCluster was built, but the live ones (`rescale`),
+    which are pending while the driver runs another size than the spec's (whatever the RayCluster was built with)."""
     live = rescale.live_fields(job)
-    return [f for f in pending_changes(seen.applied_spec, job)
-            if f not in live or rescale.pending(job, f.split(".")[2], seen.progress, seen.applied_spec)]
+    waiting = {f for f in live if rescale.pending(job, f.split(".")[2], seen.progress, seen.applied_spec)}
+    return sorted({f for f in pending_changes(seen.applied_spec, job) if f not in live} | waiting)
 
 
 def invalid_spec_status(old: Mapping[str, Any], generation: int, message: str, now: str) -> dict[str, Any]:

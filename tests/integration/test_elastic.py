@@ -3,12 +3,16 @@ roles' Ray actors stay the same, the data-parallel split follows, and a bad requ
 
 from __future__ import annotations
 
+import json
+import socket
 from pathlib import Path
 
 from kuberl.driver import Driver
 from kuberl.elastic import take_requests, write_request
 from kuberl.groups import RayWorkerGroup
 from kuberl.metrics import read_jsonl
+from kuberl.progress import progress_of
+from kuberl.spec.contract import ReplicasDocument, RoleProgress
 
 from .test_faults import identities, spec_for
 from .test_userpath import kuberl
@@ -53,7 +57,7 @@ def test_ref_and_reward_are_resized_between_steps_and_nothing_else_moves(ray_ses
     assert "[elastic] scaled ref from 1 to 2 ranks after step 1; other roles untouched" in out
     assert "[elastic] scale refused: role actor cannot be resized live" in out
     assert "[elastic] scale refused: spec.roles.reward.replicas: spec.roles.reward.replicas (3) must divide" in out
-    assert take_requests(tmp_path) == {}  # every request was taken
+    assert take_requests(tmp_path).roles == {}  # every request was taken
 
 
 def test_kuberl_scale_names_what_it_cannot_do(tmp_path: Path) -> None:
@@ -63,4 +67,43 @@ def test_kuberl_scale_names_what_it_cannot_do(tmp_path: Path) -> None:
     assert missing.returncode == 1 and "no run of job nosuchjob in runs/nosuchjob" in missing.stderr
     ok = kuberl("scale", "j", "ref", "3", "--out", str(tmp_path))
     assert ok.returncode == 0 and "requested ref at 3 replicas" in ok.stdout
-    assert take_requests(tmp_path) == {"ref": 3}
+    assert take_requests(tmp_path).roles == {"ref": 3}
+
+
+def test_the_operators_document_resizes_the_reward_between_steps(ray_session, tmp_path: Path, capsys) -> None:
+    """The driver's half of a resize on Kubernetes: it reads the operator's `ReplicasDocument` (here handed
+    over as the ConfigMap's GET would give it) before each step, applies a change once, reports the size it
+    runs and its ranks' hosts (what the operator needs to give up pods on a shrink), and says a refused
+    standing request once."""
+    spec = spec_for(**{"trainer.steps": 5})
+    operator_doc = {"roles": {"ref": 1, "reward": 1}}
+    sizes: dict[int, int] = {}
+    reported: dict[int, RoleProgress] = {}
+    seen: dict[int, dict] = {}
+
+    def on_step(rec) -> None:
+        seen[rec.step] = identities(driver)
+        sizes[rec.step] = driver.groups["reward"].world_size
+        reported[rec.step] = progress_of(rec, 5).roles["reward"]
+        if rec.step == 1:
+            operator_doc["roles"]["reward"] = 2  # kubectl patch ... reward replicas 2
+        if rec.step == 3:
+            operator_doc["roles"]["reward"] = 1  # and back to 1
+            operator_doc["roles"]["ref"] = 3  # 3 does not split a step's samples: refused, said once
+
+    driver = Driver(spec, "elastic", tmp_path, lambda r: RayWorkerGroup(r, spec, timeout_s=120), progress=False,
+                    on_step=on_step, replicas_source=lambda: ReplicasDocument.parse(json.dumps(operator_doc)))
+    driver.start()
+    try:
+        start = identities(driver)
+        driver.run()
+    finally:
+        driver.shutdown()
+    assert [sizes[s] for s in range(1, 6)] == [1, 2, 2, 1, 1]
+    assert [reported[s].replicas for s in range(1, 6)] == [1, 2, 2, 1, 1]
+    assert all(len(reported[s].hosts) == sizes[s] for s in sizes) and reported[1].hosts == [socket.gethostname()]
+    for role in ("actor", "critic", "ref"):  # the refused ref and the resized reward moved nothing else
+        assert all(seen[s][role] == start[role] for s in seen), role
+    assert seen[3]["reward"] == seen[2]["reward"] != start["reward"]  # a standing document is applied once
+    out = capsys.readouterr().out
+    assert out.count("scaled reward from") == 2 and out.count("scale refused: spec.roles.ref.replicas") == 1

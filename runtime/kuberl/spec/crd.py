@@ -66,6 +66,8 @@ STATUS_SCHEMA: dict[str, Any] = {
                 "type": "object",
                 "properties": {
                     "desired": {"type": "integer", "description": "The role's pods (replicas, and its standby)."},
+                    "replicas": {"type": "integer", "description": "Replicas the driver's WorkerGroup runs now, as "
+                                                                "it reported (a live resize shows here once applied)."},
                     "standby": {"type": "integer", "description": "Standby pods (spec.resilience.standby)."},
                     "ready": {"type": "integer"},
                     "restarts": {"type": "integer", "description": "max(podRestarts, the driver's count)."},

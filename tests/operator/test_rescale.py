@@ -1,0 +1,121 @@
+"""Live resizes of ref and reward, without a server: what the operator asks the driver, how it sizes the
+RayCluster's worker groups (a shrink waits for the driver, and gives up only pods no rank uses), and
+that a pod given up is no failure of the role."""
+
+from __future__ import annotations
+
+import json
+
+from kuberl.spec import validate_manifest
+from kuberl.spec.contract import REPLICAS_KEY, ProgressDocument, ReplicasDocument, RoleProgress
+from kuberl_operator import builders, rescale
+from kuberl_operator.health import PodView
+from kuberl_operator.reconcile import pending_changes, worker_groups
+from kuberl_operator.spec_changes import applied_spec
+from kuberl_operator.status import Observed, decide
+
+T0, T1 = "2026-01-01T00:00:00Z", "2026-01-01T00:01:00Z"
+
+
+def job(reward: int = 1, ref: int = 1, **spec):
+    return validate_manifest({
+        "apiVersion": "kuberl.io/v1alpha1", "kind": "RLTrainingJob", "metadata": {"name": "j"},
+        "spec": {"data": {"task": "repeat-letter"}, "reward": {"function": "m.n:f"},
+                 "roles": {"reward": {"replicas": reward}, "ref": {"replicas": ref}}, **spec},
+    })
+
+
+def pods(rewards: list[str], deleting: frozenset[str] = frozenset()) -> tuple[PodView, ...]:
+    names = {"actor": ["a0"], "critic": ["c0"], "ref": ["r0"], "reward": rewards}
+    return tuple(PodView(name=n, uid=f"u-{n}", role=role, owner="rc", ready=True, failure=None, deleting=False)
+                 if n not in deleting else
+                 PodView(name=n, uid=f"u-{n}", role=role, owner="rc", ready=False, failure="deleted", deleting=True)
+                 for role, ns in names.items() for n in ns)
+
+
+def reports(reward: int, hosts: list[str]) -> ProgressDocument:
+    return ProgressDocument(step=3, roles={"reward": RoleProgress(replicas=reward, hosts=hosts)})
+
+
+def test_the_driver_is_asked_for_the_spec_replicas_of_the_live_roles_only() -> None:
+    cm = builders.progress_configmap(job(reward=4, ref=2), builders.BuildOptions(namespace="ns"))
+    assert ReplicasDocument.parse(cm["data"][REPLICAS_KEY]).roles == {"ref": 2, "reward": 4}
+    assert json.loads(cm["data"]["progress"]) == {}
+    assert builders.replicas_document(job(ref=0)).roles == {"reward": 1}  # a disabled role is not asked for
+    assert rescale.live_fields(job()) == {"spec.roles.ref.replicas", "spec.roles.reward.replicas"}
+    # The reader drops what is not a whole count (a bool, a string), and a malformed document.
+    assert ReplicasDocument.parse('{"roles": {"reward": 2, "ref": "3", "x": true}}').roles == {"reward": 2}
+    assert ReplicasDocument.parse("not json").roles == {}
+
+
+def test_a_grow_sizes_the_group_at_once_and_a_shrink_waits_for_the_driver() -> None:
+    built = applied_spec(builders.ray_cluster(job(reward=1), builders.BuildOptions(namespace="ns")))
+    assert rescale.group_pods(job(reward=4), "reward", ProgressDocument(), built) == 4  # grow: at once
+    assert rescale.pending(job(reward=4), "reward", ProgressDocument(), built)  # the driver still runs 1
+    assert not rescale.pending(job(reward=4), "reward", reports(4, ["w0", "w1", "w2", "w3"]), built)
+    # shrink 4 -> 1: the group keeps 4 pods while the driver reports 4, and gives them up once it reports 1
+    assert rescale.group_pods(job(reward=1), "reward", reports(4, ["w0", "w1", "w2", "w3"]), built) == 4
+    assert rescale.group_pods(job(reward=1), "reward", reports(1, ["w1"]), built) == 1
+    # with a standby, its pod comes on top
+    assert rescale.group_pods(job(reward=2, resilience={"standby": True}), "reward", reports(1, ["w0"]), built) == 3
+
+
+def test_a_shrink_gives_up_the_pods_no_rank_runs_on() -> None:
+    reward = [p for p in pods(["w0", "w1", "w2"]) if p.role == "reward"]
+    assert [p.name for p in rescale.leaving(reward, 1, ["w1"])] == ["w0", "w2"]
+    assert [p.name for p in rescale.leaving(reward, 2, ["w1", "w2"])] == ["w0"]
+    assert rescale.leaving(reward, 3, []) == ()
+
+
+def test_the_raycluster_patch_sizes_only_the_resized_group(validator) -> None:
+    cluster = builders.ray_cluster(job(reward=4), builders.BuildOptions(namespace="ns"))
+    assert worker_groups(cluster) == {"actor": 1, "critic": 1, "ref": 1, "reward": 4}
+    assert rescale.cluster_patch(cluster, {"ref": 1, "reward": 4}, {}) is None  # nothing to change
+    patch = rescale.cluster_patch(cluster, {"ref": 1, "reward": 1}, {"reward": ("w2", "w0")})
+    groups = {g["groupName"]: g for g in patch["spec"]["workerGroupSpecs"]}
+    assert list(groups) == ["actor", "critic", "ref", "reward"]  # the list is replaced whole: every group is there
+    assert {k: groups["reward"][k] for k in ("replicas", "minReplicas", "maxReplicas")} == dict.fromkeys(
+        ("replicas", "minReplicas", "maxReplicas"), 1)
+    assert groups["reward"]["scaleStrategy"] == {"workersToDelete": ["w0", "w2"]}
+    unchanged = {g["groupName"]: g for g in cluster["spec"]["workerGroupSpecs"]}
+    assert all(groups[r] == unchanged[r] for r in ("actor", "critic", "ref"))
+    validator({**cluster, "spec": {**cluster["spec"], **patch["spec"]}})  # KubeRay's schema takes it
+    grow = rescale.cluster_patch(cluster, {"reward": 8}, {})
+    assert {g["groupName"]: g for g in grow["spec"]["workerGroupSpecs"]}["reward"]["scaleStrategy"] == {
+        "workersToDelete": []}
+
+
+def test_a_live_replicas_change_is_not_an_event_for_a_resume() -> None:
+    diff = [("change", ("roles", "reward", "replicas"), 1, 2), ("change", ("trainer", "steps"), 5, 7)]
+    assert pending_changes(diff, rescale.live_fields(job())) == ["spec.trainer.steps"]
+
+
+def test_status_follows_a_shrink_and_counts_no_failure() -> None:
+    built = applied_spec(builders.ray_cluster(job(reward=2), builders.BuildOptions(namespace="ns")))
+    two = pods(["w0", "w1"])
+    seen = Observed("rc", two, reports(2, ["w0", "w1"]), applied_spec=built,
+                    groups={"actor": 1, "critic": 1, "ref": 1, "reward": 2})
+    st = decide(job(reward=2), 1, {}, seen, T0).status
+    st = decide(job(reward=2), 1, st, seen, T0).status
+    assert st["phase"] == "Running" and st["roles"]["reward"]["replicas"] == 2 and "pendingChanges" not in st
+    # spec.roles.reward.replicas 2 -> 1; the driver has not applied it yet: the group keeps its pods
+    waiting = decide(job(reward=1), 2, st, seen, T1)
+    assert waiting.groups["reward"] == 2 and waiting.leaving == {} and waiting.delete_pods == ()
+    assert waiting.status["pendingChanges"] == ["spec.roles.reward.replicas"]
+    assert waiting.status["roles"]["reward"]["desired"] == 1
+    # the driver runs one rank, on w1: w0 is given up, as no failure
+    applied = Observed("rc", two, reports(1, ["w1"]), applied_spec=built, groups=seen.groups)
+    shrink = decide(job(reward=1), 2, waiting.status, applied, T1)
+    assert shrink.groups["reward"] == 1 and shrink.leaving == {"reward": ("w0",)}
+    assert not [e for e in shrink.events if e.reason == "RoleRestart"]
+    assert shrink.status["roles"]["reward"]["restarts"] == 0
+    assert "pendingChanges" not in shrink.status and shrink.status["roles"]["reward"]["members"] == {"u-w1": "w1"}
+    # KubeRay deletes them (the group is at 1 now): still no failure, the role stays Running
+    gone = Observed("rc", pods(["w0", "w1"], deleting=frozenset({"w0"})), reports(1, ["w1"]),
+                    applied_spec=built, groups={**seen.groups, "reward": 1})
+    after = decide(job(reward=1), 2, shrink.status, gone, T1)
+    assert after.status["roles"]["reward"]["restarts"] == 0 and after.status["phase"] == "Running"
+    assert after.leaving == {} and not after.delete_pods
+    final = decide(job(reward=1), 2, after.status, Observed("rc", pods(["w1"]), reports(1, ["w1"]),
+                                                            applied_spec=built, groups=gone.groups), T1)
+    assert final.status["roles"]["reward"]["restarts"] == 0 and final.status["roles"]["reward"]["ready"] == 1
