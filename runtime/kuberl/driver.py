@@ -214,12 +214,25 @@ class Driver:
                 self.refused[role] = replicas
                 continue
             self.refused.pop(role, None)
+            if role in STATEFUL:
+                self._checkpoint_now()
             before = self.roles.rescale(spec, role)
             self.spec = spec
             ranks = common_ranks([world_size(spec, r) for r in ("actor", "reward")])
             self.evaluator = Evaluator.for_spec(spec, self.prompts.tokenizer, ranks)
             print(f"[{self.name}] scaled {role} from {before} to {self.roles.groups[role].world_size} ranks "
                   f"after step {self.step}; other roles untouched", flush=True)
+
+    def _checkpoint_now(self) -> None:
+        """Commit a checkpoint of the last completed step (a trainable role's restart at another world size
+        starts from it); a rollout sent ahead is dropped, and its prompts are drawn again by the next step."""
+        if self.ahead is not None:
+            self.loader.load_state_dict(self.ahead.data_before)
+            self.ahead = None
+        self.roles.commit()
+        if self.step > self.roles.last_checkpoint:
+            self.save_checkpoint()
+            self.roles.commit()
 
     def compute_advantages(self, batch: Batch) -> dict[str, float]:
         """Pure tensor work on the driver: KL, token rewards, then the spec's advantage estimator."""

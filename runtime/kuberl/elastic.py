@@ -1,4 +1,4 @@
-"""Elastic frozen roles: `ref` and `reward` grow or shrink between two steps of a running job.
+"""Elastic roles: every built-in role grows or shrinks between two steps of a running job.
 
 The driver learns the replicas asked for as a `ReplicasDocument` (kuberl.spec.contract), from one of
 two transports: on a local run `kuberl scale JOB ROLE N` leaves a request in the job's output folder
@@ -6,9 +6,11 @@ two transports: on a local run `kuberl scale JOB ROLE N` leaves a request in the
 writes the spec's replicas into ``data.replicas`` of ConfigMap ``<job>-progress``, which the driver
 gets between two steps (`kuberl.progress.ProgressReporter.desired_replicas`). Either way the driver
 checks the rescaled spec against every rule of the spec model, and recreates only that role's
-WorkerGroup at the new size. A frozen role holds no trained state (it loads the model path), so
-nothing is lost; every other role's workers (Ray actors) stay as they are, and the data-parallel
-split follows the new world size.
+WorkerGroup at the new size. A frozen role (ref, reward) holds no trained state: it loads the model
+path. A trainable role (actor, critic) restarts at the new world size from a checkpoint of the last
+completed step, committed first (DCP checkpoints are world-size independent; its per-rank snapshots
+are not, and start again); so nothing is lost. Every other role's workers (Ray actors) stay as they
+are, and the data-parallel split follows the new world size.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from pathlib import Path
 from .spec import JobSpec, validate_manifest
 from .spec.contract import LIVE_RESIZED, ReplicasDocument
 
-ELASTIC = LIVE_RESIZED  # roles without trained state: resized live
+ELASTIC = LIVE_RESIZED  # the built-in roles; a role of one's own (spec.roles.extra) keeps its size
 REQUESTS = "scale"
 
 
@@ -66,8 +68,8 @@ def changes(asked: ReplicasDocument, spec: JobSpec) -> dict[str, int]:
 def request_problem(role: str, replicas: int) -> str | None:
     """Why a request cannot be applied live, before looking at the spec; None when it can."""
     if role not in ELASTIC:
-        return (f"role {role} cannot be resized live (only {', '.join(ELASTIC)}, which hold no trained state); "
-                f"to change spec.roles.{role}.replicas stop the job, edit the manifest and run it again (it resumes)")
+        return (f"role {role} cannot be resized live (only {', '.join(ELASTIC)}); to change its replicas stop the "
+                f"job, edit the manifest and run it again (it resumes)")
     if replicas < 1:
         return f"{role}: replicas must be a whole number >= 1 (the algorithm needs the {role})"
     return None
@@ -98,9 +100,9 @@ def cmd_scale(args) -> int:
 
 
 def add_scale_parser(sub) -> None:
-    p = sub.add_parser("scale", help="resize ref or reward of a running local job between two steps")
+    p = sub.add_parser("scale", help="resize a role of a running local job between two steps")
     p.add_argument("job", help="the job's metadata.name (its run folder is runs/<job> unless --out)")
-    p.add_argument("role", help="ref or reward")
+    p.add_argument("role", help="actor, critic, ref or reward (actor and critic restart from the last step)")
     p.add_argument("replicas", type=int, help="the new spec.roles.<role>.replicas")
     p.add_argument("--out", help="the run's output folder, as given to `kuberl run --out`")
     p.set_defaults(func=cmd_scale)

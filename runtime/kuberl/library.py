@@ -370,14 +370,24 @@ class Roles:
         return rec
 
     def rescale(self, spec: JobSpec, role: str) -> int:
-        """Between two steps: recreate only ``role``'s group at its size in ``spec`` (a frozen role: it
-        loads the model path, so nothing is lost). Other roles' workers are untouched. Returns the old
-        world size."""
+        """Between two steps: recreate only ``role``'s group at its size in ``spec``; other roles' workers are
+        untouched. A frozen role loads the model path; a trainable one loads the complete checkpoint of the
+        last completed step (DCP: world-size independent), which the caller has committed (`checkpointed`).
+        Its snapshots, written for the old world size, are dropped. Returns the old world size."""
         group, before = self.groups[role], self.groups[role].world_size
+        if role in STATEFUL and self.last_checkpoint != self.step:
+            raise ValueError(f"rescaling {role} needs the checkpoint of step {self.step} committed first")
         group.shutdown()
         group.resize(spec)
         self.spec = spec
         group.start()
+        if role in STATEFUL:
+            if self.snapshot_root is not None:
+                shutil.rmtree(self.snapshot_root / role, ignore_errors=True)
+            self._enable_snapshots(role)
+            if self.step > 0:
+                self.proxies[role].load(str(checkpoint.step_dir(self._root(), self.step) / role), self.step)
+            self.trained[role] = self.step
         self.check_placement([role])
         return before
 

@@ -28,7 +28,7 @@ def test_ref_and_reward_are_resized_between_steps_and_nothing_else_moves(ray_ses
         sizes[rec.step] = {r: g.world_size for r, g in driver.groups.items()}
         if rec.step == 1:
             write_request(tmp_path, "ref", 2)  # grow
-            write_request(tmp_path, "actor", 2)  # not live: refused
+            write_request(tmp_path, "judge", 2)  # a role the job does not run: refused
         if rec.step == 3:
             write_request(tmp_path, "ref", 1)  # shrink
             write_request(tmp_path, "reward", 2)  # grow another
@@ -55,14 +55,14 @@ def test_ref_and_reward_are_resized_between_steps_and_nothing_else_moves(ray_ses
     assert driver.spec.roles.ref.replicas == 1 and driver.spec.roles.reward.replicas == 2
     out = capsys.readouterr().out
     assert "[elastic] scaled ref from 1 to 2 ranks after step 1; other roles untouched" in out
-    assert "[elastic] scale refused: role actor cannot be resized live" in out
+    assert "[elastic] scale refused: role judge cannot be resized live" in out
     assert "[elastic] scale refused: spec.roles.reward.replicas: spec.roles.reward.replicas (3) must divide" in out
     assert take_requests(tmp_path).roles == {}  # every request was taken
 
 
 def test_kuberl_scale_names_what_it_cannot_do(tmp_path: Path) -> None:
-    refused = kuberl("scale", "j", "critic", "2", "--out", str(tmp_path))
-    assert refused.returncode == 1 and refused.stderr.startswith("error: role critic cannot be resized live")
+    refused = kuberl("scale", "j", "judge", "2", "--out", str(tmp_path))
+    assert refused.returncode == 1 and refused.stderr.startswith("error: role judge cannot be resized live")
     missing = kuberl("scale", "nosuchjob", "ref", "2", cwd=tmp_path)
     assert missing.returncode == 1 and "no run of job nosuchjob in runs/nosuchjob" in missing.stderr
     ok = kuberl("scale", "j", "ref", "3", "--out", str(tmp_path))

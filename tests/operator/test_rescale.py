@@ -1,4 +1,4 @@
-"""Live resizes of ref and reward, without a server: what the operator asks the driver, how it sizes the
+"""Live resizes of a role (here the reward), without a server: what the operator asks the driver, how it sizes the
 RayCluster's worker groups (a shrink waits for the driver, and gives up only pods no rank uses), and
 that a pod given up is no failure of the role."""
 
@@ -37,12 +37,12 @@ def reports(reward: int, hosts: list[str]) -> ProgressDocument:
     return ProgressDocument(step=3, roles={"reward": RoleProgress(replicas=reward, hosts=hosts)})
 
 
-def test_the_driver_is_asked_for_the_spec_replicas_of_the_live_roles_only() -> None:
+def test_the_driver_is_asked_for_the_spec_replicas_of_every_built_in_role() -> None:
     cm = builders.progress_configmap(job(reward=4, ref=2), builders.BuildOptions(namespace="ns"))
-    assert ReplicasDocument.parse(cm["data"][REPLICAS_KEY]).roles == {"ref": 2, "reward": 4}
+    assert ReplicasDocument.parse(cm["data"][REPLICAS_KEY]).roles == {"actor": 1, "critic": 1, "ref": 2, "reward": 4}
     assert json.loads(cm["data"]["progress"]) == {}
-    assert builders.replicas_document(job(ref=0)).roles == {"reward": 1}  # a disabled role is not asked for
-    assert rescale.live_fields(job()) == {"spec.roles.ref.replicas", "spec.roles.reward.replicas"}
+    assert "ref" not in builders.replicas_document(job(ref=0)).roles  # a disabled role is not asked for
+    assert rescale.live_fields(job()) == {f"spec.roles.{r}.replicas" for r in ("actor", "critic", "ref", "reward")}
     # The reader drops what is not a whole count (a bool, a string), and a malformed document.
     assert ReplicasDocument.parse('{"roles": {"reward": 2, "ref": "3", "x": true}}').roles == {"reward": 2}
     assert ReplicasDocument.parse("not json").roles == {}

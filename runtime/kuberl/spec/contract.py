@@ -167,7 +167,9 @@ class ReplicasDocument(_Doc):
         return cls(roles={r: n for r, n in roles.items() if isinstance(n, int) and not isinstance(n, bool)})
 
 
-LIVE_RESIZED = ("ref", "reward")  # roles the driver resizes between two steps, with no other role restarted
+# roles the driver resizes between two steps, with no other role restarted: ref and reward reload the model
+# path; actor and critic restart at the new world size from the checkpoint of the last completed step
+LIVE_RESIZED = ("actor", "critic", "ref", "reward")
 PROGRESS_KEY = "progress"  # ConfigMap <job>-progress: the driver's ProgressDocument (driver -> operator)
 REPLICAS_KEY = "replicas"  # ConfigMap <job>-progress: the spec's ReplicasDocument (operator -> driver)
 
