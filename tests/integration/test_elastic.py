@@ -7,6 +7,9 @@ import json
 import socket
 from pathlib import Path
 
+import pytest
+
+from kuberl import checkpoint
 from kuberl.driver import Driver
 from kuberl.elastic import take_requests, write_request
 from kuberl.groups import RayWorkerGroup
@@ -14,6 +17,7 @@ from kuberl.metrics import read_jsonl
 from kuberl.progress import progress_of
 from kuberl.spec.contract import ReplicasDocument, RoleProgress
 
+from .probes import PROBED, Probes
 from .test_faults import identities, spec_for
 from .test_userpath import kuberl
 
@@ -107,3 +111,52 @@ def test_the_operators_document_resizes_the_reward_between_steps(ray_session, tm
     assert seen[3]["reward"] == seen[2]["reward"] != start["reward"]  # a standing document is applied once
     out = capsys.readouterr().out
     assert out.count("scaled reward from") == 2 and out.count("scale refused: spec.roles.ref.replicas") == 1
+
+
+class ProbingDriver(Driver):
+    """Records the critic's weights right after each resize, before the next step trains them."""
+
+    def apply_scale_requests(self) -> None:
+        before = self.groups["critic"].world_size
+        super().apply_scale_requests()
+        if self.groups["critic"].world_size != before:
+            self.after_resize = self.groups["critic"].call(Probes.weights_digest)
+            self.checkpoint_at_resize = checkpoint.latest(self.ckpt_root)
+
+
+def test_the_critic_restarts_alone_at_a_new_world_size_from_its_last_step(ray_session, tmp_path: Path,
+                                                                          capsys) -> None:
+    """`kuberl scale JOB critic 2` after step 3 (no periodic checkpoint there): the step is checkpointed, only
+    the critic restarts, at 2 ranks, holding exactly step 3's weights, and training goes on with no step lost."""
+    spec = spec_for(**{"trainer.steps": 5, "trainer.checkpoint.interval": 2, "trainer.microBatchSize": 8})
+    digests: dict[int, float] = {}
+    sizes: dict[int, int] = {}
+    seen: dict[int, dict] = {}
+
+    def on_step(rec) -> None:
+        digests[rec.step] = driver.groups["critic"].call(Probes.weights_digest)
+        sizes[rec.step] = driver.groups["critic"].world_size
+        seen[rec.step] = identities(driver)
+        if rec.step == 3:
+            write_request(tmp_path, "critic", 2)
+
+    def group(role: str) -> RayWorkerGroup:
+        return RayWorkerGroup(role, spec, timeout_s=120, worker_cls=PROBED.get(role))
+
+    driver = ProbingDriver(spec, "rescale", tmp_path, group, progress=False, on_step=on_step)
+    driver.start()
+    try:
+        start = identities(driver)
+        records = driver.run()
+    finally:
+        driver.shutdown()
+    assert [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == [1, 2, 3, 4, 5]  # no step lost
+    assert [sizes[s] for s in range(1, 6)] == [1, 1, 1, 2, 2]
+    assert driver.after_resize == pytest.approx(digests[3], rel=1e-12)  # the state of its last completed step
+    assert digests[4] != digests[3]  # and it trains on from there
+    for role in ("actor", "ref", "reward"):
+        assert all(seen[s][role] == start[role] for s in seen), role
+    assert seen[4]["critic"] != seen[3]["critic"] and len(seen[4]["critic"]) == 2
+    assert driver.checkpoint_at_resize == 3  # committed before the critic went (no periodic one at step 3)
+    assert all(r.flat()["restarts_critic"] == 0 for r in records)  # a resize is no failure
+    assert "[rescale] scaled critic from 1 to 2 ranks after step 3; other roles untouched" in capsys.readouterr().out
