@@ -45,7 +45,15 @@ from .kube import (
 from .metrics import Metrics
 from .progress import Progress
 from .spec_changes import applied_spec
-from .status import PLACEMENT_DEGRADED, Observed, decide, infeasible_status, invalid_spec_status, merge_diff
+from .status import (
+    PLACEMENT_DEGRADED,
+    TIME_FORMAT,
+    Observed,
+    decide,
+    infeasible_status,
+    invalid_spec_status,
+    merge_diff,
+)
 
 log = logging.getLogger(__name__)
 STATUS_ATTEMPTS = 5
@@ -97,7 +105,7 @@ class Indices:
 
 
 def now() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.datetime.now(datetime.UTC).strftime(TIME_FORMAT)
 
 
 def validated(body: kopf.Body, patch: kopf.Patch) -> RLTrainingJob:

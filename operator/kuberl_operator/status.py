@@ -7,6 +7,7 @@ resourceVersion precondition, and only then acts, so every action follows a reco
 
 from __future__ import annotations
 
+import datetime
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,6 +27,7 @@ ROLE_RESTARTING = "RoleRestarting"
 HEAD_FAILED = "RayHeadFailed"  # the Ray head pod failed: the whole Ray cluster restarts
 ROLE_FAILED = "RoleFailed"  # the driver reported a role's failure (a hang's diagnosis, a process that died)
 UNSCHEDULABLE = "RoleUnschedulable"  # no node satisfies a role's constraints (the scheduler says why)
+TIME_FORMAT = "%Y-%m-%dT%H:%M:%SZ"  # every time in status (reconcile.now)
 PLACEMENT_DEGRADED = Reason.PLACEMENT_DEGRADED.value  # the driver refused GPUs linked below spec.placement.minLink
 
 
@@ -112,7 +114,8 @@ def role_outcome(role: str, job: RLTrainingJob, old: Mapping[str, Any], seen: Ob
         **({"driverFailure": reported} if reported else {}),
         **({"replicas": n} if (n := seen.progress.replicas_of(role)) is not None else {}),
         **({"worstLink": link} if (link := seen.progress.link_of(role)) else {}),
-        **({"unschedulable": waits} if (waits := waiting_for_node(pods)) else {}),
+        **({"unschedulable": waits, "unschedulableSince": prev.get("unschedulableSince") or now}
+           if (waits := waiting_for_node(pods)) else {}),
         **tracking.to_status(),
     }
     return RoleOutcome(status, failures, doomed, leaving)
@@ -146,6 +149,12 @@ def head_outcome(old: Mapping[str, Any], seen: Observed, accounting: bool, now: 
     status = {"ready": ready, "restarts": restarts, **({"lastFailure": last_failure} if last_failure else {}),
               **tracking.to_status()}
     return HeadOutcome(status, failures, doomed, bool(pods), ready)
+def later(when: str, seconds: float) -> str:
+    """An RFC 3339 time (as status writes it) plus ``seconds``."""
+    t = datetime.datetime.strptime(when, TIME_FORMAT).replace(tzinfo=datetime.UTC)
+    return (t + datetime.timedelta(seconds=seconds)).strftime(TIME_FORMAT)
+
+
 def waiting_for_node(pods: Sequence[PodView]) -> str | None:
     """Why a role's pods wait for a node, in the scheduler's words ("1 pod unschedulable: 0/6 nodes are
     available: ..."), the message of the first such pod by name; None when none waits."""
@@ -197,7 +206,10 @@ def active_phase(job: RLTrainingJob, roles: Mapping[str, RoleOutcome], seen: Obs
         return RESTARTING, ROLE_RESTARTING, f"restarting {', '.join(restarting)}"
     if waiting and ready is not None and ready.get("reason") == ROLE_RESTARTING:
         return RESTARTING, ROLE_RESTARTING, ready["message"]  # until the restarted role is ready again
-    stuck = [f"role {r} waits for a node: {o.status['unschedulable']}" for r, o in roles.items()
+    bound = job.spec.resilience.start_timeout_seconds
+    stuck = [f"role {r} waits for a node: {o.status['unschedulable']} (since {o.status['unschedulableSince']}; the "
+             f"driver gives up at {later(o.status['unschedulableSince'], bound)}, "
+             f"spec.resilience.startTimeoutSeconds {bound:g}s after)" for r, o in roles.items()
              if o.status.get("unschedulable")]
     if stuck:
         return PROVISIONING, UNSCHEDULABLE, "; ".join(stuck)

@@ -11,7 +11,7 @@ import yaml
 from kuberl.spec import load_manifest, validate_manifest
 from kuberl_operator import builders
 from kuberl_operator.health import PodView, pod_view
-from kuberl_operator.status import Observed, decide
+from kuberl_operator.status import Observed, decide, later
 
 from .schemas import CrdSchema
 
@@ -104,17 +104,21 @@ def test_a_role_that_no_node_fits_names_the_role_and_the_schedulers_reason(valid
     assert st["roles"]["ref"]["unschedulable"] == f"1 pod unschedulable: {WAIT}"
     assert "unschedulable" not in st["roles"]["actor"]
     ready = next(c for c in st["conditions"] if c["type"] == "Ready")
-    assert ready["reason"] == "RoleUnschedulable" and ready["message"] == f"role ref waits for a node: 1 pod " \
-                                                                          f"unschedulable: {WAIT}"
+    assert ready["reason"] == "RoleUnschedulable" and ready["message"] == (
+        f"role ref waits for a node: 1 pod unschedulable: {WAIT} (since {T1}; the driver gives up at "
+        f"{later(T1, 1800)}, spec.resilience.startTimeoutSeconds 1800s after)")
+    assert st["roles"]["ref"]["unschedulableSince"] == T1 and later(T1, 1800) == "2026-01-01T00:31:00Z"
     assert [(e.type, e.reason, e.message) for e in first.events] == [
         ("Warning", "RoleUnschedulable", f"role ref waits for a node: 1 pod unschedulable: {WAIT}")]
     body = {**manifest(ref={"gpus": 1, "gpuProduct": "NVIDIA-B200"}), "status": st}
     assert validator(body) == []  # the CRD declares the field: a real API server keeps it
     # Still waiting: no second Event. Scheduled and ready: the field goes and the job runs.
-    assert decide(job, 1, st, Observed("rc", waiting_pods()), T2).events == ()
+    still = decide(job, 1, st, Observed("rc", waiting_pods()), T2)
+    assert still.events == () and still.status["roles"]["ref"]["unschedulableSince"] == T1  # since it began
     ready_pods = tuple(PodView(p.name, p.uid, p.role, p.owner, True, None, False) for p in waiting_pods())
     after = decide(job, 1, st, Observed("rc", ready_pods), T2).status
     assert after["phase"] == "Running" and "unschedulable" not in after["roles"]["ref"]
+    assert "unschedulableSince" not in after["roles"]["ref"]
 
 
 def test_the_schedulers_reason_comes_from_the_pods_podscheduled_condition() -> None:

@@ -81,6 +81,8 @@ STATUS_SCHEMA: dict[str, Any] = {
                                                                   "(NV#, PIX, PXB, PHB, NODE, SYS)."},
                     "unschedulable": {"type": "string",
                                       "description": "Why the role's pods wait for a node, in the scheduler's words."},
+                    "unschedulableSince": {"type": "string", "description": "When the role began to wait for a node "
+                                                                          "(startTimeoutSeconds bounds the wait)."},
                     "members": {"type": "object", "additionalProperties": {"type": "string"},
                                 "description": "Pods seen alive, uid -> name (a member that vanishes was deleted)."},
                     "handledUIDs": {"type": "array", "items": {"type": "string"},
