@@ -45,8 +45,9 @@ class Driver:
                  faults: list[Fault] | None = None, progress: bool = True,
                  on_step: Callable[[StepRecord], None] | None = None,
                  replicas_source: Callable[[], ReplicasDocument | None] | None = None):
-        """`replicas_source`: where the replicas asked for while the job runs come from, beside `kuberl scale`'s
-        requests in `out_dir` (on Kubernetes: the operator's document, `ProgressReporter.desired_replicas`)."""
+        """`replicas_source`: on Kubernetes, the operator's replicas document (`ProgressReporter.desired_replicas`),
+        read between two steps beside `kuberl scale`'s requests in `out_dir`; given, the roles' ranks are taken
+        to live in other pods (a trainable role's resize then needs a shared checkpoint volume)."""
         self.spec, self.name, self.out = spec, name, out_dir
         self.replicas_source = replicas_source
         self.refused: dict[str, int] = {}  # role -> the replicas last refused (a standing request is said once)
@@ -203,6 +204,10 @@ class Driver:
             problem = elastic.request_problem(role, replicas)
             if problem is None and role not in self.groups:
                 problem = f"role {role} does not run in this job"
+            if problem is None and role in STATEFUL and self.replicas_source is not None and (
+                    self.spec.trainer.checkpoint.volume_claim is None):  # on Kubernetes: ranks in other pods
+                problem = (f"spec.roles.{role}.replicas: resizing {role} on Kubernetes needs "
+                           f"spec.trainer.checkpoint.volumeClaim (new ranks read the checkpoint old ones wrote)")
             spec = None
             try:
                 spec = elastic.rescaled(self.spec, role, replicas) if problem is None else None
