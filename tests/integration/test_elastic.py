@@ -18,7 +18,7 @@ from kuberl.progress import progress_of
 from kuberl.spec.contract import ReplicasDocument, RoleProgress
 
 from .probes import PROBED, Probes
-from .test_faults import identities, spec_for
+from .test_faults import identities, run_observed, spec_for
 from .test_userpath import kuberl
 
 
@@ -41,12 +41,7 @@ def test_ref_and_reward_are_resized_between_steps_and_nothing_else_moves(ray_ses
 
     driver = Driver(spec, "elastic", tmp_path, lambda r: RayWorkerGroup(r, spec, timeout_s=120), progress=False,
                     on_step=on_step)
-    driver.start()
-    try:
-        start = identities(driver)
-        driver.run()
-    finally:
-        driver.shutdown()
+    start, _, _ = run_observed(driver)
     assert [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == [1, 2, 3, 4, 5]
     assert [sizes[s]["ref"] for s in range(1, 6)] == [1, 2, 2, 1, 1]
     assert [sizes[s]["reward"] for s in range(1, 6)] == [1, 1, 1, 2, 2]
@@ -97,12 +92,7 @@ def test_the_operators_document_resizes_the_reward_between_steps(ray_session, tm
 
     driver = Driver(spec, "elastic", tmp_path, lambda r: RayWorkerGroup(r, spec, timeout_s=120), progress=False,
                     on_step=on_step, replicas_source=lambda: ReplicasDocument.parse(json.dumps(operator_doc)))
-    driver.start()
-    try:
-        start = identities(driver)
-        driver.run()
-    finally:
-        driver.shutdown()
+    start, _, _ = run_observed(driver)
     assert [sizes[s] for s in range(1, 6)] == [1, 2, 2, 1, 1]
     assert [reported[s].replicas for s in range(1, 6)] == [1, 2, 2, 1, 1]
     assert all(len(reported[s].hosts) == sizes[s] for s in sizes) and reported[1].hosts == [socket.gethostname()]
@@ -144,12 +134,7 @@ def test_the_critic_restarts_alone_at_a_new_world_size_from_its_last_step(ray_se
         return RayWorkerGroup(role, spec, timeout_s=120, worker_cls=PROBED.get(role))
 
     driver = ProbingDriver(spec, "rescale", tmp_path, group, progress=False, on_step=on_step)
-    driver.start()
-    try:
-        start = identities(driver)
-        records = driver.run()
-    finally:
-        driver.shutdown()
+    start, records, _ = run_observed(driver)
     assert [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == [1, 2, 3, 4, 5]  # no step lost
     assert [sizes[s] for s in range(1, 6)] == [1, 1, 1, 2, 2]
     assert driver.after_resize == pytest.approx(digests[3], rel=1e-12)  # the state of its last completed step
