@@ -204,10 +204,8 @@ class Driver:
             problem = elastic.request_problem(role, replicas)
             if problem is None and role not in self.groups:
                 problem = f"role {role} does not run in this job"
-            if problem is None and role in STATEFUL and self.replicas_source is not None and (
-                    self.spec.trainer.checkpoint.volume_claim is None):  # on Kubernetes: ranks in other pods
-                problem = (f"spec.roles.{role}.replicas: resizing {role} on Kubernetes needs "
-                           f"spec.trainer.checkpoint.volumeClaim (new ranks read the checkpoint old ones wrote)")
+            if problem is None and self.replicas_source is not None:  # on Kubernetes: the ranks live in other pods
+                problem = elastic.shared_storage_problem(self.spec, role)
             spec = None
             try:
                 spec = elastic.rescaled(self.spec, role, replicas) if problem is None else None

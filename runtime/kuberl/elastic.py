@@ -20,6 +20,7 @@ from pathlib import Path
 
 from .spec import JobSpec, validate_manifest
 from .spec.contract import LIVE_RESIZED, ReplicasDocument
+from .spec.model import TRAINING_ROLES
 
 ELASTIC = LIVE_RESIZED  # the built-in roles; a role of one's own (spec.roles.extra) keeps its size
 REQUESTS = "scale"
@@ -72,6 +73,15 @@ def request_problem(role: str, replicas: int) -> str | None:
                 f"job, edit the manifest and run it again (it resumes)")
     if replicas < 1:
         return f"{role}: replicas must be a whole number >= 1 (the algorithm needs the {role})"
+    return None
+
+
+def shared_storage_problem(spec: JobSpec, role: str) -> str | None:
+    """On Kubernetes a trainable role's new ranks (other pods) read the checkpoint its old ones wrote: that needs
+    a volume every pod mounts. None when the resize can go ahead."""
+    if role in TRAINING_ROLES and spec.trainer.checkpoint.volume_claim is None:
+        return (f"spec.roles.{role}.replicas: resizing {role} on Kubernetes needs spec.trainer.checkpoint.volumeClaim "
+                f"(its new ranks read the checkpoint its old ones write)")
     return None
 
 
