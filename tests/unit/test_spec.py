@@ -220,4 +220,3 @@ def test_set_overrides_are_validated_like_the_file(tmp_path) -> None:
     proc = subprocess.run([sys.executable, "-m", "kuberl.cli", "validate", str(path), "--set", "trainer.batch_size=4"],
                           capture_output=True, text=True)
     assert proc.returncode == 1 and proc.stderr.startswith("error: spec.trainer.batch_size: is not a known field")
-
