@@ -372,7 +372,7 @@ class Roles:
     def rescale(self, spec: JobSpec, role: str) -> int:
         """Between two steps: recreate only ``role``'s group at its size in ``spec``; other roles' workers are
         untouched. A frozen role loads the model path; a trainable one loads the complete checkpoint of the
-        last completed step (DCP: world-size independent), which the caller has committed (`checkpointed`).
+        last completed step (DCP: world-size independent), which the caller has committed (`Driver._checkpoint_now`).
         Its snapshots, written for the old world size, are dropped. Returns the old world size."""
         group, before = self.groups[role], self.groups[role].world_size
         if role in STATEFUL and self.last_checkpoint != self.step:
