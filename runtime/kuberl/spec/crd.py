@@ -66,6 +66,9 @@ STATUS_SCHEMA: dict[str, Any] = {
                 "type": "object",
                 "properties": {
                     "desired": {"type": "integer", "description": "The role's pods (replicas, and its standby)."},
+                    "colocatedWith": {"type": "string",
+                                      "description": "spec.roles.<role>.colocateWith: the role whose pods run this "
+                                                     "role's ranks (desired and ready count those pods)."},
                     "standby": {"type": "integer", "description": "Standby pods (spec.resilience.standby)."},
                     "ready": {"type": "integer"},
                     "restarts": {"type": "integer", "description": "max(podRestarts, the driver's count)."},
