@@ -14,8 +14,8 @@ from typing import Any
 
 import yaml
 
-from kuberl.spec import API_VERSION, KIND, JobSpec, RLTrainingJob, RoleSpec
-from kuberl.spec.colocation import group_roles, hosts, pod_role_resources
+from kuberl.colocation import host_of, set_bundle, sharing
+from kuberl.spec import API_VERSION, KIND, JobSpec, RLTrainingJob, RoleSpec, enabled_roles
 from kuberl.spec.contract import Env, ExitCode
 from kuberl.spec.model import node_resource
 from kuberl.spec.quantity import format_quantity, parse_quantity
@@ -92,6 +92,17 @@ def uses_dra(job: RLTrainingJob, role: str) -> bool:
     return job.spec.placement.mode == "dra" and job.spec.roles.get(role).gpus > 0
 
 
+def hosts(spec: JobSpec) -> list[str]:
+    """The running roles with pods of their own, one worker group each: every one but those colocated with
+    another (``spec.roles.<role>.colocateWith``: their ranks run in their host's pods)."""
+    return [role for role in enabled_roles(spec) if host_of(spec, role) == role]
+
+
+def group_roles(spec: JobSpec, host: str) -> tuple[str, ...]:
+    """The roles whose processes run in ``host``'s pods: the host, then the roles colocated with it."""
+    return sharing(spec, host) or (host,)
+
+
 def pod_cpu_memory(spec: JobSpec, host: str) -> tuple[str, str]:
     """(cpu, memory) of one pod of ``host``'s worker group: the host's resources as written, or with
     colocated roles, the sum of every role's per-replica resources (each role's processes run there)."""
@@ -120,9 +131,10 @@ def quantities(spec: JobSpec, host: str, device_plugin: bool = True) -> dict[str
 def ray_resources_param(spec: JobSpec, host: str) -> str:
     """rayStartParams.resources, per pod, one unit per GPU (or one on CPU) of
 
-    - the resource of each role the pod carries (``kuberl.spec.colocation``: the host's, and its
-      colocated roles'), so the runtime's actors for a role, each asking for one unit of its own,
-      land only on this group's pods, and Ray still tells the roles apart;
+    - the resource of each role the pod carries, the host's and its colocated roles': the custom
+      resources of the runtime's placement-group bundle for one rank of them all
+      (``kuberl.colocation.set_bundle``), so each role's actors, asking one unit of their own role's
+      resource, land only on this group's pods, and Ray still tells the roles apart;
     - the pod's topology domain, its Kubernetes node: ``kuberl_node_$(KUBERL_NODE_NAME)``. The node
       is unknown until the pod is scheduled; the kubelet expands ``$(VAR)`` in the container's args
       (where KubeRay writes the `ray start` line) from the env var the downward API fills in.
@@ -130,7 +142,8 @@ def ray_resources_param(spec: JobSpec, host: str) -> str:
     Single-quoted: KubeRay pastes the value into a shell command line (and trims the quotes when
     it parses the JSON itself)."""
     units = max(spec.roles.get(host).gpus, 1)
-    resources = {**pod_role_resources(spec, host), node_resource(f"$({names.NODE_NAME_ENV})"): units}
+    roles = {key: int(units * amount) for key, amount in set_bundle(spec, host).items() if key not in ("CPU", "GPU")}
+    resources = {**roles, node_resource(f"$({names.NODE_NAME_ENV})"): units}
     return "'" + json.dumps(resources, separators=(",", ":")) + "'"
 
 

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from kuberl.spec import role_resource, validate_manifest
-from kuberl.spec.colocation import group_roles, host_of, hosts, pod_role_resources
+from kuberl.colocation import set_bundle
+from kuberl.spec import validate_manifest
 from kuberl.spec.contract import RoleProgress
 from kuberl.spec.quantity import parse_quantity
 from kuberl_operator import builders
@@ -41,12 +41,15 @@ def ray_resources(group: dict[str, Any]) -> dict[str, int]:
     return json.loads(group["rayStartParams"]["resources"].strip("'"))
 
 
-def test_the_colocation_rule() -> None:
+def test_worker_groups_are_the_hosts_and_carry_their_guests() -> None:
     j = job({"actor": GPU2, "ref": {**GPU2, "colocateWith": "actor"}, "critic": {**GPU2, "colocateWith": "actor"}})
-    assert hosts(j.spec) == ["actor", "reward"]
-    assert group_roles(j.spec, "actor") == ["actor", "critic", "ref"] and group_roles(j.spec, "reward") == ["reward"]
-    assert (host_of(j.spec, "ref"), host_of(j.spec, "actor")) == ("actor", "actor")
-    assert pod_role_resources(j.spec, "actor") == {role_resource(r): 1 for r in ("actor", "critic", "ref")}
+    assert builders.hosts(j.spec) == ["actor", "reward"]
+    assert builders.group_roles(j.spec, "actor") == ("actor", "critic", "ref")
+    assert builders.group_roles(j.spec, "reward") == ("reward",)
+    # A guest that does not run (replicas 0) leaves its host's group as it was.
+    alone = job({"ref": {"replicas": 0, "colocateWith": "actor"}})
+    assert builders.hosts(alone.spec) == ["actor", "critic", "reward"]
+    assert builders.group_roles(alone.spec, "actor") == ("actor",)
 
 
 def test_a_colocated_role_has_no_worker_group_and_runs_in_its_hosts(validator) -> None:
@@ -114,23 +117,19 @@ def test_under_dra_a_colocated_role_gets_no_claim_template_of_its_own(validator)
     {"actor": {"replicas": 1, "gpus": 2}, "ref": {"replicas": 1, "gpus": 2, "colocateWith": "actor"}},
     {"ref": {"colocateWith": "actor"}, "reward": {"colocateWith": "actor"}},
 ])
-def test_every_ranks_ray_bundle_fits_its_hosts_pods_beside_the_others(roles: dict[str, Any]) -> None:
-    """The runtime's side of the contract: rank r of each role of a group (its bundle, as RayWorkerGroup asks
-    Ray for it) fits, together with rank r of the other roles, in what one pod of the group advertises."""
-    from kuberl.groups import RayWorkerGroup
-
+def test_the_runtimes_placement_bundles_fill_the_pods_of_the_group(roles: dict[str, Any]) -> None:
+    """The runtime's side of the contract: its placement group for a group's roles has one bundle per rank
+    (`kuberl.colocation.set_bundle`: rank r of every role of the group); one pod holds max(gpus, 1) of them,
+    exactly: every custom resource, the GPUs, and the CPUs (KubeRay gives Ray the container's CPU limit)."""
     j = job(roles)
     for host, group in groups_of(j).items():
-        spec = j.spec.roles.get(host)
-        per_pod = max(spec.gpus, 1)  # ranks of each role on one pod: rank r of every role shares GPU r
+        per_pod = max(j.spec.roles.get(host).gpus, 1)
         limits = group["template"]["spec"]["containers"][0]["resources"]["limits"]
-        capacity = {**ray_resources(group), "CPU": float(parse_quantity(limits["cpu"])),
-                    "GPU": float(group["rayStartParams"]["num-gpus"])}
-        asked: dict[str, float] = {}
-        for role in group_roles(j.spec, host):
-            for key, amount in RayWorkerGroup(role, j.spec).bundle().items():
-                asked[key] = asked.get(key, 0.0) + per_pod * amount
-        assert all(amount <= capacity.get(key, 0) + 1e-9 for key, amount in asked.items()), (host, asked, capacity)
+        pod = {**ray_resources(group), "CPU": float(parse_quantity(limits["cpu"])),
+               "GPU": float(group["rayStartParams"]["num-gpus"])}
+        asked = {key: per_pod * amount for key, amount in set_bundle(j.spec, host).items()}
+        assert asked == {key: value for key, value in pod.items() if key in asked and value}, (host, asked, pod)
+        assert set(pod) - set(asked) <= {"kuberl_node_$(KUBERL_NODE_NAME)", "GPU"}
 
 
 def pod(name: str, role: str, failure: str | None = None) -> PodView:
