@@ -201,3 +201,16 @@ def test_a_host_pod_failure_charges_the_colocated_roles_own_budget() -> None:
     decision = decide(j, 1, st, broken, T1)
     assert decision.status["phase"] == "Failed" and decision.delete_pods == () and decision.teardown
     assert "spec.roles.ref.maxRestarts (0)" in decision.status["message"]
+
+
+def test_the_colocated_roles_status_is_declared_in_the_crd() -> None:
+    """A real API server prunes undeclared status fields: colocatedWith must be in the CRD."""
+    from kuberl.spec import generate_crd
+
+    from .schemas import CrdSchema
+
+    j = job()
+    body = {"apiVersion": "kuberl.io/v1alpha1", "kind": "RLTrainingJob", "metadata": {"name": "j"},
+            "spec": j.spec.model_dump(mode="json", by_alias=True, exclude_none=True), "status": running()}
+    assert body["status"]["roles"]["ref"]["colocatedWith"] == "actor"
+    assert CrdSchema(generate_crd(), "v1alpha1").problems(body) == []
