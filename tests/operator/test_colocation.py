@@ -74,6 +74,23 @@ def test_a_colocated_role_has_no_worker_group_and_runs_in_its_hosts(validator) -
     assert total == 4  # actor 2 + critic 2; the ref's GPUs are the actor's
 
 
+def test_the_colocated_example_needs_two_gpus_where_the_plain_one_needs_five() -> None:
+    from pathlib import Path
+
+    from kuberl.spec import load_manifest
+
+    examples = Path(__file__).resolve().parents[2] / "examples"
+    gpus = {}
+    for name in ("ppo-gpu.yaml", "ppo-gpu-colocated.yaml"):
+        found = groups_of(load_manifest(examples / name))
+        gpus[name] = sum(g["replicas"] * g["template"]["spec"]["containers"][0]["resources"]["limits"].get(
+            "nvidia.com/gpu", 0) for g in found.values())
+    assert gpus == {"ppo-gpu.yaml": 5, "ppo-gpu-colocated.yaml": 2}
+    assert list(found) == ["actor", "reward"]
+    assert found["actor"]["template"]["spec"]["containers"][0]["resources"]["limits"] == {
+        "cpu": "20", "memory": "128Gi", "nvidia.com/gpu": 1}
+
+
 def test_two_guests_share_the_hosts_gpus_and_sum_their_resources() -> None:
     res = {"cpu": "1", "memory": "1Gi"}
     j = job({"actor": {"replicas": 1, "gpus": 4, "resources": res}, "ref": {"replicas": 1, "gpus": 4,
