@@ -171,8 +171,8 @@ def verdict(job: RLTrainingJob, roles: Mapping[str, RoleOutcome], seen: Observed
 
 def shared_action(host: str) -> str:
     """What a colocated role's pod failure does: the pods are its host's, and go with the host's."""
-    return (f"its processes ran on role {host}'s pods (colocateWith), which restart as {host}'s gang: "
-            f"both roles restart")
+    return (f"its processes ran on role {host}'s pods (colocateWith), which restart as {host}'s gang, "
+            f"with every role on them")
 
 
 def head_failed_message(head: HeadOutcome) -> str:
