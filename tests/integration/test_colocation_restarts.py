@@ -4,28 +4,11 @@ Kubernetes: the shared pods), which the host's new actor goes back into."""
 
 from __future__ import annotations
 
-from kuberl.colocation import SharedPlacement
-from kuberl.driver import Driver, Fault
-from kuberl.groups import RayWorkerGroup
-
-from .test_colocation import SHARED, colocated_spec, placement
+from .test_colocation import run_killing
 
 
 def test_killed_host_recovers_alone_and_its_guests_keep_their_processes(ray_session, tmp_path):
-    spec = colocated_spec(steps=3)
-    shared = SharedPlacement(spec)
-    driver = Driver(spec, "host-killed", tmp_path,
-                    lambda r: RayWorkerGroup(r, spec, "cpu", timeout_s=120, shared=shared),
-                    faults=[Fault("actor", 2)], progress=False)
-    driver.start()
-    try:
-        before = {r: [(i["pid"], i["actor_id"]) for i in g.identities()] for r, g in driver.groups.items()}
-        placed = {r: placement(driver, r) for r in SHARED}
-        records = driver.run()
-        after = {r: [(i["pid"], i["actor_id"]) for i in g.identities()] for r, g in driver.groups.items()}
-        placed_after = placement(driver, "actor")
-    finally:
-        driver.shutdown()
+    driver, records, before, after, placed, placed_after = run_killing("actor", tmp_path, steps=3)
     assert after["actor"] != before["actor"] and after["actor"][0][0] != before["actor"][0][0]
     for role in ("critic", "ref", "reward"):
         assert after[role] == before[role], f"{role} was disturbed by its host's failure"
