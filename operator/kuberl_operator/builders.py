@@ -14,9 +14,11 @@ from typing import Any
 
 import yaml
 
-from kuberl.spec import API_VERSION, KIND, RLTrainingJob, RoleSpec, enabled_roles, role_resource
+from kuberl.colocation import host_of, set_bundle, sharing
+from kuberl.spec import API_VERSION, KIND, JobSpec, RLTrainingJob, RoleSpec, enabled_roles
 from kuberl.spec.contract import LIVE_RESIZED, PROGRESS_KEY, REPLICAS_KEY, Env, ExitCode, ReplicasDocument
 from kuberl.spec.model import node_resource
+from kuberl.spec.quantity import format_quantity, parse_quantity
 
 from . import names
 from .scheduling import pod_scheduling
@@ -90,31 +92,58 @@ def uses_dra(job: RLTrainingJob, role: str) -> bool:
     return job.spec.placement.mode == "dra" and job.spec.roles.get(role).gpus > 0
 
 
-def quantities(role: RoleSpec, device_plugin: bool = True) -> dict[str, Any]:
+def hosts(spec: JobSpec) -> list[str]:
+    """The running roles with pods of their own, one worker group each: every one but those colocated with
+    another (``spec.roles.<role>.colocateWith``: their ranks run in their host's pods)."""
+    return [role for role in enabled_roles(spec) if host_of(spec, role) == role]
+
+
+def group_roles(spec: JobSpec, host: str) -> tuple[str, ...]:
+    """The roles whose processes run in ``host``'s pods: the host, then the roles colocated with it."""
+    return sharing(spec, host) or (host,)
+
+
+def pod_cpu_memory(spec: JobSpec, host: str) -> tuple[str, str]:
+    """(cpu, memory) of one pod of ``host``'s worker group: the host's resources as written, or with
+    colocated roles, the sum of every role's per-replica resources (each role's processes run there)."""
+    roles: list[RoleSpec] = [spec.roles.get(role) for role in group_roles(spec, host)]
+    if len(roles) == 1:
+        return roles[0].resources.cpu, roles[0].resources.memory
+    return (format_quantity(sum(parse_quantity(r.resources.cpu) for r in roles)),
+            format_quantity(sum(parse_quantity(r.resources.memory) for r in roles)))
+
+
+def quantities(spec: JobSpec, host: str, device_plugin: bool = True) -> dict[str, Any]:
     """Requests equal limits (Guaranteed QoS: a training pod is not the first one evicted). GPUs are
-    a device-plugin limit, or, under DRA, a claim on the pod's ResourceClaim instead."""
-    limits: dict[str, Any] = {"cpu": role.resources.cpu, "memory": role.resources.memory}
-    if role.gpus and device_plugin:
-        limits["nvidia.com/gpu"] = role.gpus
+    the host's, once per pod (colocated roles share them), as a device-plugin limit, or, under DRA, a
+    claim on the pod's ResourceClaim instead."""
+    cpu, memory = pod_cpu_memory(spec, host)
+    gpus = spec.roles.get(host).gpus
+    limits: dict[str, Any] = {"cpu": cpu, "memory": memory}
+    if gpus and device_plugin:
+        limits["nvidia.com/gpu"] = gpus
     out: dict[str, Any] = {"requests": dict(limits), "limits": limits}
-    if role.gpus and not device_plugin:
+    if gpus and not device_plugin:
         out["claims"] = [{"name": names.GPU_CLAIM}]
     return out
 
 
-def ray_resources_param(role: str, spec: RoleSpec) -> str:
+def ray_resources_param(spec: JobSpec, host: str) -> str:
     """rayStartParams.resources, per pod, one unit per GPU (or one on CPU) of
 
-    - the role's resource, so the runtime's actors for this role, each asking for one unit, land
-      only on this group's pods;
+    - the resource of each role the pod carries, the host's and its colocated roles': the custom
+      resources of the runtime's placement-group bundle for one rank of them all
+      (``kuberl.colocation.set_bundle``), so each role's actors, asking one unit of their own role's
+      resource, land only on this group's pods, and Ray still tells the roles apart;
     - the pod's topology domain, its Kubernetes node: ``kuberl_node_$(KUBERL_NODE_NAME)``. The node
       is unknown until the pod is scheduled; the kubelet expands ``$(VAR)`` in the container's args
       (where KubeRay writes the `ray start` line) from the env var the downward API fills in.
 
     Single-quoted: KubeRay pastes the value into a shell command line (and trims the quotes when
     it parses the JSON itself)."""
-    units = max(spec.gpus, 1)
-    resources = {role_resource(role): units, node_resource(f"$({names.NODE_NAME_ENV})"): units}
+    units = max(spec.roles.get(host).gpus, 1)
+    roles = {key: int(units * amount) for key, amount in set_bundle(spec, host).items() if key not in ("CPU", "GPU")}
+    resources = {**roles, node_resource(f"$({names.NODE_NAME_ENV})"): units}
     return "'" + json.dumps(resources, separators=(",", ":")) + "'"
 
 
@@ -173,8 +202,9 @@ def gpu_claim_template(job: RLTrainingJob, role: str, opts: BuildOptions) -> dic
 
 
 def gpu_claim_templates(job: RLTrainingJob, opts: BuildOptions) -> list[dict[str, Any]]:
-    """One ResourceClaimTemplate per enabled GPU role under spec.placement.mode dra; none otherwise."""
-    return [gpu_claim_template(job, role, opts) for role in enabled_roles(job.spec) if uses_dra(job, role)]
+    """One ResourceClaimTemplate per GPU worker group (a colocated role has none: it uses its host's pods'
+    GPUs) under spec.placement.mode dra; none otherwise."""
+    return [gpu_claim_template(job, role, opts) for role in hosts(job.spec) if uses_dra(job, role)]
 
 
 def group_size(job: RLTrainingJob, role: str) -> int:
@@ -183,7 +213,8 @@ def group_size(job: RLTrainingJob, role: str) -> int:
 
 
 def worker_group(job: RLTrainingJob, role: str, opts: BuildOptions) -> dict[str, Any]:
-    """One KubeRay worker group per role: groupName = role, a fixed size, its own Ray resource."""
+    """One KubeRay worker group per host role: groupName = role, a fixed size, the Ray resources of the
+    role and of the roles colocated with it, their CPU and memory, the host's GPUs."""
     spec: RoleSpec = job.spec.roles.get(role)
     name = job.metadata.name
     dra = uses_dra(job, role)
@@ -193,7 +224,7 @@ def worker_group(job: RLTrainingJob, role: str, opts: BuildOptions) -> dict[str,
         "name": "ray-worker",
         "image": image_of(job, opts),
         "imagePullPolicy": opts.pull_policy,
-        "resources": quantities(spec, device_plugin=not dra),
+        "resources": quantities(job.spec, role, device_plugin=not dra),
         "env": [*topology_env(), *ray_auth_env(name), *tmp_env],
         "securityContext": container_security(),
     }
@@ -217,7 +248,7 @@ def worker_group(job: RLTrainingJob, role: str, opts: BuildOptions) -> dict[str,
         "replicas": pods,
         "minReplicas": pods,
         "maxReplicas": pods,
-        "rayStartParams": {"resources": ray_resources_param(role, spec), "num-gpus": str(spec.gpus)},
+        "rayStartParams": {"resources": ray_resources_param(job.spec, role), "num-gpus": str(spec.gpus)},
         "template": {"metadata": {"labels": names.labels(name, "worker", role)}, "spec": pod_spec},
     }
 
@@ -252,7 +283,8 @@ def head_group(job: RLTrainingJob, opts: BuildOptions) -> dict[str, Any]:
 
 
 def ray_cluster(job: RLTrainingJob, opts: BuildOptions) -> dict[str, Any]:
-    """A ray.io/v1 RayCluster: the head plus one worker group per enabled role."""
+    """A ray.io/v1 RayCluster: the head plus one worker group per enabled role that is not colocated
+    with another (a colocated role's ranks run in its host's group)."""
     name = job.metadata.name
     return {
         "apiVersion": "ray.io/v1",
@@ -261,7 +293,7 @@ def ray_cluster(job: RLTrainingJob, opts: BuildOptions) -> dict[str, Any]:
                      "annotations": applied_annotation(job)},
         "spec": {
             "headGroupSpec": head_group(job, opts),
-            "workerGroupSpecs": [worker_group(job, role, opts) for role in enabled_roles(job.spec)],
+            "workerGroupSpecs": [worker_group(job, role, opts) for role in hosts(job.spec)],
         },
     }
 

@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from kuberl.colocation import host_of
 from kuberl.spec import RLTrainingJob, enabled_roles
 from kuberl.spec.contract import Reason, restart_budget_spent
 
@@ -72,10 +73,16 @@ class RoleOutcome:
 def role_outcome(role: str, job: RLTrainingJob, old: Mapping[str, Any], seen: Observed, accounting: bool,
                  now: str, cluster_restart: bool = False) -> RoleOutcome:
     """One role's status; with ``accounting`` on, new pod failures are counted and its gang doomed. On a
-    ``cluster_restart`` (the head failed) every pod of the role goes, and none of it counts as the role's failure."""
+    ``cluster_restart`` (the head failed) every pod of the role goes, and none of it counts as the role's failure.
+
+    A colocated role's pods are its host's (``colocateWith``): it is ready when they are, and their failure is
+    its failure too (its processes ran there), counted against its own budget with its own bookkeeping; they go
+    as the host's gang. A failure of its processes alone is the driver's to see and restart: it comes in the
+    progress report (restarts, lastFailure), and no pod is touched for it."""
     spec = job.spec.roles.get(role)
+    host = host_of(job.spec, role)
     prev = (old.get("roles") or {}).get(role) or {}
-    pods = [p for p in seen.pods if p.role == role and seen.cluster_uid is not None and p.owner == seen.cluster_uid]
+    pods = [p for p in seen.pods if p.role == host and seen.cluster_uid is not None and p.owner == seen.cluster_uid]
     pod_restarts = int(prev.get("podRestarts", 0))
     last_failure = prev.get("lastFailure")
     failures: tuple[str, ...] = ()
@@ -106,6 +113,7 @@ def role_outcome(role: str, job: RLTrainingJob, old: Mapping[str, Any], seen: Ob
     standby = int(job.spec.resilience.standby)
     status = {
         "desired": spec.replicas + standby,  # the role's pods, its standby's included
+        **({"colocatedWith": host} if host != role else {}),
         **({"standby": standby} if standby else {}),
         "ready": ready,
         "restarts": max(pod_restarts, seen.progress.restarts_of(role)),
@@ -182,6 +190,12 @@ def verdict(job: RLTrainingJob, roles: Mapping[str, RoleOutcome], seen: Observed
     return FAILED, report.reason or "DriverFailed", message
 
 
+def shared_action(host: str) -> str:
+    """What a colocated role's pod failure does: the pods are its host's, and go with the host's."""
+    return (f"its processes ran on role {host}'s pods (colocateWith), which restart as {host}'s gang, "
+            f"with every role on them")
+
+
 def head_failed_message(head: HeadOutcome) -> str:
     return (f"Ray head {'; '.join(head.failures)}: the whole Ray cluster restarts (every role's pods are "
             f"replaced; the driver resumes from its last checkpoint)")
@@ -236,7 +250,8 @@ def decide(job: RLTrainingJob, generation: int, old: Mapping[str, Any], seen: Ob
     action = ("its standby takes the failed pods' place, and a new standby pod is made" if job.spec.resilience.standby
               else "restarting the role's pods")
     events += [Event("Warning", "RoleRestart",
-                    f"role {r}: {'; '.join(o.failures)}; {action} "
+                    f"role {r}: {'; '.join(o.failures)}; "
+                    f"{shared_action(host) if (host := o.status.get('colocatedWith')) else action} "
                     f"(restart {o.status['restarts']} of at most {job.spec.roles.get(r).max_restarts})")
               for r, o in roles.items() if o.failures]
     events += [Event("Warning", ROLE_FAILED, f"role {r} (reported by the driver): {why}")
@@ -281,7 +296,9 @@ def decide(job: RLTrainingJob, generation: int, old: Mapping[str, Any], seen: Ob
                 "tokensPerSec": seen.progress.tokens_per_sec}
     status.update({k: v for k, v in progress.items() if v is not None})
     terminal = ended is not None
-    delete_pods = () if terminal else (*head.doomed, *(p for o in roles.values() for p in o.doomed))
+    # a colocated role dooms its host's pods with the host: each pod is deleted once
+    doomed = dict.fromkeys((*head.doomed, *(p for o in roles.values() for p in o.doomed)))
+    delete_pods = () if terminal else tuple(doomed)
     groups = {} if terminal or seen.cluster_uid is None else {
         r: rescale.group_pods(job, r, seen.progress, seen.applied_spec) for r in rescale.LIVE_ROLES if r in roles}
     leaving = {r: o.leaving for r, o in roles.items() if o.leaving}

@@ -63,6 +63,11 @@ def uids(pods: list[dict[str, Any]]) -> set[str]:
     return {p["metadata"]["uid"] for p in pods}
 
 
+def others_of(api: Api, job: str, role: str) -> set[str]:
+    """The UIDs of the job's Ray pods that are not ``role``'s."""
+    return uids([p for p in pods_of(api, job) if p["metadata"]["labels"].get("kuberl.io/role") != role])
+
+
 def running(pods: list[dict[str, Any]]) -> bool:
     return bool(pods) and all((p.get("status") or {}).get("phase") == "Running" for p in pods)
 

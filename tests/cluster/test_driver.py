@@ -3,8 +3,6 @@ token Secret every pod shares, and live progress from a real `kuberl run` on thi
 
 from __future__ import annotations
 
-import os
-import subprocess
 import time
 from pathlib import Path
 
@@ -14,7 +12,8 @@ from localkube.stack import Cluster
 
 from .faults import EXITS, exit_with
 from .jobs import condition, describe, manifest, pods_of, status
-from .operator_process import OperatorProcess, kuberl_command
+from .local_driver import driver_env, start_driver
+from .operator_process import OperatorProcess
 from .waits import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
@@ -151,41 +150,10 @@ def test_a_real_driver_reports_progress_that_the_status_mirrors(
         str(REPO / "examples" / "quickstart.yaml"),
     )
     ctx = lambda: describe(ns, name) + operator.tail(30)  # noqa: E731
-    wait_for(
-        lambda: ns.get("rbac.authorization.k8s.io/v1/rolebindings", f"{name}-driver"),
-        60,
-        "the driver's RoleBinding",
-        ctx,
-    )
-    sa = tmp_path / "serviceaccount"  # what the kubelet would mount in the driver's pod
-    sa.mkdir()
-    (sa / "token").write_text(admin.token(ns.namespace, f"{name}-driver", 3600))
-    (sa / "ca.crt").write_bytes((cluster.pki / "ca.crt").read_bytes())
-    env = {
-        **os.environ,
-        "KUBERL_PROGRESS_CONFIGMAP": f"{name}-progress",
-        "KUBERL_NAMESPACE": ns.namespace,
-        "KUBERL_API_URL": cluster.server,
-        "KUBERL_SA_DIR": str(sa),
-    }
+    env = driver_env(cluster, admin, ns.namespace, name, tmp_path / "serviceaccount", ctx)
     steps = 6
-    driver = subprocess.Popen(
-        [
-            *kuberl_command(),
-            "run",
-            str(REPO / "examples" / "quickstart.yaml"),
-            "--steps",
-            str(steps),
-            "--out",
-            str(tmp_path / "out"),
-            "--no-progress",
-            "--fault",
-            "critic:3",
-        ],
-        env=env,
-        stdout=(tmp_path / "driver.log").open("wb"),
-        stderr=subprocess.STDOUT,
-    )
+    driver = start_driver(env, REPO / "examples" / "quickstart.yaml", tmp_path / "out", tmp_path / "driver.log",
+                          "--steps", str(steps), "--fault", "critic:3")
     seen_status, seen_table = set(), set()
     try:
         deadline = time.monotonic() + 420

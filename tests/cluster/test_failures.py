@@ -12,7 +12,7 @@ from localkube.nodes import NodeSpec, gpu_node
 from localkube.stack import Cluster
 
 from .faults import HOWS, cordon, fail_pod
-from .jobs import ROLES, condition, describe, events, manifest, pods_of, running, status, uids
+from .jobs import ROLES, condition, describe, events, manifest, others_of, pods_of, running, status, uids
 from .operator_process import OperatorProcess
 from .waits import wait_for
 
@@ -25,10 +25,6 @@ REASONS = {
     "deleted": "deleted",
     "node-deleted": "node no longer exists",
 }
-
-
-def others_of(ns: Api, job: str, role: str) -> set[str]:
-    return uids([p for p in pods_of(ns, job) if p["metadata"]["labels"].get("kuberl.io/role") != role])
 
 
 def replaced(ns: Api, job: str, role: str, before: set[str], replicas: int) -> list[dict[str, Any]] | None:

@@ -35,20 +35,28 @@ def placement(driver: Driver, role: str) -> dict:
     return info["ray"]
 
 
-def test_killed_colocated_ref_recovers_alone_on_the_actors_gpu(ray_session, tmp_path):
-    spec = colocated_spec()
+def run_killing(role: str, tmp_path, steps: int = 4):
+    """The colocated job on Ray with `role`'s process killed at step 2: (driver, records, (pid, actor id) of each
+    role's ranks before and after, each sharing role's placement before, `role`'s placement after)."""
+    spec = colocated_spec(steps)
     shared = SharedPlacement(spec)
     driver = Driver(spec, "colocated", tmp_path, lambda r: RayWorkerGroup(r, spec, "cpu", timeout_s=120, shared=shared),
-                    faults=[Fault("ref", 2)], progress=False)
+                    faults=[Fault(role, 2)], progress=False)
     driver.start()
     try:
         before = {r: [(i["pid"], i["actor_id"]) for i in g.identities()] for r, g in driver.groups.items()}
         placed = {r: placement(driver, r) for r in SHARED}
         records = driver.run()
         after = {r: [(i["pid"], i["actor_id"]) for i in g.identities()] for r, g in driver.groups.items()}
-        placed_after = placement(driver, "ref")
+        placed_after = placement(driver, role)
     finally:
         driver.shutdown()
+    return driver, records, before, after, placed, placed_after
+
+
+def test_killed_colocated_ref_recovers_alone_on_the_actors_gpu(ray_session, tmp_path):
+    driver, records, before, after, placed, placed_after = run_killing("ref", tmp_path)
+    shared = driver.groups["ref"].shared
     # ranks of the three roles: one node, one placement group (the set's), the same GPU, 1/3 of it each
     assert len({p["node"] for p in placed.values()}) == 1
     assert len({p["placement_group"] for p in placed.values()}) == 1

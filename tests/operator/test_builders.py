@@ -40,7 +40,8 @@ def expand(text: str, env: dict[str, str]) -> str:
                   lambda m: "$" if m.group(0) == "$$" else env.get(m.group(1), m.group(0)), text)
 
 
-@pytest.mark.parametrize("example", ["ppo-gpu.yaml", "quickstart.yaml", "grpo.yaml", "ppo-gpu-dra.yaml"])
+@pytest.mark.parametrize("example", ["ppo-gpu.yaml", "quickstart.yaml", "grpo.yaml", "ppo-gpu-dra.yaml",
+                                     "ppo-gpu-colocated.yaml"])
 def test_every_object_passes_its_schema(example: str, validator) -> None:
     manifest = load_manifest(EXAMPLES / example)
     raw = yaml.safe_load((EXAMPLES / example).read_text())["spec"]

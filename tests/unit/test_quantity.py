@@ -16,7 +16,7 @@ import yaml
 
 from kuberl.spec import SpecInvalid, generate_crd, validate_manifest
 from kuberl.spec.model import Resources
-from kuberl.spec.quantity import INT64_MAX, QUANTITY_PATTERN, QuantityError, parse_quantity
+from kuberl.spec.quantity import INT64_MAX, QUANTITY_PATTERN, QuantityError, format_quantity, parse_quantity
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 TABLE = yaml.safe_load((DATA / "quantities.yaml").read_text())["quantities"]
@@ -42,6 +42,22 @@ def test_parse_quantity_follows_kubernetes(row: dict) -> None:
     else:
         with pytest.raises(QuantityError):
             parse_quantity(text)
+
+
+@pytest.mark.parametrize("row", [r for r in TEXT_ROWS if r["valid"] and Decimal(r["value"]).is_finite()
+                                 and Decimal(r["value"]) >= 0], ids=row_id)
+def test_format_quantity_writes_a_quantity_of_the_same_value(row: dict) -> None:
+    """What the operator writes for the summed resources of colocated roles parses back to the exact value."""
+    text = format_quantity(Decimal(row["value"]))
+    assert re.fullmatch(QUANTITY_PATTERN, text) and parse_quantity(text) == Decimal(row["value"]), text
+
+
+def test_format_quantity_picks_readable_units() -> None:
+    assert [format_quantity(parse_quantity(a) + parse_quantity(b)) for a, b in
+            [("4", "500m"), ("32Gi", "16Gi"), ("1Gi", "512Mi"), ("1", "1"), ("1G", "1Gi"), ("1n", "0")]] == [
+        "4500m", "48Gi", "1536Mi", "2", "2073741824", "1n"]
+    with pytest.raises(QuantityError):
+        format_quantity(Decimal(-1))
 
 
 @pytest.mark.parametrize("row", TEXT_ROWS, ids=row_id)

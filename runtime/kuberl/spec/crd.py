@@ -68,6 +68,9 @@ STATUS_SCHEMA: dict[str, Any] = {
                     "desired": {"type": "integer", "description": "The role's pods (replicas, and its standby)."},
                     "replicas": {"type": "integer", "description": "Replicas the driver's WorkerGroup runs now, as "
                                                                 "it reported (a live resize shows here once applied)."},
+                    "colocatedWith": {"type": "string",
+                                      "description": "spec.roles.<role>.colocateWith: the role whose pods run this "
+                                                     "role's ranks (desired and ready count those pods)."},
                     "standby": {"type": "integer", "description": "Standby pods (spec.resilience.standby)."},
                     "ready": {"type": "integer"},
                     "restarts": {"type": "integer", "description": "max(podRestarts, the driver's count)."},

@@ -75,6 +75,24 @@ def parse_quantity(text: str) -> Decimal:
     return -value if sign == "-" else value
 
 
+def format_quantity(value: Decimal) -> str:
+    """A value >= 0 as a quantity that parses back to exactly it: a whole number with the largest binary
+    suffix from Mi up that divides it (8589934592 -> ``8Gi``; CPU counts stay digits) or as digits, else in
+    millis (2.5 -> ``2500m``) or nanos (values are exact to 10^-9, as `parse_quantity` gives them)."""
+    if value < 0 or not value.is_finite():
+        raise QuantityError(f"{value} cannot be written as a quantity here (only finite values >= 0)")
+    if value == value.to_integral_value():
+        whole = int(value)
+        for suffix, exponent in sorted(_BINARY_EXPONENT.items(), key=lambda item: -item[1]):
+            if whole and exponent >= 20 and whole % 2**exponent == 0:
+                return f"{whole // 2**exponent}{suffix}"
+        return str(whole)
+    milli = value * 1000
+    if milli == milli.to_integral_value():
+        return f"{int(milli)}m"
+    return f"{int((value * 10**9).to_integral_value(rounding=ROUND_UP))}n"
+
+
 def quantity_text(value: object) -> str:
     """A manifest's quantity as text: a string as written, a YAML integer as its digits (``2`` -> ``"2"``).
     Anything else (a float such as ``0.5``, a boolean) raises, since Kubernetes' int-or-string refuses it."""
