@@ -34,12 +34,13 @@ class Warming:
 
     def __init__(self, group: WorkerGroup, follow: Follow | None = None, results: list[Any] | None = None):
         """`follow`: the call to send as soon as the group is ready (the newest `follow` so far);
-        `results`: where the answered follow calls' results go."""
+        `results`: where the answered follow calls go, as (how many this group answered before, result)."""
         self.group, self.error = group, None
         self.is_ready = self.cancelled = False
         self.following = follow
         self.calls: list[GroupCall] = []  # follow calls sent and not yet seen answered
         self.results = results if results is not None else []
+        self.answered = 0
         self._launching, self._sending = threading.Lock(), threading.Lock()
         self.thread = threading.Thread(target=self._ready, name=f"standby-{group.role}", daemon=True)
         self.thread.start()
@@ -70,7 +71,8 @@ class Warming:
         for call in [c for c in self.calls if self.group.done(c)]:
             self.calls.remove(call)
             try:
-                self.results.append(self.group.collect(call))
+                self.results.append((self.answered, self.group.collect(call)))
+                self.answered += 1
             except Exception as exc:  # the standby is behind; a take-over loads the state itself
                 print(f"[kuberl] role {self.group.role}: the standby's {call.name} failed ({exc})", flush=True)
         self.calls.append(self.group.submit(fn, args))
@@ -103,7 +105,8 @@ class StandbyGroup(WorkerGroup):
         self.role, self.world_size = self.active.role, self.active.world_size
         self.standby: Warming | None = None
         self.followed: Follow | None = None  # the newest call the standby was asked to follow
-        self.follow_results: list[Any] = []  # what the standbys' follow calls returned, as they answered
+        # the standbys' answered follow calls: (how many that standby had answered before, its result)
+        self.follow_results: list[tuple[int, Any]] = []
         self.takeovers = 0
 
     def launch(self) -> None:
