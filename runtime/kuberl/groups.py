@@ -148,6 +148,10 @@ class WorkerGroup(ABC):
         """Block until the role's warm standby is set up (no standby: returns at once)."""
         return None
 
+    def follow(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Send `fn(*args)` to the role's warm standby without waiting (`kuberl.standby`); no standby: nothing."""
+        return None
+
 
 class LocalWorkerGroup(WorkerGroup):
     """One in-process worker (world size 1), no Ray: the GPU benchmark path. Faults are not supported;

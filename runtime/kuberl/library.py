@@ -39,6 +39,7 @@ from .proxies import PROXIES, ActorProxy, CriticProxy, RefProxy, RewardProxy, Ro
 from .record import Recovery, RoleStep
 from .spec import JobSpec, enabled_roles
 from .spec.contract import Reason, restart_budget_spent
+from .workers import Worker
 
 STATEFUL = ("actor", "critic")  # roles whose state (weights, optimizer) is trained and checkpointed
 SAVE_PHASES = ("snapshot", "checkpoint")  # where injected faults hit only when aimed there (Fault.phase)
@@ -263,6 +264,7 @@ class Roles:
                 print(f"[{self.name}] warning: {role} lost its update of step {expected}: it died before that "
                       f"update's snapshot was written", flush=True)
             self.trained[role] = held
+            self._follow(role, held)
         pending, self.pending = self.pending, None
         if pending is None:
             return
@@ -296,6 +298,11 @@ class Roles:
     def _enable_snapshots(self, role: str) -> None:
         if role in STATEFUL and self.snapshot_root is not None and self._snapshots_on(role):
             RoleProxy(self.groups[role]).enable_snapshots(str(self.snapshot_root / role))
+
+    def _follow(self, role: str, step: int) -> None:
+        """Have the role's warm standby load its snapshot of committed step `step` now, in the background."""
+        if step > 0 and self.snapshot_root is not None and self._snapshots_on(role):
+            self.groups[role].follow(Worker.follow_snapshot, str(self.snapshot_root / role), step)
 
     def _root(self) -> Path:
         if self.checkpoint_root is None:
@@ -402,8 +409,8 @@ class Roles:
             seen = proxy.newest_snapshot(root)
             snap = min(seen) if None not in seen else None
             if snap is not None and snap >= self.last_checkpoint and snap > 0:
-                proxy.load_snapshot(snap)
-                return f"snapshot step {snap}", snap
+                loaded = proxy.load_snapshot(snap)
+                return f"snapshot step {snap}{'' if loaded else ', held by the standby'}", snap
         if self.last_checkpoint == 0:
             return "model path", 0
         path = str(checkpoint.step_dir(self._root(), self.last_checkpoint) / role)

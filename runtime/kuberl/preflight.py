@@ -112,13 +112,23 @@ def local_gpu_count() -> int:
 
 
 def unwritable(path: Path) -> str:
-    """'' when `path` is (or can be made) a folder this process can write in, else why not."""
+    """'' when `path` is a folder this process can write in, or can be created as one, else why not.
+    Leaves nothing behind, so a refused run has created no folder: a missing `path` is tested by making
+    and removing a folder in its nearest existing parent."""
+    import os
     import tempfile
 
+    path = path.absolute()
+    nearest = path
+    while not os.path.lexists(nearest):
+        nearest = nearest.parent
     try:
-        path.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=path):
-            pass
+        if nearest == path:
+            with tempfile.TemporaryFile(dir=path):
+                pass
+        else:
+            with tempfile.TemporaryDirectory(dir=nearest):
+                pass
     except OSError as exc:
         return exc.strerror or type(exc).__name__
     return ""

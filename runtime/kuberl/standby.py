@@ -2,14 +2,19 @@
 
 `StandbyGroup` holds the role's active ranks and a standby: a second group of the same size,
 launched once the active ranks are up and set up in a background thread, so its processes have
-imported torch and transformers, joined their own process group and built their models (ref and
-reward: the weights are loaded; actor and critic: built from the model path). When the role fails,
+imported torch and transformers, joined their own process group and built their models and
+optimizers (ref and reward: the weights are loaded; actor and critic: built from the model path).
+A trained role's standby then keeps up with it: after every completed step the supervisor sends it
+`follow` (`Worker.follow_snapshot`), and it loads the role's per-step snapshot of that step
+(`kuberl.saves`) into its own model and optimizer in the background. When the role fails,
 `restart()` kills the active ranks and promotes the standby at once; the supervisor then restores
-the trained state (actor, critic: the last checkpoint) exactly as after a cold restart, and a new
-standby starts in the background. A standby that failed to start is replaced by a cold start.
+the trained state exactly as after a cold restart, which finds the snapshot already loaded (the
+actor still copies it into its rollout engine), and a new standby starts in the background. A
+standby that failed to start is replaced by a cold start.
 
 The standby holds the role's resources twice (CPU, memory, GPUs, the `kuberl_role_<role>` resource):
-on Kubernetes the operator runs a standby pod per rank for it. Its own trained state is never used.
+on Kubernetes the operator runs a standby pod per rank for it. Its own trained state is never used:
+it only ever holds a snapshot the active ranks wrote.
 """
 
 from __future__ import annotations
@@ -20,21 +25,57 @@ from typing import Any
 
 from .groups import GroupCall, WorkerGroup
 
+Follow = tuple[Callable[..., Any], tuple[Any, ...]]  # a worker method and its arguments
+
 
 class Warming:
-    """A group being set up in a background thread; `wait()` returns it ready, or raises why not."""
+    """A group being launched and set up in a background thread; `wait()` returns it ready, or raises
+    why not. `follow(fn, args)` sends a call to its ranks once it is ready (at once if it is)."""
 
-    def __init__(self, group: WorkerGroup):
+    def __init__(self, group: WorkerGroup, follow: Follow | None = None, results: list[Any] | None = None):
+        """`follow`: the call to send as soon as the group is ready (the newest `follow` so far);
+        `results`: where the answered follow calls go, as (how many this group answered before, result)."""
         self.group, self.error = group, None
-        group.launch()  # reserves the placement group and creates the processes (non-blocking)
+        self.is_ready = self.cancelled = False
+        self.following = follow
+        self.calls: list[GroupCall] = []  # follow calls sent and not yet seen answered
+        self.results = results if results is not None else []
+        self.answered = 0
+        self._launching, self._sending = threading.Lock(), threading.Lock()
         self.thread = threading.Thread(target=self._ready, name=f"standby-{group.role}", daemon=True)
         self.thread.start()
 
     def _ready(self) -> None:
         try:
+            with self._launching:  # placement group and processes; `cancel` waits for them to exist
+                if self.cancelled:
+                    raise RuntimeError("the standby was shut down before it started")
+                self.group.launch()
             self.group.wait_ready()
         except Exception as exc:  # a WorkerFailure, or Ray's own error when the standby is killed meanwhile
             self.error = exc
+            return
+        with self._sending:
+            self.is_ready = True
+            if self.following is not None:
+                self._send(*self.following)
+
+    def follow(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+        with self._sending:
+            self.following = (fn, args)
+            if self.is_ready:
+                self._send(fn, args)
+
+    def _send(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+        """Submit without waiting; earlier calls that answered are collected (their errors logged)."""
+        for call in [c for c in self.calls if self.group.done(c)]:
+            self.calls.remove(call)
+            try:
+                self.results.append((self.answered, self.group.collect(call)))
+                self.answered += 1
+            except Exception as exc:  # the standby is behind; a take-over loads the state itself
+                print(f"[kuberl] role {self.group.role}: the standby's {call.name} failed ({exc})", flush=True)
+        self.calls.append(self.group.submit(fn, args))
 
     def wait(self) -> WorkerGroup:
         self.thread.join()
@@ -43,7 +84,14 @@ class Warming:
         return self.group
 
     def ready(self) -> bool:
-        return not self.thread.is_alive() and self.error is None
+        return self.is_ready and self.error is None
+
+    def cancel(self) -> None:
+        """Kill the standby's processes (those being created included) and stop setting it up."""
+        with self._launching:
+            self.cancelled = True
+            self.group.shutdown()
+        self.thread.join(timeout=10)
 
 
 class StandbyGroup(WorkerGroup):
@@ -56,6 +104,9 @@ class StandbyGroup(WorkerGroup):
         self.active = active or make()
         self.role, self.world_size = self.active.role, self.active.world_size
         self.standby: Warming | None = None
+        self.followed: Follow | None = None  # the newest call the standby was asked to follow
+        # the standbys' answered follow calls: (how many that standby had answered before, its result)
+        self.follow_results: list[tuple[int, Any]] = []
         self.takeovers = 0
 
     def launch(self) -> None:
@@ -65,7 +116,16 @@ class StandbyGroup(WorkerGroup):
         """The active ranks ready; then the standby starts in the background (not competing with them)."""
         self.active.wait_ready()
         self.generation += 1
-        self.standby = Warming(self.make())
+        self.standby = Warming(self.make(), self.followed, self.follow_results)
+
+    def follow(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Send `fn(*args)` (a worker method) to the standby's ranks without waiting: now if it is set up,
+        else once it is; a standby started later gets the newest such call too. A repeat is not sent."""
+        if self.followed == (fn, args):
+            return
+        self.followed = (fn, args)
+        if self.standby is not None:
+            self.standby.follow(fn, args)
 
     def restart(self) -> bool:
         """Kill the active ranks and promote the standby (waiting for it if it is still setting up);
@@ -79,13 +139,14 @@ class StandbyGroup(WorkerGroup):
             except Exception as exc:
                 print(f"[kuberl] role {self.role}: the standby did not start ({exc}); starting the role cold",
                       flush=True)
-                standby.group.shutdown()
+                standby.cancel()
         if not took_over:
             self.active = self.make()
             self.active.start()
         self.takeovers += took_over
         self.generation += 1
-        self.standby = Warming(self.make())
+        # launched in its own thread: the take-over waits for none of it
+        self.standby = Warming(self.make(), self.followed, self.follow_results)
         return took_over
 
     def standby_ready(self) -> bool | None:
@@ -114,6 +175,5 @@ class StandbyGroup(WorkerGroup):
         """Kill the active ranks and the standby."""
         self.active.shutdown()
         if self.standby is not None:
-            self.standby.group.shutdown()
-            self.standby.thread.join(timeout=10)
+            self.standby.cancel()
             self.standby = None

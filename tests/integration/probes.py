@@ -4,9 +4,12 @@ Ray workers import this module by name (they run in the repository root, like py
 
 from __future__ import annotations
 
+import hashlib
+
 import torch
 
 from kuberl.dispatch import Dispatch, register
+from kuberl.saves import shard_tensors
 from kuberl.workers import ActorWorker, CriticWorker, RewardWorker, Worker
 
 
@@ -22,6 +25,15 @@ class Probes:
     def weights_digest(self: Worker) -> float:
         """A cheap fingerprint of the trainable weights (sum of |w| in float64), equal across world sizes."""
         return float(sum(v.double().abs().sum() for v in self.trainer.full_state_dict().values()))
+
+    @register(Dispatch.ALL)
+    def state_digest(self: Worker) -> str:
+        """sha256 of this rank's trainable state, byte for byte: each parameter shard and its optimizer
+        state (`kuberl.saves.shard_tensors`), so two digests are equal only when the states are bit-identical."""
+        h = hashlib.sha256()
+        for t in shard_tensors(self.trainer.model, self.trainer.optimizer.optimizer):
+            h.update(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+        return h.hexdigest()
 
     @register(Dispatch.ONE)
     def rollout_weights_match(self: ActorWorker) -> bool:

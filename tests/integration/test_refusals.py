@@ -1,5 +1,5 @@
 """`kuberl run` refuses what cannot work before any worker starts: one error line naming the field or
-flag, exit 1, no traceback, no Ray, no checkpoint written."""
+flag, exit 1, no traceback, no Ray, nothing created (not even the --out folder)."""
 
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ def test_refused_before_workers_start(netns, tmp_path, name, flags, first):
     held = busy_port()
     (tmp_path / "file").write_text("")
     flags = [f.replace("BUSY", str(held.getsockname()[1])).replace("FILE", str(tmp_path / "file")) for f in flags]
-    out = ["--out", str(tmp_path / "run")] if "--out" not in flags else []
+    out = ["--out", str(tmp_path / "new" / "run")] if "--out" not in flags else []
     env_gpu = {"CUDA_VISIBLE_DEVICES": ""}  # a host with no GPU, whatever this one has
     proc = subprocess.run([sys.executable, "-m", "kuberl.cli", "run", "examples/quickstart.yaml", "--steps", "1",
                            "--no-progress", *out, *flags], cwd=REPO, capture_output=True, text=True, timeout=300,
@@ -45,4 +45,4 @@ def test_refused_before_workers_start(netns, tmp_path, name, flags, first):
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1 and errors[0].startswith(f"error: {first}") and "(fix: " in errors[0], proc.stderr
     assert "Traceback" not in proc.stderr and "step 1/1" not in proc.stdout
-    assert not (tmp_path / "run" / "checkpoints" / "job.json").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]  # nothing half-created: no --out, no parent of it

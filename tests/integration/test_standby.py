@@ -13,7 +13,7 @@ from kuberl.metrics import read_jsonl
 from kuberl.standby import StandbyGroup
 
 from .conftest import load_example
-from .probes import CollectiveErrorReward
+from .probes import PROBED, CollectiveErrorReward, Probes
 
 
 def spec_for(**overrides):
@@ -53,10 +53,47 @@ def test_standby_takes_over_and_a_new_one_starts(ray_session, tmp_path, role):
     assert not set(next_standby) & (set(after) | set(seen["active"]))  # and a fresh standby stands behind them
     assert standby_ready is True and group.takeovers == 1
     # the critic (CPU) comes back from its per-step snapshot of the last completed step: nothing lost
-    assert rec.restored_from == ("snapshot step 2" if role == "critic" else "model path")
+    assert rec.restored_from == ("snapshot step 2, held by the standby" if role == "critic" else "model path")
     assert [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == list(range(1, 6))
     assert records[-1].roles[role].last_failure.startswith("WorkerDied at step 3")
     print(f"standby {role}: detect={rec.detect_s:.3f}s ready={rec.ready_s:.3f}s replay={rec.replay_s:.3f}s")
+
+
+def test_a_trained_role_s_standby_takes_over_with_its_last_completed_step_bit_identical(ray_session, tmp_path):
+    """Actor killed in step 3, critic in step 4: each one's standby has already loaded the snapshot of
+    the last completed step as it was committed, so the take-over copies nothing, and the role's state
+    (every parameter shard and its optimizer state) is byte for byte what it was at the end of that step."""
+    spec = spec_for()
+    at_end: dict[tuple[str, int], list[str]] = {}
+    after: dict[str, dict] = {}
+
+    def on_step(rec):
+        for role in ("actor", "critic"):
+            at_end[role, rec.step] = driver.groups[role].call(Probes.state_digest)
+
+    def on_restart(rec):
+        group = driver.groups[rec.role]
+        after[rec.role] = {"digest": group.call(Probes.state_digest),
+                           "rollout_match": group.call(Probes.rollout_weights_match) if rec.role == "actor" else None}
+
+    driver = Driver(spec, "standby-state", tmp_path,
+                    lambda r: RayWorkerGroup(r, spec, timeout_s=120, worker_cls=PROBED.get(r)),
+                    faults=[Fault("actor", 3), Fault("critic", 4)], progress=False, on_step=on_step)
+    driver.roles.on_restart.append(on_restart)
+    driver.start()
+    try:
+        driver.roles.wait_standbys()
+        driver.run()
+    finally:
+        driver.shutdown()
+    for role, step in (("actor", 3), ("critic", 4)):
+        (rec,) = driver.history[role].recoveries
+        assert rec.standby is True and rec.step == step and rec.steps_lost == 0
+        assert rec.restored_from == f"snapshot step {step - 1}, held by the standby"
+        assert after[role]["digest"] == at_end[role, step - 1]
+    assert after["actor"]["rollout_match"] is True  # the engine got the restored weights
+    assert [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == list(range(1, 6))
+    assert driver.groups["critic"].follow_results  # its standbys answered the follows (seconds per rank)
 
 
 def test_hang_is_diagnosed_before_the_worker_is_killed(ray_session, tmp_path, capfd):

@@ -8,6 +8,7 @@ and demos.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -160,11 +161,26 @@ class Worker:
             self.restored()
 
     @register(Dispatch.ONE, faults=False)
-    def load_snapshot(self, step: int) -> None:
-        """Load each rank's own snapshot of trained step `step` (after `enable_snapshots`)."""
+    def load_snapshot(self, step: int) -> bool:
+        """Load each rank's own snapshot of trained step `step` (after `enable_snapshots`). Returns False
+        when rank 0 held that state already (a warm standby that followed the snapshots) and copied nothing."""
+        if self.trainer is None:
+            return False
+        loaded = self.trainer.load_snapshot(step)
+        self.restored()
+        return loaded
+
+    @register(Dispatch.ALL, faults=False)
+    def follow_snapshot(self, root: str, step: int) -> float:
+        """A warm standby keeping up with its role: load this rank's snapshot of trained step `step` under
+        `root` now (no collective), so that a take-over finds it loaded. A step older than the state held,
+        or one already pruned, is skipped. Returns the seconds it took."""
+        t0 = time.perf_counter()
         if self.trainer is not None:
-            self.trainer.load_snapshot(step)
-            self.restored()
+            self.trainer.saver.snapshot_root = root
+            with contextlib.suppress(FileNotFoundError):
+                self.trainer.load_snapshot(step, newer_only=True)
+        return time.perf_counter() - t0
 
     def restored(self) -> None:
         """Called after the trainable state was loaded (the actor refreshes its rollout engine)."""

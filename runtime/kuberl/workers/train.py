@@ -4,6 +4,7 @@ losses, clip, step. The optimiser kernels are in `kuberl.kernels.optim`, checkpo
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 
 import torch
@@ -47,6 +48,7 @@ class FSDPTrainer:
         self.base_lr, self.warmup_steps, self.grad_clip = lr, warmup_steps, grad_clip
         self.trained_step = 0  # updates applied: the step whose state the model holds (0: the model path's)
         self.saver = AsyncSaver()
+        self._loading = threading.Lock()
 
     def train_minibatch(self, mb: Batch, micro_size: int, loss_fn: LossFn) -> dict[str, float]:
         """One optimizer step over a mini-batch on this rank.
@@ -112,10 +114,16 @@ class FSDPTrainer:
         self.saver.save(self.model, self.optimizer.optimizer, path, trainable_only=self.lora is not None)
         return self.trained_step
 
-    def load_snapshot(self, step: int) -> None:
-        """Load this rank's per-step snapshot of trained step `step` (kuberl.saves) in place."""
-        self.saver.load_snapshot(self.model, self.optimizer.optimizer, step, self._init_optimizer_state)
-        self.trained_step = step
+    def load_snapshot(self, step: int, newer_only: bool = False) -> bool:
+        """Load this rank's per-step snapshot of trained step `step` (kuberl.saves) in place, unless the
+        state held is that step's already (a standby that followed it) or, with `newer_only`, a later
+        one's. Returns whether it loaded. One load at a time (a standby's follow may run beside it)."""
+        with self._loading:
+            if step == self.trained_step or (newer_only and step < self.trained_step):
+                return False
+            self.saver.load_snapshot(self.model, self.optimizer.optimizer, step, self._init_optimizer_state)
+            self.trained_step = step
+            return True
 
     def _init_optimizer_state(self) -> None:
         """Create the optimizer's state (a step on zero gradients); what it changes is overwritten next."""
@@ -128,6 +136,7 @@ class FSDPTrainer:
     def load(self, path: str, step: int) -> None:
         """Load the state of trained step `step` from `path` (a checkpoint)."""
         self.saver.wait()
-        self.optimizer.prepare_load()
-        checkpoint.load_trainable(self.model, self.optimizer.optimizer, path, trainable_only=self.lora is not None)
-        self.trained_step = step
+        with self._loading:
+            self.optimizer.prepare_load()
+            checkpoint.load_trainable(self.model, self.optimizer.optimizer, path, trainable_only=self.lora is not None)
+            self.trained_step = step
