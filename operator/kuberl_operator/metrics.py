@@ -64,7 +64,7 @@ def valid_link(level: Any) -> bool:
 
 def restart_budgets(spec: JobSpec) -> dict[str, int]:
     """role -> spec.roles.<role>.maxRestarts, for the roles the job runs."""
-    return {role: getattr(spec.roles, role).max_restarts for role in enabled_roles(spec)}
+    return {role: spec.roles.get(role).max_restarts for role in enabled_roles(spec)}
 
 
 def _family(name: str) -> GaugeMetricFamily | CounterMetricFamily:

@@ -21,9 +21,12 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .groups import GroupCall, WorkerGroup
+
+if TYPE_CHECKING:
+    from .spec import JobSpec
 
 Follow = tuple[Callable[..., Any], tuple[Any, ...]]  # a worker method and its arguments
 
@@ -101,6 +104,7 @@ class StandbyGroup(WorkerGroup):
         """`make` builds one group of the role's ranks (a `RayWorkerGroup`), for every standby and for
         the active ranks unless `active` (not yet launched) is given."""
         self.make = make
+        self.resized: JobSpec | None = None  # the role's spec after a resize (`make` builds at the first size)
         self.active = active or make()
         self.role, self.world_size = self.active.role, self.active.world_size
         self.standby: Warming | None = None
@@ -109,6 +113,19 @@ class StandbyGroup(WorkerGroup):
         self.follow_results: list[tuple[int, Any]] = []
         self.takeovers = 0
 
+    def _make(self) -> WorkerGroup:
+        group = self.make()
+        if self.resized is not None:
+            group.resize(self.resized)
+        return group
+
+    def resize(self, spec: JobSpec) -> None:
+        """Take ``spec`` (the role's replicas changed) for the next start: the active ranks and every standby
+        made from now on (the caller shuts the group down first, which ends the standby at the old size)."""
+        self.resized = spec
+        self.active.resize(spec)
+        self.world_size = self.active.world_size
+
     def launch(self) -> None:
         self.active.launch()
 
@@ -116,7 +133,7 @@ class StandbyGroup(WorkerGroup):
         """The active ranks ready; then the standby starts in the background (not competing with them)."""
         self.active.wait_ready()
         self.generation += 1
-        self.standby = Warming(self.make(), self.followed, self.follow_results)
+        self.standby = Warming(self._make(), self.followed, self.follow_results)
 
     def follow(self, fn: Callable[..., Any], *args: Any) -> None:
         """Send `fn(*args)` (a worker method) to the standby's ranks without waiting: now if it is set up,
@@ -141,12 +158,12 @@ class StandbyGroup(WorkerGroup):
                       flush=True)
                 standby.cancel()
         if not took_over:
-            self.active = self.make()
+            self.active = self._make()
             self.active.start()
         self.takeovers += took_over
         self.generation += 1
         # launched in its own thread: the take-over waits for none of it
-        self.standby = Warming(self.make(), self.followed, self.follow_results)
+        self.standby = Warming(self._make(), self.followed, self.follow_results)
         return took_over
 
     def standby_ready(self) -> bool | None:

@@ -114,18 +114,24 @@ class ProbingDriver(Driver):
             self.checkpoint_at_resize = checkpoint.latest(self.ckpt_root)
 
 
-def test_the_critic_restarts_alone_at_a_new_world_size_from_its_last_step(ray_session, tmp_path: Path,
-                                                                          capsys) -> None:
+@pytest.mark.parametrize("standby", [False, True])
+def test_the_critic_restarts_alone_at_a_new_world_size_from_its_last_step(ray_session, tmp_path: Path, capsys,
+                                                                          standby: bool) -> None:
     """`kuberl scale JOB critic 2` after step 3 (no periodic checkpoint there): the step is checkpointed, only
-    the critic restarts, at 2 ranks, holding exactly step 3's weights, and training goes on with no step lost."""
-    spec = spec_for(**{"trainer.steps": 5, "trainer.checkpoint.interval": 2, "trainer.microBatchSize": 8})
+    the critic restarts, at 2 ranks, holding exactly step 3's weights, and training goes on with no step lost.
+    With warm standbys, the critic's standby is remade at the new size too."""
+    spec = spec_for(**{"trainer.steps": 5, "trainer.checkpoint.interval": 2, "trainer.microBatchSize": 8,
+                       "resilience.standby": standby})
     digests: dict[int, float] = {}
     sizes: dict[int, int] = {}
     seen: dict[int, dict] = {}
+    standby_sizes: dict[int, int] = {}
 
     def on_step(rec) -> None:
         digests[rec.step] = driver.groups["critic"].call(Probes.weights_digest)
         sizes[rec.step] = driver.groups["critic"].world_size
+        if standby:
+            standby_sizes[rec.step] = driver.groups["critic"].standby.group.world_size
         seen[rec.step] = identities(driver)
         if rec.step == 3:
             write_request(tmp_path, "critic", 2)
@@ -145,3 +151,5 @@ def test_the_critic_restarts_alone_at_a_new_world_size_from_its_last_step(ray_se
     assert driver.checkpoint_at_resize == 3  # committed before the critic went (no periodic one at step 3)
     assert all(r.flat()["restarts_critic"] == 0 for r in records)  # a resize is no failure
     assert "[rescale] scaled critic from 1 to 2 ranks after step 3; other roles untouched" in capsys.readouterr().out
+    if standby:  # the standby behind the critic's ranks, at each step's end
+        assert [standby_sizes[s] for s in range(1, 6)] == [1, 1, 1, 2, 2]
