@@ -54,6 +54,8 @@ def test_extra_role_colocated_with_the_actor() -> None:
     ({"actor": {"gpus": 1}, "ref": {"gpus": 1, "gpuProduct": "NVIDIA-H200", "colocateWith": "actor"}}, {},
      "roles.ref.gpuProduct", "runs on actor's GPUs"),
     ({"ref": {"colocateWith": "actor"}}, {"resilience": {"standby": True}}, "resilience.standby", "(ref)"),
+    ({"ref": {"colocateWith": "actor", "tolerations": [{"key": "k", "operator": "Exists"}]}}, {},
+     "roles.ref.tolerations", "runs in actor's pods"),
 ])
 def test_colocation_errors_name_the_field(roles: dict, spec: dict, field: str, words: str) -> None:
     (err,) = errors_of(roles, **spec)

@@ -740,6 +740,10 @@ def colocation_problems(spec: JobSpec) -> list[tuple[str, str, str]]:
                 out.append((f"{at}.gpuProduct", f"is {rs.gpu_product}, but {role} runs on {host}'s GPUs "
                                                 f"({hs.gpu_product or 'any model'})",
                             f"remove spec.{at}.gpuProduct (spec.{hat}.gpuProduct chooses the GPUs)"))
+            elif own := [f for f in rs.constrained() if f != "gpuProduct"]:
+                out.append((f"{at}.{own[0]}", f"is set, but {role} runs in {host}'s pods, which {host}'s scheduling "
+                                              f"fields place", f"move {', '.join(own)} to spec.{hat}, or remove "
+                                                               f"spec.{field}"))
     guests = [r for r in running if roles.get(r).colocate_with is not None]
     shared = [r for r in guests if "actor" in (r, roles.get(r).colocate_with)]
     if shared and spec.rollout.asynchronous:
