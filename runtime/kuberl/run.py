@@ -23,6 +23,10 @@ class UsageError(ValueError):
     """A command-line or preflight problem; printed as `error: <message>`."""
 
 
+class LocalRayFailed(RuntimeError):
+    """`kuberl run`'s own Ray did not start (not the job's fault: worth a retry)."""
+
+
 def parse_fault(text: str) -> tuple[str, int, str]:
     """'critic:3' or 'critic:3:hang' -> (role, step, mode)."""
     parts = text.split(":")
@@ -72,14 +76,19 @@ def start_local_ray(spec: JobSpec) -> None:
     sets = 2 if spec.resilience.standby else 1  # a warm standby holds a second set of each role's ranks
     need_cpu = sets * sum(spec.roles.get(r).resources.cpu_cores() * spec.roles.get(r).replicas for r in roles)
     resources = {role_resource(r): float(sets * world_size(spec, r)) for r in roles}
-    ray.init(
-        _node_ip_address="127.0.0.1",
-        num_cpus=max(int(need_cpu + 0.999), os.cpu_count() or 1),
-        resources=resources,
-        include_dashboard=False,
-        log_to_driver=True,
-        configure_logging=False,
-    )
+    try:
+        ray.init(
+            _node_ip_address="127.0.0.1",
+            num_cpus=max(int(need_cpu + 0.999), os.cpu_count() or 1),
+            resources=resources,
+            include_dashboard=False,
+            log_to_driver=True,
+            configure_logging=False,
+        )
+    except Exception as exc:  # e.g. "The current node timed out during startup" on an overloaded host
+        ray.shutdown()  # what did start goes with it
+        raise LocalRayFailed(f"a local Ray could not start: {str(exc).strip().splitlines()[0]} (fix: retry when the "
+                             f"machine is less busy, or pass --backend local)") from None
 
 
 def build_driver(job: RLTrainingJob, out: Path, backend: str, device: str, faults: list[str], progress: bool):
@@ -195,7 +204,7 @@ def run_command(args: argparse.Namespace) -> int:
     except (RoleError, RewardFunctionError) as exc:
         print(f"error: job failed: {exc}", file=sys.stderr)
         return ExitCode.GAVE_UP
-    except WorkerFailure as exc:  # a role could not start (no capacity in time): worth a retry
+    except (WorkerFailure, LocalRayFailed) as exc:  # a role or Ray could not start (no capacity in time): retry
         print(f"error: job could not start: {exc}", file=sys.stderr)
         return ExitCode.NO_CAPACITY
     this_run = f"steps {records[0].step}-{records[-1].step} in this run" if records else "no steps in this run"

@@ -104,3 +104,21 @@ def test_the_run_commands_checks_import_no_torch() -> None:
             "print(sorted(m for m in ('torch', 'ray') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_a_local_ray_that_does_not_start_is_one_line(monkeypatch) -> None:
+    """Ray's own start-up timeout (seen on an overloaded CI host) becomes kuberl's one-line error (exit 4)."""
+    import pytest
+    import ray
+
+    from kuberl.run import LocalRayFailed, start_local_ray
+
+    def timed_out(**_):
+        raise Exception("The current node timed out during startup. This could happen because ...\nmore")
+
+    monkeypatch.setattr(ray, "init", timed_out)
+    with pytest.raises(LocalRayFailed) as failed:
+        start_local_ray(spec())
+    text = str(failed.value)
+    assert "\n" not in text and text.startswith("a local Ray could not start: The current node timed out")
+    assert "fix:" in text
