@@ -109,9 +109,11 @@ def test_the_run_commands_checks_import_no_torch() -> None:
 def test_a_local_ray_that_does_not_start_is_one_line(monkeypatch) -> None:
     """Ray's own start-up timeout (seen on an overloaded CI host) becomes kuberl's one-line error (exit 4)."""
     import pytest
-    import ray
 
-    from kuberl.run import LocalRayFailed, start_local_ray
+    from kuberl.run import LocalRayFailed, quiet_local_ray, start_local_ray
+
+    quiet_local_ray()  # before ray is imported (its auth mode is read then), as the Ray tests' session does
+    import ray
 
     def timed_out(**_):
         raise Exception("The current node timed out during startup. This could happen because ...\nmore")
