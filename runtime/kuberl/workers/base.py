@@ -12,6 +12,7 @@ import contextlib
 import os
 import signal
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -104,11 +105,8 @@ class Worker:
 
     def node_gpus(self) -> tuple[str, list[int]]:
         """(Ray node id, GPU indices Ray reserved for this actor); ([], '') outside Ray or on CPU."""
-        try:
-            import ray
-        except ImportError:
-            return "", []
-        if not ray.is_initialized() or self.device.type != "cuda":
+        ray = _ray()
+        if ray is None or not ray.is_initialized() or self.device.type != "cuda":
             return "", []
         return ray.get_runtime_context().get_node_id(), [int(g) for g in ray.get_gpu_ids()]
 
@@ -230,22 +228,23 @@ class Worker:
                 resident.sleep()
 
 
+def _ray() -> Any:
+    """The ray module when this process already uses Ray (a Ray actor or driver), else None. Never imports
+    it: importing reads Ray's settings (auth mode, ...) from the environment, which a process that later
+    starts a local Ray sets first (`kuberl.run.quiet_local_ray`)."""
+    return sys.modules.get("ray")
+
+
 def _ray_node_ip() -> str | None:
-    try:
-        import ray
-    except ImportError:
-        return None
-    return ray.util.get_node_ip_address() if ray.is_initialized() else None
+    ray = _ray()
+    return ray.util.get_node_ip_address() if ray is not None and ray.is_initialized() else None
 
 
 def _ray_placement() -> dict[str, Any] | None:
     """This actor's Ray node id, placement group id, assigned resources ({"GPU": 0.5, ...}) and GPU ids; None
     when this worker is not a Ray actor (in-process, even in a process that runs a Ray driver)."""
-    try:
-        import ray
-    except ImportError:
-        return None
-    if not ray.is_initialized() or ray.get_runtime_context().get_actor_id() is None:
+    ray = _ray()
+    if ray is None or not ray.is_initialized() or ray.get_runtime_context().get_actor_id() is None:
         return None
     ctx = ray.get_runtime_context()
     return {"node": ctx.get_node_id(), "placement_group": ctx.get_placement_group_id(),
