@@ -48,7 +48,7 @@ def test_kuberl_run_gives_an_extra_role_its_own_group_placement_group_and_status
         driver.shutdown()
     assert records[-1].flat()["restarts_rules"] == 0 and "memory_rules_rss_peak_bytes" in records[-1].flat()
     doc = json.loads(progress_of(records[-1], 2).to_json())
-    assert doc["roles"]["rules"] == {"restarts": 0}
+    assert doc["roles"]["rules"]["restarts"] == 0 and doc["roles"]["rules"]["replicas"] == 1  # its size, as it runs
 
 
 def test_two_calls_in_flight_to_a_failed_role_cost_one_restart(ray_session, tmp_path):
