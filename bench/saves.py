@@ -8,9 +8,10 @@
 Full PPO steps through the runtime's Driver, in-process (LocalWorkerGroup, no Ray), one fresh driver
 per variant, in one process:
     off               no snapshots, no checkpoints: the baseline step
-    snapshots         a per-step snapshot of actor and critic (kuberl.saves: each rank's shards copied to host
-                      memory, written to local disk in the background); its staging and write are also
-                      timed apart from the step (whole-step medians are noisy on a busy machine)
+    snapshots         a per-step snapshot of actor and critic (kuberl.snapshots: each rank's shards copied in a
+                      background thread into a memory-mapped slot file, in host memory for GPU roles, which the
+                      step's commit waits for); its staging and copy are also timed apart from the step
+                      (whole-step medians are noisy on a busy machine)
     checkpoint_sync   a checkpoint every step, each waited for before the step ends (DCP writes blocking)
     checkpoint_async  a checkpoint every step, its writes overlapping the next step (the runtime's way)
 Per variant (after a 2-step warm-up run): the median step time over the steps between the first and the
@@ -54,11 +55,10 @@ def run_variant(name: str, args, data: Path, out: Path) -> dict:
     every = name.startswith("checkpoint")
     trainer = spec.trainer.model_copy(update={"checkpoint": spec.trainer.checkpoint.model_copy(
         update={"interval": 1 if every else 10_000, "keep": 1})})
-    spec = spec.model_copy(update={"trainer": trainer})
+    resilience = spec.resilience.model_copy(update={"snapshots": "on" if name == "snapshots" else "off"})
+    spec = spec.model_copy(update={"trainer": trainer, "resilience": resilience})
     cls = SyncCheckpoints if name == "checkpoint_sync" else Driver
     driver = cls(spec, f"saves-{name}", out, lambda role: LocalWorkerGroup(role, spec, args.device), progress=False)
-    if name != "snapshots":
-        driver.roles.snapshot_root = None
     driver.start()
     try:
         t0 = time.perf_counter()
@@ -76,7 +76,7 @@ def run_variant(name: str, args, data: Path, out: Path) -> dict:
 
 def snapshot_costs(driver: Driver, reps: int = 10) -> dict[str, float]:
     """The snapshot itself, per step, timed apart from the step (whole-step medians are noisy on a busy
-    machine): staging (on the training path) and the background write, summed over actor and critic."""
+    machine): staging (on the training path) and the background copy, summed over actor and critic."""
     stage, write = [], []
     for _ in range(reps):
         s = w = 0.0
@@ -135,8 +135,8 @@ def main() -> None:
         if "snapshot_stage_s_median" in r and base:
             st, wr = r["snapshot_stage_s_median"], r["snapshot_write_s_median"]
             print(f"\nsnapshot per step (actor + critic): staging {1000 * st:.1f} ms on the training path, "
-                  f"background write {1000 * wr:.1f} ms; {100 * st / base:.2f}% of the `off` step on the path, "
-                  f"{100 * (st + wr) / base:.2f}% even if the write were not overlapped")
+                  f"background copy {1000 * wr:.1f} ms; {100 * st / base:.2f}% of the `off` step on the path, "
+                  f"{100 * (st + wr) / base:.2f}% if the copy overlapped nothing (the step's commit waits for it)")
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ GRPO program written on it, and `examples/remax.py` another one.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import shutil
 import time
 from collections.abc import Callable, Iterator
@@ -40,6 +41,8 @@ from .record import Recovery, RoleStep
 from .spec import JobSpec, enabled_roles
 from .spec.contract import Reason, restart_budget_spent
 from .workers import Worker
+
+HOST_MEMORY = Path("/dev/shm")  # where roles with GPUs keep their per-step snapshots (gigabytes each step)
 
 STATEFUL = ("actor", "critic")  # roles whose state (weights, optimizer) is trained and checkpointed
 SAVE_PHASES = ("snapshot", "checkpoint")  # where injected faults hit only when aimed there (Fault.phase)
@@ -119,8 +122,7 @@ class Roles:
         for role in self.roles:
             self.groups[role] = self._new_group(role)
             self.groups[role].launch()
-        if self.snapshot_root is not None:  # a previous run's snapshots are past the checkpoint it resumes from
-            shutil.rmtree(self.snapshot_root, ignore_errors=True)
+        self._drop_snapshots()  # a previous run's snapshots are past the checkpoint it resumes from
         for role in self.roles:
             self.groups[role].wait_ready()
             self.proxies[role] = PROXIES.get(role, RoleProxy)(self.groups[role], self)
@@ -145,6 +147,7 @@ class Roles:
     def shutdown(self) -> None:
         for group in self.groups.values():
             group.shutdown()
+        self._drop_snapshots(host_memory_only=True)
 
     def __enter__(self) -> Roles:
         self.start()
@@ -295,14 +298,34 @@ class Roles:
         mode = self.spec.resilience.snapshots
         return mode == "on" or (mode == "auto" and not self.spec.roles.get(role).gpus)
 
+    def _snapshot_dir(self, role: str) -> Path:
+        """Where `role`'s ranks keep their snapshots: host memory for a role with GPUs (a disk does not take
+        gigabytes every step), else beside the checkpoints (on Kubernetes their volume, which a standby pod
+        can read too)."""
+        if self.spec.roles.get(role).gpus and HOST_MEMORY.is_dir():
+            return self._host_snapshots() / role
+        return self.snapshot_root / role
+
+    def _host_snapshots(self) -> Path:
+        """This job's snapshot folder in host memory, keyed by its checkpoint root: two jobs never share one."""
+        key = hashlib.sha256(str(self.snapshot_root.resolve()).encode()).hexdigest()[:16]
+        return HOST_MEMORY / f"kuberl-snapshots-{key}"
+
+    def _drop_snapshots(self, host_memory_only: bool = False) -> None:
+        """Remove the stateful roles' snapshots (those in host memory are never left behind by a run that ends)."""
+        if self.snapshot_root is not None:
+            shutil.rmtree(self._host_snapshots(), ignore_errors=True)
+            if not host_memory_only:
+                shutil.rmtree(self.snapshot_root, ignore_errors=True)
+
     def _enable_snapshots(self, role: str) -> None:
         if role in STATEFUL and self.snapshot_root is not None and self._snapshots_on(role):
-            RoleProxy(self.groups[role]).enable_snapshots(str(self.snapshot_root / role))
+            RoleProxy(self.groups[role]).enable_snapshots(str(self._snapshot_dir(role)))
 
     def _follow(self, role: str, step: int) -> None:
         """Have the role's warm standby load its snapshot of committed step `step` now, in the background."""
         if step > 0 and self.snapshot_root is not None and self._snapshots_on(role):
-            self.groups[role].follow(Worker.follow_snapshot, str(self.snapshot_root / role), step)
+            self.groups[role].follow(Worker.follow_snapshot, str(self._snapshot_dir(role)), step)
 
     def _root(self) -> Path:
         if self.checkpoint_root is None:
@@ -390,7 +413,7 @@ class Roles:
         group.start()
         if role in STATEFUL:
             if self.snapshot_root is not None:
-                shutil.rmtree(self.snapshot_root / role, ignore_errors=True)
+                shutil.rmtree(self._snapshot_dir(role), ignore_errors=True)
             self._enable_snapshots(role)
             if self.step > 0:
                 self.proxies[role].load(str(checkpoint.step_dir(self._root(), self.step) / role), self.step)
@@ -405,8 +428,7 @@ class Roles:
         proxy = RoleProxy(self.groups[role])  # unsupervised: a failure here is caught by `recover`
         self._enable_snapshots(role)
         if self.snapshot_root is not None:
-            root = str(self.snapshot_root / role)
-            seen = proxy.newest_snapshot(root)
+            seen = proxy.newest_snapshot(str(self._snapshot_dir(role)))
             snap = min(seen) if None not in seen else None
             if snap is not None and snap >= self.last_checkpoint and snap > 0:
                 loaded = proxy.load_snapshot(snap)

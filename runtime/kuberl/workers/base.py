@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from .. import dist as kdist
-from .. import hangs, saves
+from .. import hangs, saves, snapshots
 from ..batch import Batch
 from ..colocation import sharing
 from ..dispatch import Dispatch, method_info, register
@@ -192,7 +192,7 @@ class Worker:
     @register(Dispatch.ALL, faults=False, state=False)
     def newest_snapshot(self, root: str) -> int | None:
         """The newest step whose snapshot of this rank is whole under `root`."""
-        return saves.newest_snapshot(root, self.rank)
+        return snapshots.newest(root, self.rank)
 
     @register(Dispatch.ALL, state=False)
     def commit_saves(self) -> dict[str, Any]:

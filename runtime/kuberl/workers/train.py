@@ -121,6 +121,7 @@ class FSDPTrainer:
         with self._loading:
             if step == self.trained_step or (newer_only and step < self.trained_step):
                 return False
+            self.trained_step = -1  # unknown until the copy is whole (a standby's read can meet a rewrite)
             self.saver.load_snapshot(self.model, self.optimizer.optimizer, step, self._init_optimizer_state)
             self.trained_step = step
             return True

@@ -1,0 +1,172 @@
+"""Per-step snapshots of one rank's trainable state, in two alternating slot files that outlive the process.
+
+    <root>/rank_0.slot0         rank 0's tensors as raw bytes, each at a 4 KiB-aligned offset
+    <root>/rank_0.slot0.json    {"step": 7, "layout": [[dtype, shape, offset], ...]}: present only while whole
+
+The snapshot of trained step s goes to slot s % 2, so writing one never touches the newest whole one. A slot's
+json is removed before its bytes are rewritten and written (renamed into place) once they are whole: a slot
+without its json is torn and is never read. A reader checks the json again after copying, since a warm standby
+may read a slot that its role starts to rewrite.
+
+The slots are memory-mapped files, written in place: no serialisation and no second copy. On a GPU each slot
+is page-locked once (`cudaHostRegister`) and filled with one asynchronous DMA per tensor on a side stream; the
+root is then host memory (`/dev/shm`), since disks do not take gigabytes per step. On the CPU it is a memcpy
+into the page cache of the checkpoint volume. Either way the bytes survive the death of the process that wrote
+them (not of its host, or of its pod on Kubernetes unless the root is a volume the next pod mounts).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+ALIGN = 4096
+SLOTS = 2
+
+
+def slot_file(root: str | Path, rank: int, slot: int) -> Path:
+    return Path(root) / f"rank_{rank}.slot{slot}"
+
+
+def _meta_file(root: str | Path, rank: int, slot: int) -> Path:
+    return Path(root) / f"rank_{rank}.slot{slot}.json"
+
+
+def _read_meta(root: str | Path, rank: int, slot: int) -> dict | None:
+    try:
+        return json.loads(_meta_file(root, rank, slot).read_text())
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def whole_steps(root: str | Path, rank: int) -> dict[int, int]:
+    """{trained step: slot} of `rank`'s whole snapshots under `root` (at most two)."""
+    metas = {slot: _read_meta(root, rank, slot) for slot in range(SLOTS)}
+    return {m["step"]: slot for slot, m in metas.items() if m is not None}
+
+
+def newest(root: str | Path, rank: int) -> int | None:
+    """The newest trained step whose snapshot of `rank` is whole under `root`, or None."""
+    return max(whole_steps(root, rank), default=None)
+
+
+@dataclass(frozen=True)
+class Entry:
+    dtype: str  # "float32", ...
+    shape: tuple[int, ...]
+    offset: int  # bytes from the slot's start
+
+    @property
+    def nbytes(self) -> int:
+        return _numel(self.shape) * torch.empty((), dtype=getattr(torch, self.dtype)).element_size()
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def layout_of(tensors: list[torch.Tensor]) -> list[Entry]:
+    """Where each tensor's bytes go in a slot, in order, each start aligned to ALIGN bytes."""
+    out, offset = [], 0
+    for t in tensors:
+        out.append(Entry(str(t.dtype).removeprefix("torch."), tuple(t.shape), offset))
+        offset += -(-t.numel() * t.element_size() // ALIGN) * ALIGN
+    return out
+
+
+def _size(layout: list[Entry]) -> int:
+    return max((e.offset + e.nbytes for e in layout), default=0) or ALIGN
+
+
+def _views(buf: torch.Tensor, layout: list[Entry]) -> list[torch.Tensor]:
+    """Typed views, each of the layout's shape, into the flat uint8 buffer `buf`."""
+    return [buf[e.offset:e.offset + e.nbytes].view(getattr(torch, e.dtype)).view(e.shape) for e in layout]
+
+
+class SlotWriter:
+    """One rank's two slots under `root`, mapped once and (on a GPU) page-locked once; `write` fills one."""
+
+    def __init__(self, root: str | Path, rank: int):
+        self.root, self.rank = Path(root), rank
+        self.bufs: dict[int, torch.Tensor] = {}
+        self.registered: set[int] = set()
+        self.stream = None
+
+    def _buffer(self, slot: int, size: int, cuda: bool) -> torch.Tensor:
+        buf = self.bufs.get(slot)
+        if buf is None or buf.numel() < size:
+            self._release(slot)
+            path = slot_file(self.root, self.rank, slot)
+            self.root.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                os.posix_fallocate(fd, 0, size)  # ENOSPC here, not SIGBUS on a later write into the map
+            finally:
+                os.close(fd)
+            buf = self.bufs[slot] = torch.from_file(str(path), shared=True, size=size, dtype=torch.uint8)
+        if cuda and slot not in self.registered:
+            err = torch.cuda.cudart().cudaHostRegister(buf.data_ptr(), buf.numel(), 0)
+            if int(err) == 0:
+                self.registered.add(slot)  # else pageable: the copies below are then synchronous, still correct
+        return buf
+
+    def write(self, tensors: list[torch.Tensor], step: int, ready: torch.cuda.Event | None = None) -> None:
+        """Copy `tensors` (this rank's state after trained step `step`) into slot step % 2 and mark it whole.
+        Blocking; run it off the training thread. `ready`: recorded on the training stream once the tensors
+        hold that step's values (GPU tensors are copied on a side stream that waits for it)."""
+        slot = step % SLOTS
+        _meta_file(self.root, self.rank, slot).unlink(missing_ok=True)  # torn from here until the rename below
+        layout = layout_of(tensors)
+        cuda = any(t.is_cuda for t in tensors)
+        views = _views(self._buffer(slot, _size(layout), cuda), layout)
+        if cuda:
+            self.stream = self.stream or torch.cuda.Stream(device=next(t.device for t in tensors if t.is_cuda))
+            with torch.cuda.stream(self.stream):
+                if ready is not None:
+                    self.stream.wait_event(ready)
+                for dst, src in zip(views, tensors):
+                    dst.copy_(src, non_blocking=slot in self.registered)
+            self.stream.synchronize()
+        else:
+            for dst, src in zip(views, tensors):
+                dst.copy_(src)
+        meta = {"step": step, "layout": [[e.dtype, list(e.shape), e.offset] for e in layout]}
+        tmp = _meta_file(self.root, self.rank, slot).with_suffix(".tmp")
+        tmp.write_text(json.dumps(meta))
+        os.replace(tmp, _meta_file(self.root, self.rank, slot))
+
+    def _release(self, slot: int) -> None:
+        buf = self.bufs.pop(slot, None)
+        if buf is not None and slot in self.registered:
+            self.registered.discard(slot)
+            torch.cuda.cudart().cudaHostUnregister(buf.data_ptr())
+
+    def close(self) -> None:
+        for slot in list(self.bufs):
+            self._release(slot)
+
+
+def read_into(root: str | Path, rank: int, step: int, live: list[torch.Tensor]) -> None:
+    """Copy `rank`'s whole snapshot of trained step `step` under `root` into `live` (the same tensors, in the
+    same order, as were written). FileNotFoundError when that step has no whole snapshot (never written, or
+    overwritten by a later step's while this copied); RuntimeError when its layout is not `live`'s."""
+    slot = whole_steps(root, rank).get(step)
+    if slot is None:
+        raise FileNotFoundError(f"no whole snapshot of step {step} for rank {rank} under {root}")
+    meta = _read_meta(root, rank, slot)
+    layout = [Entry(d, tuple(s), o) for d, s, o in meta["layout"]] if meta else []
+    if [(e.dtype, e.shape) for e in layout] != [(str(t.dtype).removeprefix("torch."), tuple(t.shape)) for t in live]:
+        raise RuntimeError(f"snapshot of step {step} does not match this rank's state (another layout)")
+    buf = torch.from_file(str(slot_file(root, rank, slot)), shared=False, size=_size(layout), dtype=torch.uint8)
+    with torch.no_grad():
+        for dst, src in zip(live, _views(buf, layout)):
+            dst.copy_(src)
+    if whole_steps(root, rank).get(step) != slot:
+        raise FileNotFoundError(f"snapshot of step {step} for rank {rank} was overwritten while it was read")

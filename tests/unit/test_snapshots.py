@@ -1,0 +1,62 @@
+"""kuberl.snapshots: two alternating slot files per rank, whole or never read, that outlive their writer."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from kuberl import snapshots
+
+RUNTIME = Path(__file__).resolve().parents[2] / "runtime"
+
+
+def state(seed: int) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(3, 5, generator=g), torch.randn(7, generator=g).to(torch.bfloat16),
+            torch.randint(0, 9, (2, 2), generator=g)]
+
+
+def test_a_written_step_reads_back_bit_identical_and_the_older_slot_survives(tmp_path):
+    writer = snapshots.SlotWriter(tmp_path, rank=1)
+    writer.write(state(2), step=2)
+    writer.write(state(3), step=3)
+    assert snapshots.whole_steps(tmp_path, 1) == {2: 0, 3: 1}
+    assert snapshots.newest(tmp_path, 1) == 3 and snapshots.newest(tmp_path, 0) is None
+    for step in (2, 3):
+        live = [torch.zeros_like(t) for t in state(0)]
+        snapshots.read_into(tmp_path, 1, step, live)
+        assert all(torch.equal(a, b) for a, b in zip(live, state(step)))
+    writer.write(state(4), step=4)  # into step 2's slot: step 3 stays whole
+    assert snapshots.whole_steps(tmp_path, 1) == {4: 0, 3: 1}
+    with pytest.raises(FileNotFoundError, match="step 2"):
+        snapshots.read_into(tmp_path, 1, 2, [torch.zeros_like(t) for t in state(0)])
+    writer.close()
+
+
+def test_a_torn_slot_is_never_read(tmp_path):
+    writer = snapshots.SlotWriter(tmp_path, rank=0)
+    writer.write(state(1), step=1)
+    writer.write(state(2), step=2)
+    (tmp_path / "rank_0.slot0.json").unlink()  # step 2: its writer died between the rewrite and the rename
+    assert snapshots.newest(tmp_path, 0) == 1
+    (tmp_path / "rank_0.slot1.json").write_text("{\"step\": 1, \"lay")  # a torn json reads as torn too
+    assert snapshots.newest(tmp_path, 0) is None
+
+
+def test_another_layout_is_refused(tmp_path):
+    snapshots.SlotWriter(tmp_path, rank=0).write(state(1), step=1)
+    with pytest.raises(RuntimeError, match="another layout"):
+        snapshots.read_into(tmp_path, 0, 1, [torch.zeros(3, 4)])
+
+
+def test_the_snapshot_outlives_the_process_that_wrote_it(tmp_path):
+    script = (f"import os, sys, torch; sys.path.insert(0, {str(RUNTIME)!r}); from kuberl import snapshots; "
+              f"snapshots.SlotWriter({str(tmp_path)!r}, 0).write([torch.arange(10.0)], 5); os._exit(9)")
+    assert subprocess.run([sys.executable, "-c", script], timeout=120).returncode == 9
+    live = [torch.zeros(10)]
+    snapshots.read_into(tmp_path, 0, 5, live)
+    assert torch.equal(live[0], torch.arange(10.0))
