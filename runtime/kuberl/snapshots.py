@@ -125,7 +125,9 @@ class SlotWriter:
         _meta_file(self.root, self.rank, slot).unlink(missing_ok=True)  # torn from here until the rename below
         layout = layout_of(tensors)
         cuda = any(t.is_cuda for t in tensors)
-        views = _views(self._buffer(slot, _size(layout), cuda), layout)
+        for other in range(SLOTS):  # both slots at the first write: their one-time set-up lands on one step
+            self._buffer(other, _size(layout), cuda)
+        views = _views(self.bufs[slot], layout)
         if cuda:
             self.stream = self.stream or torch.cuda.Stream(device=next(t.device for t in tensors if t.is_cuda))
             with torch.cuda.stream(self.stream):

@@ -26,8 +26,8 @@ def local(t: torch.Tensor) -> torch.Tensor:
     return t._local_tensor if isinstance(t, DTensor) else t
 
 
-def two_updates(colocated: bool) -> tuple[int, list[str], list[float]]:
-    """(GPU bytes allocated after two actor updates, the devices its state is on, the losses)."""
+def two_updates(colocated: bool) -> tuple[int, list[str], list[float], int]:
+    """(GPU bytes allocated after two actor updates, the devices its state is on, the losses, the state's bytes)."""
     ref = {"gpus": 1, **({"colocateWith": "actor"} if colocated else {})}
     spec = load_example("quickstart.yaml", **OVERRIDES, **{"roles.actor.gpus": 1, "roles.ref": ref}).spec
     group = LocalWorkerGroup("actor", spec, "cuda")
@@ -42,7 +42,8 @@ def two_updates(colocated: bool) -> tuple[int, list[str], list[float]]:
         state += [local(st[k]) for st in worker.trainer.optimizer.optimizer.state.values()
                   for k in ("exp_avg", "exp_avg_sq")]
         state += list(worker.engine.model.parameters())
-        return torch.cuda.memory_allocated(), sorted({t.device.type for t in state}), losses
+        return (torch.cuda.memory_allocated(), sorted({t.device.type for t in state}), losses,
+                sum(t.numel() * t.element_size() for t in state))
     finally:
         group.shutdown()
         gc.collect()
@@ -50,8 +51,10 @@ def two_updates(colocated: bool) -> tuple[int, list[str], list[float]]:
 
 
 def test_a_colocated_actor_sleeps_in_host_memory_and_trains_the_same():
-    alone, devices_alone, losses_alone = two_updates(colocated=False)
-    asleep, devices, losses = two_updates(colocated=True)
+    alone, devices_alone, losses_alone, state_bytes = two_updates(colocated=False)
+    asleep, devices, losses, _ = two_updates(colocated=True)
     assert devices_alone == ["cuda"] and devices == ["cpu"]
-    assert asleep < 0.2 * alone, (asleep, alone)
+    # the GPU holds the state's bytes less (the rest of what is allocated, rollout caches and graphs, stays)
+    print(f"\nGPU allocated after two updates: alone {alone} B, asleep {asleep} B; the state is {state_bytes} B")
+    assert alone - asleep >= state_bytes, (alone, asleep, state_bytes)
     assert losses == pytest.approx(losses_alone, rel=1e-5, abs=1e-7)

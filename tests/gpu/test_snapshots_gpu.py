@@ -71,7 +71,7 @@ def test_slot_copies_from_the_gpu_go_to_page_locked_memory_and_are_exact():
     state = [torch.randn(64, 1024, 1024, device="cuda") for _ in range(4)]  # 1 GiB
     with host_memory_dir() as root:
         writer = snapshots.SlotWriter(root, 0)
-        writer.write(state, step=1)  # maps and page-locks the slot
+        writer.write(state, step=1)  # maps and page-locks both slots
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         writer.write(state, step=3)  # the same slot, as every other step
@@ -81,5 +81,5 @@ def test_slot_copies_from_the_gpu_go_to_page_locked_memory_and_are_exact():
         snapshots.read_into(root, 0, 3, live)
         writer.close()
     print(f"\nslot copy, GPU -> page-locked host memory: 1 GiB in {seconds * 1000:.0f} ms ({1 / seconds:.1f} GiB/s)")
-    assert registered == {1}, "the slot was not page-locked: its copies were synchronous"
+    assert registered == {0, 1}, "the slots were not page-locked: their copies were synchronous"
     assert all(torch.equal(a, b) for a, b in zip(live, state))
