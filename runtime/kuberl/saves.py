@@ -110,10 +110,20 @@ class AsyncSaver:
         snapshots.read_into(self._root, self.rank, step, shard_tensors(model, optimizer))
 
     def wait(self) -> list[str]:
-        """Wait for every write in flight; returns the paths written. A failed write raises."""
+        """Wait for every write in flight; returns the paths written. A failed write raises, but for
+        snapshots that find no room: those are turned off for this rank, with a warning (a restart then
+        goes back to the last checkpoint)."""
         done = []
         while self.writes:
             path, future = self.writes.pop(0)
-            future.result()
+            try:
+                future.result()
+            except snapshots.NoRoom as exc:
+                print(f"warning: per-step snapshots off for rank {self.rank}: no room for {exc} (a restart goes "
+                      f"back to the last checkpoint; set spec.resilience.snapshots: off, or give the pod a "
+                      f"larger /dev/shm)", flush=True)
+                self._slots.drop()
+                self._root = self._slots = None
+                continue
             done.append(path)
         return done

@@ -90,6 +90,10 @@ def _views(buf: torch.Tensor, layout: list[Entry]) -> list[torch.Tensor]:
     return [buf[e.offset:e.offset + e.nbytes].view(getattr(torch, e.dtype)).view(e.shape) for e in layout]
 
 
+class NoRoom(OSError):
+    """The slots do not fit where they go (a small /dev/shm, a full disk)."""
+
+
 class SlotWriter:
     """One rank's two slots under `root`, mapped once and (on a GPU) page-locked once; `write` fills one."""
 
@@ -108,6 +112,10 @@ class SlotWriter:
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
             try:
                 os.posix_fallocate(fd, 0, size)  # ENOSPC here, not SIGBUS on a later write into the map
+            except OSError as exc:
+                path.unlink(missing_ok=True)
+                raise NoRoom(f"{size * SLOTS / 2**30:.1f} GiB for two snapshot slots under {self.root}: "
+                             f"{exc.strerror}") from None
             finally:
                 os.close(fd)
             buf = self.bufs[slot] = torch.from_file(str(path), shared=True, size=size, dtype=torch.uint8)
@@ -153,6 +161,13 @@ class SlotWriter:
     def close(self) -> None:
         for slot in list(self.bufs):
             self._release(slot)
+
+    def drop(self) -> None:
+        """Close, and remove this rank's slots: none of them is loaded any more."""
+        self.close()
+        for slot in range(SLOTS):
+            _meta_file(self.root, self.rank, slot).unlink(missing_ok=True)
+            slot_file(self.root, self.rank, slot).unlink(missing_ok=True)
 
 
 def read_into(root: str | Path, rank: int, step: int, live: list[torch.Tensor]) -> None:

@@ -60,3 +60,28 @@ def test_the_snapshot_outlives_the_process_that_wrote_it(tmp_path):
     live = [torch.zeros(10)]
     snapshots.read_into(tmp_path, 0, 5, live)
     assert torch.equal(live[0], torch.arange(10.0))
+
+
+def test_no_room_for_the_slots_turns_snapshots_off_for_the_rank_with_a_warning(tmp_path, capsys, monkeypatch,
+                                                                                 request):
+    import torch.distributed as dist
+
+    from kuberl.saves import AsyncSaver
+
+    def full(fd, offset, size):
+        raise OSError(28, "No space left on device")
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    request.addfinalizer(dist.destroy_process_group)
+    root = tmp_path / "snapshots"
+    saver = AsyncSaver()
+    saver.snapshot_root = str(root)
+    model = torch.nn.Linear(3, 2)
+    opt = torch.optim.AdamW(model.parameters())
+    monkeypatch.setattr("os.posix_fallocate", full)
+    saver.snapshot(model, opt, 1)
+    assert saver.wait() == [] and saver.snapshot_root is None
+    assert "snapshots off for rank 0: no room" in capsys.readouterr().out
+    assert list(root.iterdir()) == []
+    saver.snapshot(model, opt, 2)  # off from now on: nothing is written
+    assert saver.wait() == []
