@@ -475,8 +475,8 @@ class ResilienceSpec(Section):
                            "pod), which takes a failed role's place at once while a new standby starts.")
     snapshots: Literal["auto", "on", "off"] = Field(
         "auto", description="Per-step snapshots of actor and critic, so that a restart loses no completed step. "
-                            "auto: on for a role without GPUs, off for a role with GPUs (where a snapshot of the "
-                            "whole state every step is too slow today; docs/operations.md).")
+                            "auto: on for a role without GPUs, off for a role with GPUs (whose step waits for the "
+                            "copy of its whole state to host memory: too slow today; docs/operations.md).")
 
 
 class PlacementSpec(Section):
