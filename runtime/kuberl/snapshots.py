@@ -59,25 +59,23 @@ class Entry:
     dtype: str  # "float32", ...
     shape: tuple[int, ...]
     offset: int  # bytes from the slot's start
+    nbytes: int
 
-    @property
-    def nbytes(self) -> int:
-        return _numel(self.shape) * torch.empty((), dtype=getattr(torch, self.dtype)).element_size()
-
-
-def _numel(shape: tuple[int, ...]) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
+    @classmethod
+    def read(cls, dtype: str, shape: list[int], offset: int) -> Entry:
+        numel = 1
+        for d in shape:
+            numel *= d
+        return cls(dtype, tuple(shape), offset, numel * torch.empty((), dtype=getattr(torch, dtype)).element_size())
 
 
 def layout_of(tensors: list[torch.Tensor]) -> list[Entry]:
     """Where each tensor's bytes go in a slot, in order, each start aligned to ALIGN bytes."""
     out, offset = [], 0
     for t in tensors:
-        out.append(Entry(str(t.dtype).removeprefix("torch."), tuple(t.shape), offset))
-        offset += -(-t.numel() * t.element_size() // ALIGN) * ALIGN
+        nbytes = t.numel() * t.element_size()
+        out.append(Entry(str(t.dtype).removeprefix("torch."), tuple(t.shape), offset, nbytes))
+        offset += -(-nbytes // ALIGN) * ALIGN
     return out
 
 
@@ -178,7 +176,7 @@ def read_into(root: str | Path, rank: int, step: int, live: list[torch.Tensor]) 
     if slot is None:
         raise FileNotFoundError(f"no whole snapshot of step {step} for rank {rank} under {root}")
     meta = _read_meta(root, rank, slot)
-    layout = [Entry(d, tuple(s), o) for d, s, o in meta["layout"]] if meta else []
+    layout = [Entry.read(d, s, o) for d, s, o in meta["layout"]] if meta else []
     if [(e.dtype, e.shape) for e in layout] != [(str(t.dtype).removeprefix("torch."), tuple(t.shape)) for t in live]:
         raise RuntimeError(f"snapshot of step {step} does not match this rank's state (another layout)")
     buf = torch.from_file(str(slot_file(root, rank, slot)), shared=False, size=_size(layout), dtype=torch.uint8)
