@@ -14,9 +14,9 @@ from typing import Any
 
 import yaml
 
-from kuberl.colocation import host_of, set_bundle, sharing
+from kuberl.colocation import host_of, resized_live, set_bundle, sharing
 from kuberl.spec import API_VERSION, KIND, JobSpec, RLTrainingJob, RoleSpec, enabled_roles
-from kuberl.spec.contract import LIVE_RESIZED, PROGRESS_KEY, REPLICAS_KEY, Env, ExitCode, ReplicasDocument
+from kuberl.spec.contract import PROGRESS_KEY, REPLICAS_KEY, Env, ExitCode, ReplicasDocument
 from kuberl.spec.model import node_resource
 from kuberl.spec.quantity import format_quantity, parse_quantity
 
@@ -396,8 +396,7 @@ def spec_configmap(job: RLTrainingJob, raw_spec: Mapping[str, Any], opts: BuildO
 
 def replicas_document(job: RLTrainingJob) -> ReplicasDocument:
     """What the operator asks the driver to run: the spec's replicas of each live-resized role the job runs."""
-    running = enabled_roles(job.spec)
-    return ReplicasDocument(roles={r: job.spec.roles.get(r).replicas for r in LIVE_RESIZED if r in running})
+    return ReplicasDocument(roles={r: job.spec.roles.get(r).replicas for r in resized_live(job.spec)})
 
 
 def progress_configmap(job: RLTrainingJob, opts: BuildOptions) -> dict[str, Any]:

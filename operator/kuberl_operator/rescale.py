@@ -1,6 +1,6 @@
 """Roles resized while the job runs (docs/operator.md, "Spec changes"): pure decisions, no API calls.
 
-A change of ``spec.roles.<role>.replicas`` of a role in `LIVE_ROLES` is applied without a restart of
+A change of ``spec.roles.<role>.replicas`` of a role in `live_roles` is applied without a restart of
 anything else, in two halves that meet in ConfigMap ``<job>-progress``:
 
 - the operator writes the spec's replicas of those roles into ``data.replicas`` (a `ReplicasDocument`),
@@ -16,20 +16,24 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from kuberl.spec import RLTrainingJob, enabled_roles
-from kuberl.spec.contract import LIVE_RESIZED
+from kuberl.colocation import resized_live
+from kuberl.spec import RLTrainingJob
 
 from .builders import group_size, replicas_document
 from .health import PodView
 from .progress import Progress
 
-LIVE_ROLES = LIVE_RESIZED
-__all__ = ["LIVE_ROLES", "cluster_patch", "group_pods", "leaving", "live_fields", "pending", "replicas_document"]
+__all__ = ["cluster_patch", "group_pods", "leaving", "live_fields", "live_roles", "pending", "replicas_document"]
+
+
+def live_roles(job: RLTrainingJob) -> tuple[str, ...]:
+    """The roles of this job resized while it runs (a colocation set's are not: `resized_live`)."""
+    return resized_live(job.spec)
 
 
 def live_fields(job: RLTrainingJob) -> frozenset[str]:
     """The spec fields applied while the job runs (beside spec.suspend)."""
-    return frozenset(f"spec.roles.{role}.replicas" for role in LIVE_ROLES if role in enabled_roles(job.spec))
+    return frozenset(f"spec.roles.{role}.replicas" for role in live_roles(job))
 
 
 def running_replicas(role: str, progress: Progress, applied: Mapping[str, Any] | None) -> int | None:

@@ -91,8 +91,9 @@ def role_outcome(role: str, job: RLTrainingJob, old: Mapping[str, Any], seen: Ob
     if accounting:
         same_cluster = old.get("rayClusterUID") == seen.cluster_uid
         known = Tracking.from_status(prev) if same_cluster else Tracking()
-        if role in rescale.LIVE_ROLES and (keep := rescale.group_pods(job, role, seen.progress, seen.applied_spec)) < (
-                seen.groups.get(role) or 0):
+        live = role in rescale.live_roles(job)
+        keep = rescale.group_pods(job, role, seen.progress, seen.applied_spec) if live else 0
+        if live and keep < (seen.groups.get(role) or 0):
             gone = rescale.leaving(pods, keep, seen.progress.hosts_of(role))
             leaving = tuple(p.name for p in gone)
             known = Tracking({u: n for u, n in known.members.items() if n not in leaving},
@@ -300,7 +301,7 @@ def decide(job: RLTrainingJob, generation: int, old: Mapping[str, Any], seen: Ob
     doomed = dict.fromkeys((*head.doomed, *(p for o in roles.values() for p in o.doomed)))
     delete_pods = () if terminal else tuple(doomed)
     groups = {} if terminal or seen.cluster_uid is None else {
-        r: rescale.group_pods(job, r, seen.progress, seen.applied_spec) for r in rescale.LIVE_ROLES if r in roles}
+        r: rescale.group_pods(job, r, seen.progress, seen.applied_spec) for r in rescale.live_roles(job) if r in roles}
     leaving = {r: o.leaving for r, o in roles.items() if o.leaving}
     return Decision(status, tuple(events), delete_pods, teardown=terminal and seen.cluster_uid is not None,
                     groups=groups, leaving=leaving)

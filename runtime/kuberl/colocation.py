@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from .spec import JobSpec, enabled_roles, role_resource
+from .spec.contract import LIVE_RESIZED
 
 
 def host_of(spec: JobSpec, role: str) -> str:
@@ -25,6 +26,13 @@ def sharing(spec: JobSpec, role: str) -> tuple[str, ...]:
     host = host_of(spec, role)
     members = (host, *(r for r in enabled_roles(spec) if r != host and host_of(spec, r) == host))
     return members if len(members) > 1 else ()
+
+
+def resized_live(spec: JobSpec) -> tuple[str, ...]:
+    """The running roles whose replicas change while the job runs (`kuberl.elastic`): the live-resized roles
+    that share no GPUs. A colocation set changes size only as a whole, which one role's resize cannot do:
+    its roles' replicas are a spec change applied by a restart."""
+    return tuple(r for r in LIVE_RESIZED if r in enabled_roles(spec) and not sharing(spec, r))
 
 
 def gpu_share(spec: JobSpec, role: str) -> float:

@@ -28,6 +28,7 @@ import contextlib
 import hashlib
 import shutil
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -101,6 +102,8 @@ class Roles:
         self.faults = faults or []
         self.checkpoint_root = checkpoint_root
         self.snapshot_root = checkpoint_root / "snapshots" if checkpoint_root is not None else None
+        self.run_id = uuid.uuid4().hex[:12]  # this run's snapshots only: never another run's, nor another size's
+        self._resizes = {r: 0 for r in STATEFUL}
         self.trained = {r: 0 for r in STATEFUL}  # each stateful role's committed trained step
         self.pending: PendingCheckpoint | None = None
         self._saving = 0  # the step whose checkpoint is being saved
@@ -301,10 +304,10 @@ class Roles:
     def _snapshot_dir(self, role: str) -> Path:
         """Where `role`'s ranks keep their snapshots: host memory for a role with GPUs (a disk does not take
         gigabytes every step), else beside the checkpoints (on Kubernetes their volume, which a standby pod
-        can read too)."""
-        if self.spec.roles.get(role).gpus and HOST_MEMORY.is_dir():
-            return self._host_snapshots() / role
-        return self.snapshot_root / role
+        can read too). One folder per run and role size, so that slots left on a worker's host by an earlier
+        run (a driver restarted on Kubernetes) or by the role before a resize are never read."""
+        base = self._host_snapshots() if self.spec.roles.get(role).gpus and HOST_MEMORY.is_dir() else self.snapshot_root
+        return base / self.run_id / f"{role}.{self._resizes[role]}"
 
     def _host_snapshots(self) -> Path:
         """This job's snapshot folder in host memory, keyed by its checkpoint root: two jobs never share one."""
@@ -414,6 +417,7 @@ class Roles:
         if role in STATEFUL:
             if self.snapshot_root is not None:
                 shutil.rmtree(self._snapshot_dir(role), ignore_errors=True)
+            self._resizes[role] += 1
             self._enable_snapshots(role)
             if self.step > 0:
                 self.proxies[role].load(str(checkpoint.step_dir(self._root(), self.step) / role), self.step)

@@ -118,10 +118,10 @@ class AsyncSaver:
             path, future = self.writes.pop(0)
             try:
                 future.result()
-            except snapshots.NoRoom as exc:
-                print(f"warning: per-step snapshots off for rank {self.rank}: no room for {exc} (a restart goes "
-                      f"back to the last checkpoint; set spec.resilience.snapshots: off, or give the pod a "
-                      f"larger /dev/shm)", flush=True)
+            except snapshots.Unusable as exc:
+                fix = "give the pod a larger /dev/shm" if isinstance(exc, snapshots.NoRoom) else "fix that folder"
+                print(f"warning: per-step snapshots off for rank {self.rank}: {exc} (a restart goes back to the "
+                      f"last checkpoint; set spec.resilience.snapshots: off, or {fix})", flush=True)
                 self._slots.drop()
                 self._root = self._slots = None
                 continue

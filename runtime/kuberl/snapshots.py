@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +27,8 @@ import torch
 
 ALIGN = 4096
 SLOTS = 2
+MEMORY_FS = ("tmpfs", "ramfs")  # its pages are charged to the writer's memory cgroup and never written back
+LOCAL_FS = (*MEMORY_FS, "ext4", "ext3", "xfs", "btrfs", "zfs", "f2fs", "overlay")  # one page cache for the host
 
 
 def slot_file(root: str | Path, rank: int, slot: int) -> Path:
@@ -88,8 +91,58 @@ def _views(buf: torch.Tensor, layout: list[Entry]) -> list[torch.Tensor]:
     return [buf[e.offset:e.offset + e.nbytes].view(getattr(torch, e.dtype)).view(e.shape) for e in layout]
 
 
-class NoRoom(OSError):
-    """The slots do not fit where they go (a small /dev/shm, a full disk)."""
+class Unusable(OSError):
+    """Snapshots cannot be kept where they were asked for; the rank goes on without them."""
+
+
+class NoRoom(Unusable):
+    """The slots do not fit where they go (a small /dev/shm, a full disk, the pod's memory limit)."""
+
+
+class NotPrivate(Unusable):
+    """A folder on the slots' path is another user's, a link, or writable by others."""
+
+
+def fs_type(path: Path) -> str:
+    """The type of the filesystem `path` is on (the longest mount point of /proc/mounts above it), or ""."""
+    best, kind = "", ""
+    with open("/proc/mounts") as mounts:
+        for line in mounts:
+            fields = line.split()
+            point = fields[1].replace("\\040", " ")
+            if len(point) > len(best) and (str(path) == point or str(path).startswith(point.rstrip("/") + "/")):
+                best, kind = point, fields[2]
+    return kind
+
+
+def memory_cgroup_room() -> int | None:
+    """Bytes this process's memory cgroup (v2) may still charge, or None without a limit."""
+    try:
+        rel = next(line[3:].strip() for line in open("/proc/self/cgroup") if line.startswith("0::"))
+        base = Path("/sys/fs/cgroup") / rel.lstrip("/")
+        limit = (base / "memory.max").read_text().strip()
+        return None if limit == "max" else int(limit) - int((base / "memory.current").read_text())
+    except (OSError, StopIteration, ValueError):
+        return None
+
+
+def private_dir(root: Path, levels: int = 3) -> None:
+    """Create `root` and its missing parents as this user's own folders (mode 0700), and check its last
+    `levels` folders: each a real folder of this user that no one else may write. /dev/shm is shared by every
+    local user, who could otherwise plant a slot there or read one."""
+    missing, d = [], root
+    while not os.path.lexists(d):
+        missing.append(d)
+        d = d.parent
+    for d in reversed(missing):
+        try:
+            d.mkdir(mode=0o700)
+        except FileExistsError:
+            pass  # made meanwhile (another rank): checked below
+    for d in [root, *root.parents][:levels]:
+        st = os.lstat(d)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o022:
+            raise NotPrivate(f"{d} is not a folder of this user that only it can write: remove it")
 
 
 class SlotWriter:
@@ -97,6 +150,7 @@ class SlotWriter:
 
     def __init__(self, root: str | Path, rank: int):
         self.root, self.rank = Path(root), rank
+        self.fs = ""  # the root's filesystem type, once it exists
         self.bufs: dict[int, torch.Tensor] = {}
         self.registered: set[int] = set()
         self.stream = None
@@ -106,8 +160,10 @@ class SlotWriter:
         if buf is None or buf.numel() < size:
             self._release(slot)
             path = slot_file(self.root, self.rank, slot)
-            self.root.mkdir(parents=True, exist_ok=True)
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+            private_dir(self.root)
+            self.fs = self.fs or fs_type(self.root.resolve())
+            self._check_room(size)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
             try:
                 os.posix_fallocate(fd, 0, size)  # ENOSPC here, not SIGBUS on a later write into the map
             except OSError as exc:
@@ -122,6 +178,17 @@ class SlotWriter:
             if int(err) == 0:
                 self.registered.add(slot)  # else pageable: the copies below are then synchronous, still correct
         return buf
+
+    def _check_room(self, size: int) -> None:
+        """Refuse a slot that would not fit: the filesystem's free space and, in memory (tmpfs), what the
+        memory cgroup may still charge less a margin for the working set (past it the kernel would kill the
+        rank instead of refusing the allocation)."""
+        free = os.statvfs(self.root).f_bavail * os.statvfs(self.root).f_frsize
+        if self.fs in MEMORY_FS and (room := memory_cgroup_room()) is not None:
+            free = min(free, room - max(2**30, room // 10))
+        if size > free:
+            raise NoRoom(f"{size * SLOTS / 2**30:.1f} GiB for two snapshot slots under {self.root} "
+                         f"({max(free, 0) / 2**30:.1f} GiB free)")
 
     def write(self, tensors: list[torch.Tensor], step: int, ready: torch.cuda.Event | None = None) -> None:
         """Copy `tensors` (this rank's state after trained step `step`) into slot step % 2 and mark it whole.
@@ -145,9 +212,17 @@ class SlotWriter:
         else:
             for dst, src in zip(views, tensors):
                 dst.copy_(src)
+        if self.fs not in LOCAL_FS:  # a network filesystem: another node reads the server's bytes, not our cache
+            fd = os.open(slot_file(self.root, self.rank, slot), os.O_RDWR | os.O_NOFOLLOW)
+            try:
+                os.fdatasync(fd)
+            finally:
+                os.close(fd)
         meta = {"step": step, "layout": [[e.dtype, list(e.shape), e.offset] for e in layout]}
         tmp = _meta_file(self.root, self.rank, slot).with_suffix(".tmp")
-        tmp.write_text(json.dumps(meta))
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(meta))
         os.replace(tmp, _meta_file(self.root, self.rank, slot))
 
     def _release(self, slot: int) -> None:

@@ -43,6 +43,15 @@ def test_the_driver_is_asked_for_the_spec_replicas_of_every_built_in_role() -> N
     assert json.loads(cm["data"]["progress"]) == {}
     assert "ref" not in builders.replicas_document(job(ref=0)).roles  # a disabled role is not asked for
     assert rescale.live_fields(job()) == {f"spec.roles.{r}.replicas" for r in ("actor", "critic", "ref", "reward")}
+
+
+def test_a_colocation_set_is_not_resized_live_its_replicas_wait_for_a_restart() -> None:
+    """The set's roles must keep one size (the spec model), which one role's live resize cannot keep: the
+    operator neither asks the driver nor resizes the shared group, and reports the change as pending."""
+    shared = job(roles={"actor": {"gpus": 1}, "ref": {"gpus": 1, "colocateWith": "actor"}, "reward": {"replicas": 1}})
+    assert rescale.live_roles(shared) == ("critic", "reward")
+    assert rescale.live_fields(shared) == {"spec.roles.critic.replicas", "spec.roles.reward.replicas"}
+    assert set(builders.replicas_document(shared).roles) == {"critic", "reward"}
     # The reader drops what is not a whole count (a bool, a string), and a malformed document.
     assert ReplicasDocument.parse('{"roles": {"reward": 2, "ref": "3", "x": true}}').roles == {"reward": 2}
     assert ReplicasDocument.parse("not json").roles == {}

@@ -81,7 +81,27 @@ def test_no_room_for_the_slots_turns_snapshots_off_for_the_rank_with_a_warning(t
     monkeypatch.setattr("os.posix_fallocate", full)
     saver.snapshot(model, opt, 1)
     assert saver.wait() == [] and saver.snapshot_root is None
-    assert "snapshots off for rank 0: no room" in capsys.readouterr().out
+    assert "snapshots off for rank 0: " in (out := capsys.readouterr().out) and "No space left" in out
     assert list(root.iterdir()) == []
     saver.snapshot(model, opt, 2)  # off from now on: nothing is written
     assert saver.wait() == []
+
+
+def test_a_folder_others_can_write_or_a_link_on_the_path_is_refused(tmp_path):
+    snapshots.private_dir(tmp_path / "run" / "actor.0")
+    assert oct((tmp_path / "run").stat().st_mode & 0o777) == "0o700"
+    (tmp_path / "open").mkdir(mode=0o777)
+    (tmp_path / "open").chmod(0o777)  # as another local user's pre-made folder in /dev/shm
+    with pytest.raises(snapshots.NotPrivate, match="open"):
+        snapshots.private_dir(tmp_path / "open" / "actor.0")
+    (tmp_path / "link").symlink_to(tmp_path / "run")
+    with pytest.raises(snapshots.NotPrivate, match="link"):
+        snapshots.private_dir(tmp_path / "link" / "actor.0")
+
+
+def test_a_slot_larger_than_the_free_space_is_refused_before_it_is_allocated(tmp_path):
+    writer = snapshots.SlotWriter(tmp_path, rank=0)
+    snapshots.private_dir(tmp_path)
+    with pytest.raises(snapshots.NoRoom, match="GiB free"):
+        writer._check_room(2**62)
+    assert snapshots.fs_type(Path("/proc/self")) == "proc"
