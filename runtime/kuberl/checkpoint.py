@@ -4,7 +4,7 @@
     <root>/step_000010/critic/
     <root>/step_000010/trainer_state.json   step, data position, KL controller, restarts — written last,
                                             so a directory without it is incomplete and ignored.
-    <root>/snapshots/<role>/rank_*.slot*    each stateful role's per-step snapshots (kuberl.snapshots; roles
+    <root>/snapshots/<run>/<role>.<n>/      each stateful role's per-step snapshot slots (kuberl.snapshots; roles
                                             with GPUs keep theirs in host memory instead)
     <root>/job.json                         the job's name, its trained fields and their hash, its spec
                                             (kuberl.identity): written before the first step
