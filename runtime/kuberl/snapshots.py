@@ -118,7 +118,8 @@ def fs_type(path: Path) -> str:
 def memory_cgroup_room() -> int | None:
     """Bytes this process's memory cgroup (v2) may still charge, or None without a limit."""
     try:
-        rel = next(line[3:].strip() for line in open("/proc/self/cgroup") if line.startswith("0::"))
+        with open("/proc/self/cgroup") as groups:
+            rel = next(line[3:].strip() for line in groups if line.startswith("0::"))
         base = Path("/sys/fs/cgroup") / rel.lstrip("/")
         limit = (base / "memory.max").read_text().strip()
         return None if limit == "max" else int(limit) - int((base / "memory.current").read_text())

@@ -5,9 +5,12 @@ Run: `pytest -m gpu tests/gpu -s` on a machine with a GPU (skipped elsewhere).
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import tempfile
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import torch
@@ -24,8 +27,12 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 KEYS = ("input_ids", "attention_mask", "responses", "response_mask", "old_logprobs", "advantages")
 
 
-def host_memory_dir() -> tempfile.TemporaryDirectory:
-    return tempfile.TemporaryDirectory(dir="/dev/shm")
+@contextlib.contextmanager
+def host_memory_dir() -> Iterator[str]:
+    """A role's snapshot folder in /dev/shm, laid out as the runtime's (`<job>/<run>/<role>.<n>`: the three
+    folders the writer checks are this user's own, /dev/shm itself is everyone's)."""
+    with tempfile.TemporaryDirectory(dir="/dev/shm") as job:
+        yield str(Path(job) / "run" / "actor.0")
 
 
 def state_of(group: LocalWorkerGroup) -> list[torch.Tensor]:
