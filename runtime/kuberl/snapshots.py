@@ -184,7 +184,8 @@ class SlotWriter:
         """Refuse a slot that would not fit: the filesystem's free space and, in memory (tmpfs), what the
         memory cgroup may still charge less a margin for the working set (past it the kernel would kill the
         rank instead of refusing the allocation)."""
-        free = os.statvfs(self.root).f_bavail * os.statvfs(self.root).f_frsize
+        fs = os.statvfs(self.root)
+        free = fs.f_bavail * fs.f_frsize
         if self.fs in MEMORY_FS and (room := memory_cgroup_room()) is not None:
             free = min(free, room - max(2**30, room // 10))
         if size > free:
