@@ -220,6 +220,9 @@ def worker_group(job: RLTrainingJob, role: str, opts: BuildOptions) -> dict[str,
     dra = uses_dra(job, role)
     (volumes, mounts), (tmp_volumes, tmp_mounts, tmp_env) = checkpoint_storage(job), scratch()
     volumes, mounts = [*tmp_volumes, *volumes], [*tmp_mounts, *mounts]
+    if spec.gpus:  # host memory for the actor's and critic's per-step snapshots (and NCCL), charged to the pod
+        volumes.append({"name": names.SHM_VOLUME, "emptyDir": {"medium": "Memory"}})
+        mounts.append({"name": names.SHM_VOLUME, "mountPath": "/dev/shm"})
     container: dict[str, Any] = {
         "name": "ray-worker",
         "image": image_of(job, opts),

@@ -28,6 +28,7 @@ GPU_CLAIM = "gpus"  # the pod's resourceClaims entry (and the template's device 
 NODE_NAME_ENV = Env.NODE_NAME  # a worker's Kubernetes node, from the downward API
 CHECKPOINT_VOLUME = "checkpoints"
 TMP_VOLUME, CACHE_VOLUME = "tmp", "cache"  # emptyDirs beside the read-only root filesystem
+SHM_VOLUME = "shm"  # a GPU worker's /dev/shm in memory: per-step snapshots, NCCL (a pod's own is 64 MiB)
 CACHE_DIR = "/kuberl/cache"
 DEFAULT_CHECKPOINT_PATH = "/checkpoints"  # where a checkpoint PVC is mounted unless the spec names a path
 

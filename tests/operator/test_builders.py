@@ -169,6 +169,21 @@ def test_workers_advertise_their_node_as_a_ray_resource() -> None:
         assert node_resource("n") == "kuberl_node_n"
 
 
+def test_gpu_workers_get_host_memory_at_dev_shm_for_their_snapshots(validator) -> None:
+    """A pod's own /dev/shm is 64 MiB: a GPU role's per-step snapshots (and NCCL) get a memory emptyDir there,
+    charged to the pod; CPU roles keep theirs beside the checkpoints."""
+    cluster = builders.ray_cluster(job(roles={"actor": {"gpus": 2}, "critic": {"gpus": 1}}), OPTS)
+    for group in cluster["spec"]["workerGroupSpecs"]:
+        pod = group["template"]["spec"]
+        shm = {v["name"]: v for v in pod["volumes"]}.get("shm")
+        mounts = {m["mountPath"]: m["name"] for m in pod["containers"][0]["volumeMounts"]}
+        if group["groupName"] in ("actor", "critic"):
+            assert shm == {"name": "shm", "emptyDir": {"medium": "Memory"}} and mounts["/dev/shm"] == "shm"
+        else:
+            assert shm is None and "/dev/shm" not in mounts
+    assert validator(cluster) == []
+
+
 def test_dra_gives_each_gpu_role_a_claim_template_instead_of_device_plugin_gpus(validator) -> None:
     spec = job(placement={"mode": "dra", "policy": "required", "minLink": "PIX"},
                roles={"actor": {"replicas": 2, "gpus": 4}, "critic": {"gpus": 1}, "ref": {"gpus": 2}})
