@@ -5,7 +5,7 @@ steps 3 (actor), 5 (critic), 7 (ref) and 9 (reward). Prints detection / group-re
 per role (median and range over repeats) as a Markdown table and one JSON line per role, for a cold
 restart (`--standby off`: new processes import torch and transformers and build the models), a warm
 standby (`--standby on`: spec.resilience.standby, kuberl.standby: actor and critic standbys load each completed
-step's snapshot as it is committed: `standby_follow_s` is what that load took per step, median, slowest
+step's snapshot once it is whole: `standby_follow_s` is what that load took per step, median, slowest
 rank, and `standby_first_load_s` a new standby's first one, with torch's first-call costs) or both.
 
     unshare -n sh -c 'ip link set lo up; PYTHONPATH=$PWD/runtime .venv/bin/python bench/recovery.py --standby both'

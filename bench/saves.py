@@ -9,9 +9,13 @@ Full PPO steps through the runtime's Driver, in-process (LocalWorkerGroup, no Ra
 per variant, in one process:
     off               no snapshots, no checkpoints: the baseline step
     snapshots         a per-step snapshot of actor and critic (kuberl.snapshots: each rank's shards copied in a
-                      background thread into a memory-mapped slot file, in host memory for GPU roles, which the
-                      step's commit waits for); its staging and copy are also timed apart from the step
-                      (whole-step medians are noisy on a busy machine)
+                      background thread into a memory-mapped slot file, in host memory for GPU roles, beside the
+                      next step's rollout, reward, ref and values; the role's next update waits for it). What it
+                      puts on the training path is timed inside the run (staging, and the next update's wait for
+                      a copy still in flight); the copy alone is also timed apart from the step (whole-step
+                      medians are noisy on a busy machine)
+    snapshots_unchunked   the same, each GPU copy queued whole instead of in `snapshots.CHUNK_BYTES` pieces (the
+                      training stream's small copies then wait behind it)
     checkpoint_sync   a checkpoint every step, each waited for before the step ends (DCP writes blocking)
     checkpoint_async  a checkpoint every step, its writes overlapping the next step (the runtime's way)
 Per variant (after a 2-step warm-up run): the median step time over the steps between the first and the
@@ -36,10 +40,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from ppo_step import build_spec, write_prompts  # noqa: E402
 
+from kuberl import snapshots  # noqa: E402
 from kuberl.driver import Driver  # noqa: E402
 from kuberl.groups import LocalWorkerGroup  # noqa: E402
 
+CHUNK_BYTES = snapshots.CHUNK_BYTES
+
 VARIANTS = ("off", "snapshots", "checkpoint_sync", "checkpoint_async")
+EXTRA = ("snapshots_unchunked",)  # named with --variants only
 
 
 class SyncCheckpoints(Driver):
@@ -55,7 +63,8 @@ def run_variant(name: str, args, data: Path, out: Path) -> dict:
     every = name.startswith("checkpoint")
     trainer = spec.trainer.model_copy(update={"checkpoint": spec.trainer.checkpoint.model_copy(
         update={"interval": 1 if every else 10_000, "keep": 1})})
-    resilience = spec.resilience.model_copy(update={"snapshots": "on" if name == "snapshots" else "off"})
+    resilience = spec.resilience.model_copy(update={"snapshots": "on" if name.startswith("snapshots") else "off"})
+    snapshots.CHUNK_BYTES = 1 << 62 if name == "snapshots_unchunked" else CHUNK_BYTES
     spec = spec.model_copy(update={"trainer": trainer, "resilience": resilience})
     cls = SyncCheckpoints if name == "checkpoint_sync" else Driver
     driver = cls(spec, f"saves-{name}", out, lambda role: LocalWorkerGroup(role, spec, args.device), progress=False)
@@ -64,14 +73,25 @@ def run_variant(name: str, args, data: Path, out: Path) -> dict:
         t0 = time.perf_counter()
         records = driver.run()
         wall = time.perf_counter() - t0
-        direct = snapshot_costs(driver) if name == "snapshots" else {}
+        direct = {**on_path(driver, len(records)), **snapshot_costs(driver)} if name.startswith("snapshots") else {}
     finally:
         driver.shutdown()
     timed = records[1:-1] or records  # not the first (warm-up) nor the last (a final checkpoint in every variant)
     steps = [r.step_s for r in timed]
     ckpt = [r.phases.get("checkpoint", 0.0) for r in timed]
+    phases = {k: round(statistics.median(r.phases.get(k, 0.0) for r in timed), 4) for k in timed[0].phases}
     return {"variant": name, "step_s_median": statistics.median(steps), "step_s_all": [r.step_s for r in records],
+            "phase_s_median": phases,
             "checkpoint_phase_s_median": statistics.median(ckpt) if ckpt else 0.0, "wall_s": wall, **direct}
+
+
+def on_path(driver: Driver, steps: int) -> dict[str, float]:
+    """Per step, summed over actor and critic: the seconds the snapshots took on the training path during the
+    run (staging after each update; the next update's wait for a copy still in flight)."""
+    savers = {role: driver.groups[role].worker.trainer.saver for role in ("actor", "critic")}
+    return {"snapshot_staged_s_per_step": sum(s.staged_s for s in savers.values()) / steps,
+            "snapshot_waited_s_per_step": sum(s.waited_s for s in savers.values()) / steps,
+            "snapshot_copies_s": {role: [round(c, 4) for c in s.copies_s] for role, s in savers.items()}}
 
 
 def snapshot_costs(driver: Driver, reps: int = 10) -> dict[str, float]:
@@ -104,6 +124,8 @@ def main() -> None:
     ap.add_argument("--micro", type=int, default=16)
     ap.add_argument("--variants", default=",".join(VARIANTS))
     args = ap.parse_args()
+    if unknown := set(args.variants.split(",")) - {*VARIANTS, *EXTRA}:
+        ap.error(f"unknown --variants {', '.join(sorted(unknown))}: choose from {', '.join(VARIANTS + EXTRA)}")
     if args.quick:
         args.model, args.device, args.steps, args.batch, args.prompt_len, args.response_len = "tiny", "cpu", 3, 8, 8, 8
         args.micro = 8
@@ -117,13 +139,14 @@ def main() -> None:
         data = Path(tmp) / "prompts.jsonl"
         write_prompts(data, max(256, args.batch * (args.steps + 1)), args.prompt_len)
         run_variant("off", argparse.Namespace(**{**vars(args), "steps": 2}), data, Path(tmp) / "warm-up")
-        for name in args.variants.split(","):
-            row = run_variant(name, args, data, Path(tmp) / name)
+        for i, name in enumerate(args.variants.split(",")):  # a variant may be named twice (noise)
+            row = run_variant(name, args, data, Path(tmp) / f"{i}-{name}")
             row.update(model=args.model, device=device, torch=torch.__version__, batch=args.batch,
                        prompt_len=args.prompt_len, response_len=args.response_len, steps=args.steps)
             rows.append(row)
             print(json.dumps(row), flush=True)
-    base = next((r["step_s_median"] for r in rows if r["variant"] == "off"), None)
+    offs = [r["step_s_median"] for r in rows if r["variant"] == "off"]
+    base = statistics.median(offs) if offs else None  # a variant named twice: the median of its runs
     print(f"\n{args.model} on {device}, batch {args.batch} x ({args.prompt_len} + {args.response_len}) tokens, "
           f"{args.steps} steps (median of steps 2-{max(2, args.steps - 1)})")
     print("| variant | step s (median) | overhead vs off | checkpoint phase s |")
@@ -133,10 +156,11 @@ def main() -> None:
         print(f"| {r['variant']} | {r['step_s_median']:.3f} | {over} | {r['checkpoint_phase_s_median']:.3f} |")
     for r in rows:
         if "snapshot_stage_s_median" in r and base:
-            st, wr = r["snapshot_stage_s_median"], r["snapshot_write_s_median"]
-            print(f"\nsnapshot per step (actor + critic): staging {1000 * st:.1f} ms on the training path, "
-                  f"background copy {1000 * wr:.1f} ms; {100 * st / base:.2f}% of the `off` step on the path, "
-                  f"{100 * (st + wr) / base:.2f}% if the copy overlapped nothing (the step's commit waits for it)")
+            st, wa = r["snapshot_staged_s_per_step"], r["snapshot_waited_s_per_step"]
+            wr = r["snapshot_write_s_median"]
+            print(f"\nsnapshots per step (actor + critic), in the run: staging {1000 * st:.1f} ms and waits for a "
+                  f"copy {1000 * wa:.1f} ms on the training path = {100 * (st + wa) / base:.2f}% of the `off` step; "
+                  f"the copy itself (timed apart) {1000 * wr:.1f} ms, {100 * wr / base:.2f}% if it overlapped nothing")
 
 
 if __name__ == "__main__":

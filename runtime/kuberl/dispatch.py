@@ -36,17 +36,20 @@ class MethodInfo:
     faults: bool  # whether injected faults (spec.resilience.faults) may hit this call
     control: bool = False  # runs in the workers' control concurrency group, beside a stuck call (kuberl.hangs)
     state: bool = True  # needs the role's models on its device (a role sharing GPUs wakes them: kuberl.idle)
+    trains: bool = False  # changes the role's trained state (an update): the supervisor keeps its last call
 
 
-def register(dispatch: Dispatch, *, faults: bool = True, control: bool = False, state: bool = True
-             ) -> Callable[[F], F]:
+def register(dispatch: Dispatch, *, faults: bool = True, control: bool = False, state: bool = True,
+             trains: bool = False) -> Callable[[F], F]:
     """Declare a worker method callable from the driver, and how it is dispatched over ranks.
     `faults=False` for lifecycle calls (save, load) that fault injection must leave alone;
     `control=True` for cheap calls (ping, memory, stack dump) that must answer while a call is stuck;
-    `state=False` for calls that use no model state on the device (bookkeeping; control calls never do)."""
+    `state=False` for calls that use no model state on the device (bookkeeping; control calls never do);
+    `trains=True` for an update (`update(batch, step)`: trained step `step + 1`), which a restarted role whose
+    snapshot of it was not yet whole runs again (`kuberl.library.Roles.recover`)."""
 
     def mark(fn: F) -> F:
-        setattr(fn, _ATTR, MethodInfo(dispatch, faults, control, state and not control))
+        setattr(fn, _ATTR, MethodInfo(dispatch, faults, control, state and not control, trains))
         return fn
 
     return mark

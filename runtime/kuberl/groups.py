@@ -194,6 +194,10 @@ class LocalWorkerGroup(WorkerGroup):
         return True
 
     def shutdown(self) -> None:
+        """Drop the worker once its writes in flight (a snapshot copy) are done and its slots unpinned: none
+        outlives the group in this process."""
+        if self.worker is not None and self.worker.trainer is not None:
+            self.worker.trainer.saver.close()
         self.worker = None
 
     def resize(self, spec: JobSpec) -> None:

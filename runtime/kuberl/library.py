@@ -15,7 +15,10 @@
 `Roles` is the `Supervisor` of its proxies: when a role's worker dies or hangs, only that role's
 group is torn down, recreated and restored (actor and critic from their snapshot of the last
 completed step, `kuberl.saves`, else the last checkpoint saved with `save_checkpoint`; other roles
-from the model path), and the interrupted call is replayed. With `spec.resilience.standby` each
+from the model path), and the interrupted call is replayed. A snapshot is copied beside the next
+step's first phases: a role that died before its copy of update k was whole comes back from step
+k - 1 and runs update k again (an update is a `trains=True` method; the proxies hand each completed
+one to `Roles.updated`, which keeps the last per role). With `spec.resilience.standby` each
 role's warm standby takes the failed ranks' place (`kuberl.standby`). Each
 recovery is kept in `history[role]`; a role that fails more often than `spec.roles.<role>.maxRestarts`
 allows raises `JobFailed`. docs/library.md has the whole API; `kuberl.driver` is the built-in PPO and
@@ -36,6 +39,8 @@ from typing import Any, TypeVar
 
 from . import checkpoint, saves
 from .batch import Batch
+from .colocation import sharing
+from .dispatch import method_info
 from .groups import WorkerFailure, WorkerGroup
 from .proxies import PROXIES, ActorProxy, CriticProxy, RefProxy, RewardProxy, RoleProxy
 from .record import Recovery, RoleStep
@@ -46,7 +51,6 @@ from .workers import Worker
 HOST_MEMORY = Path("/dev/shm")  # where roles with GPUs keep their per-step snapshots (gigabytes each step)
 
 STATEFUL = ("actor", "critic")  # roles whose state (weights, optimizer) is trained and checkpointed
-SAVE_PHASES = ("snapshot", "checkpoint")  # where injected faults hit only when aimed there (Fault.phase)
 T = TypeVar("T", bound=RoleProxy)
 
 
@@ -65,8 +69,8 @@ class PlacementDegraded(JobFailed):
 @dataclass
 class Fault:
     """An injected fault: `mode` ("kill" or "hang") hits `role`'s first faultable call of `step`; with
-    `phase` "checkpoint", its save of step `step`'s checkpoint; with "snapshot", its wait for the writes
-    at the end of step `step`."""
+    `phase` "checkpoint", its save of step `step`'s checkpoint; with "snapshot" (a kill), its update of step
+    `step` runs but the snapshot copy of it never finishes, and the role dies at its next call."""
 
     role: str
     step: int
@@ -104,7 +108,9 @@ class Roles:
         self.snapshot_root = checkpoint_root / "snapshots" if checkpoint_root is not None else None
         self.run_id = uuid.uuid4().hex[:12]  # this run's snapshots only: never another run's, nor another size's
         self._resizes = {r: 0 for r in STATEFUL}
-        self.trained = {r: 0 for r in STATEFUL}  # each stateful role's committed trained step
+        self.trained = {r: 0 for r in STATEFUL}  # each stateful role's trained step: its last completed update
+        self.updates: dict[str, tuple[int, Callable[..., Any], tuple[Any, ...], dict[str, Any]]] = {}  # role ->
+        # its last completed update (trained step, method, arguments): run again on a restore one step short
         self.pending: PendingCheckpoint | None = None
         self._saving = 0  # the step whose checkpoint is being saved
         self.groups: dict[str, WorkerGroup] = {}
@@ -195,9 +201,14 @@ class Roles:
         self.step = step - 1
 
     def end_step(self) -> None:
-        """The step is complete once every stateful role's snapshot of it is written (`commit`)."""
-        with self.phase("snapshot"):
-            self.commit(self.step + 1)
+        """The step is complete once its updates have returned: their snapshots are copied in the background,
+        beside the next step's first phases (each role's next update waits for its own), and a role that dies
+        before its copy is whole runs the update again (`recover`). A checkpoint staged in the last step is
+        committed here, once written."""
+        if self.pending is not None:
+            self.commit(snapshots=False)
+        for role in self._stateful():
+            self._follow(role, self.trained[role])
         self.step += 1
 
     @contextlib.contextmanager
@@ -235,17 +246,17 @@ class Roles:
         writing `state` (the program's own: data position, ...) as its state file, once every role's part
         is whole. A role that no longer holds step `step`'s state (restored from older state after a
         failure) makes the checkpoint void: it is removed, never marked complete."""
-        self.commit()  # the previous one first: one checkpoint in flight
+        self._saving = step  # a failure from here on is recorded in this checkpoint's phase and step
+        self.commit(snapshots=False)  # the previous one first: one checkpoint in flight
         d = checkpoint.fresh_step_dir(self._root(), step)
         stale, committed = [], dict(self.trained)  # a restore during the save lowers self.trained
-        self._saving = step
         with self.phase("checkpoint"):
             for role in self._stateful():
                 held = self.proxies[role].save(str(d / role))
                 if held != committed[role]:
                     stale.append(f"{role} holds step {held}")
         if stale:
-            self.commit()  # the writes end before the folder goes
+            self.commit(snapshots=False)  # the writes end before the folder goes
             shutil.rmtree(d, ignore_errors=True)
             print(f"[{self.name}] checkpoint of step {step} not saved: {', '.join(stale)} (restored from older "
                   f"state after a failure); the newest complete checkpoint stays step {self.last_checkpoint}",
@@ -254,23 +265,13 @@ class Roles:
         self.pending = PendingCheckpoint(step, d, state if state is not None else {"step": step})
         return d
 
-    def commit(self, expected: int | None = None, dead: str | None = None) -> None:
-        """Wait for the stateful roles' writes in flight; then mark a pending checkpoint complete if every
-        role's part is whole (else remove it). `expected`: the step the roles' state should now hold (the
-        end of that step), to report an update lost with a role that died before its snapshot was written.
+    def commit(self, dead: str | None = None, snapshots: bool = True) -> None:
+        """Wait for the stateful roles' checkpoint writes in flight (and, with `snapshots`, their snapshot
+        copies); then mark a pending checkpoint complete if every role's part is whole (else remove it).
         `dead`: a role that is not restarted (its budget spent); its part is checked on the driver's side."""
         for role in self._stateful():
-            if role == dead:
-                continue
-            results = self.proxies[role].commit_saves()
-            held = min(r["trained_step"] for r in results)
-            recs = [r for r in self.history[role].recoveries if r.step == expected]
-            if expected is not None and recs and held < expected and self.trained[role] == expected - 1:
-                recs[-1].steps_lost = max(recs[-1].steps_lost, expected - held)
-                print(f"[{self.name}] warning: {role} lost its update of step {expected}: it died before that "
-                      f"update's snapshot was written", flush=True)
-            self.trained[role] = held
-            self._follow(role, held)
+            if role != dead:
+                self.proxies[role].commit_saves(snapshots)
         pending, self.pending = self.pending, None
         if pending is None:
             return
@@ -291,15 +292,17 @@ class Roles:
         for role in self._stateful():
             self.proxies[role].load(str(checkpoint.step_dir(self._root(), step) / role), step)
             self.trained[role] = step
+            self.updates.pop(role, None)
         self.last_checkpoint = step
 
     def _stateful(self) -> list[str]:
         return [role for role in STATEFUL if role in self.proxies]
 
     def _snapshots_on(self, role: str) -> bool:
-        """spec.resilience.snapshots for `role`: auto means on without GPUs only."""
+        """spec.resilience.snapshots for `role`: auto means on, but for a role that shares its GPUs (colocateWith),
+        whose copy would be waited for before each of its sleeps (`kuberl.idle`), on the training path."""
         mode = self.spec.resilience.snapshots
-        return mode == "on" or (mode == "auto" and not self.spec.roles.get(role).gpus)
+        return mode == "on" or (mode == "auto" and not sharing(self.spec, role))
 
     def _snapshot_dir(self, role: str) -> Path:
         """Where `role`'s ranks keep their snapshots: host memory for a role with GPUs (a disk does not take
@@ -358,13 +361,23 @@ class Roles:
         return self._phase
 
     def fault_for(self, role: str, fn: Callable[..., Any]) -> str | None:
-        phase = self._phase if self._phase in SAVE_PHASES else ""
-        step = self._saving if phase == "checkpoint" else self.step + 1
+        saving = self._phase == "checkpoint"
+        step = self._saving if saving else self.step + 1
         for f in self.faults:
-            if f.role == role and f.step == step and f.phase == phase and not f.fired:
+            if f.role != role or f.step != step or f.fired:
+                continue
+            if f.phase == "snapshot" and not saving and method_info(fn).trains:
+                f.fired = True
+                return "kill_in_snapshot"
+            if f.phase == ("checkpoint" if saving else ""):
                 f.fired = True
                 return f.mode
         return None
+
+    def updated(self, role: str, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        if role in STATEFUL:
+            self.trained[role] = self.step + 1
+            self.updates[role] = (self.step + 1, fn, args, kwargs)
 
     def recover(self, failure: WorkerFailure, phase: str, detect_s: float) -> Recovery:
         """Recreate only `failure.role`'s group and restore its state. A recreate that fails again (no
@@ -389,6 +402,9 @@ class Roles:
             try:
                 rec.standby = group.restart()
                 rec.restored_from, held = self._restore(role) if role in STATEFUL else ("model path", 0)
+                if role in STATEFUL and self._update_again(role, held):
+                    held += 1
+                    rec.restored_from += f", then its update of step {held} again"
                 break
             except WorkerFailure as again:
                 rec.detail = f"{rec.detail}; recreating it failed: {again.detail}"
@@ -401,6 +417,18 @@ class Roles:
         for hook in self.on_restart:
             hook(rec)
         return rec
+
+    def _update_again(self, role: str, held: int) -> bool:
+        """Run the role's last completed update again on its new ranks when the restore came back one step short
+        of it (the role died before that update's snapshot was whole); the update is a function of the state
+        and the batch the driver kept. Returns whether it ran."""
+        step, fn, args, kwargs = self.updates.get(role, (None, None, (), {}))
+        if step is None or step != held + 1 or step != self.trained[role]:
+            return False
+        proxy = RoleProxy(self.groups[role])  # unsupervised: a failure here is caught by `recover`
+        proxy.call(fn, *args, **kwargs)
+        proxy.reapplied()
+        return True
 
     def rescale(self, spec: JobSpec, role: str) -> int:
         """Between two steps: recreate only ``role``'s group at its size in ``spec``; other roles' workers are
@@ -422,6 +450,7 @@ class Roles:
             if self.step > 0:
                 self.proxies[role].load(str(checkpoint.step_dir(self._root(), self.step) / role), self.step)
             self.trained[role] = self.step
+            self.updates.pop(role, None)
         self.check_placement([role])
         return before
 
@@ -430,6 +459,7 @@ class Roles:
         (`kuberl.saves`), else the last checkpoint (shared storage), else the model path. Returns where
         the state came from and its trained step."""
         proxy = RoleProxy(self.groups[role])  # unsupervised: a failure here is caught by `recover`
+        proxy.stop_following()  # a standby that took over: no longer waits for the old ranks' snapshots
         self._enable_snapshots(role)
         if self.snapshot_root is not None:
             seen = proxy.newest_snapshot(str(self._snapshot_dir(role)))

@@ -15,7 +15,8 @@ when a future is waited on: the supervisor restarts only that role, and the futu
 call again (to the new ranks) and waits for that instead; a call that was in flight to the same
 failed group replays without a second restart. A replay that fails with the same exception as the
 failure before it (same call, same "Type: message") is deterministic: it raises `RoleError` (the job
-fails with that error) instead of restarting the role again.
+fails with that error) instead of restarting the role again. A completed update (`@register(trains=True)`)
+is handed to the supervisor, which keeps the last one per role.
 """
 
 from __future__ import annotations
@@ -45,6 +46,10 @@ class Supervisor(Protocol):
     def recover(self, failure: WorkerFailure, phase: str, detect_s: float) -> Any:
         """Restart `failure.role` alone and restore its state; returns the recovery's record (with a
         `replay_s` the future fills in), or raises when the role's restart budget is spent."""
+
+    def updated(self, role: str, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """A `trains` call (an update) of `role` completed: kept, to run again on restored state whose
+        snapshot of that update was not yet whole."""
 
 
 class RoleFuture(Generic[R_co]):
@@ -87,6 +92,8 @@ class RoleFuture(Generic[R_co]):
                 continue
             if self.recoveries:
                 self.recoveries[-1].replay_s = time.perf_counter() - self.sent_at
+            if sup is not None and method_info(self.fn).trains:
+                sup.updated(self.proxy.role, self.fn, self.args, self.kwargs)
             return out
 
 
@@ -149,6 +156,8 @@ class RoleProxy:
     enable_snapshots = remote_all(Worker.enable_snapshots)
     newest_snapshot = remote_all(Worker.newest_snapshot)
     commit_saves = remote_all(Worker.commit_saves)
+    stop_following = remote_all(Worker.stop_following)
+    reapplied = remote(Worker.reapplied)
 
     def __init__(self, group: WorkerGroup, supervisor: Supervisor | None = None):
         self.group, self.supervisor = group, supervisor

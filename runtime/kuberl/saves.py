@@ -8,7 +8,9 @@ is torn and is never loaded.
 
 Snapshots (`kuberl.snapshots`): after every update, each rank copies its own shards (parameters and optimizer
 state, as FSDP2 holds them) in a background thread into the one of its two slot files that does not hold the
-newest whole snapshot. No collective and no resharding: a DMA or a memcpy, cheap enough for every step. A
+newest whole snapshot. No collective and no resharding: a DMA or a memcpy, which overlaps the role's next
+calls (the next step's rollout, values) and is waited for only by its next update. A role that dies before
+the copy of update k is whole is restored from step k - 1 and runs update k again (`kuberl.library`). A
 snapshot is loaded only by a rank of the same rank in a group of the same world size (a restarted role), on
 storage that outlived the old rank (host memory or local disk on one host, or the checkpoint volume), so a
 restarted role resumes from its last completed step instead of the last periodic checkpoint.
@@ -16,16 +18,20 @@ restarted role resumes from its last completed step instead of the last periodic
 
 from __future__ import annotations
 
+import threading
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.tensor import DTensor
 from torch.optim import Optimizer
 
 from . import snapshots
+from .snapshots import NoRoom, Unusable
 
 METADATA = ".metadata"
 
@@ -40,9 +46,10 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 
 
 def shard_tensors(model: nn.Module, optimizer: Optimizer) -> list[torch.Tensor]:
-    """This rank's own tensors of the trainable state, in a fixed order: each parameter's local shard,
-    then each parameter's optimizer state (keys sorted). The same order in every process of the role."""
-    params = list(model.parameters())
+    """This rank's own tensors of the trainable state, in a fixed order: each trainable parameter's local shard,
+    then each one's optimizer state (keys sorted). The same order in every process of the role. Frozen
+    parameters (LoRA's base weights) are not in it: a new rank builds them from the model path, unchanged."""
+    params = [p for p in model.parameters() if p.requires_grad]
     out = [_local(p) for p in params]
     for p in params:
         state = optimizer.state.get(p, {})
@@ -57,8 +64,13 @@ class AsyncSaver:
     def __init__(self):
         self.group = dist.new_group(backend="gloo")  # DCP's own collectives, apart from training's
         self.rank = dist.get_rank()
-        self.writes: list[tuple[str, Future]] = []
+        self.writes: list[tuple[str, Future]] = []  # checkpoints
+        self.snaps: list[tuple[str, Future]] = []  # snapshots
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kuberl-snapshot")
+        self.staged_s = self.waited_s = 0.0  # seconds on the training path: snapshot staging, waits for copies
+        self.copies_s: list[float] = []  # each snapshot copy's seconds in the background, from its start
+        self.doom_next = False  # fault injection: the next snapshot write never ends (set by `Worker.execute`)
+        self.doomed = False  # such a write is in flight: the rank is killed at its next call
         self._root: str | None = None
         self._slots: snapshots.SlotWriter | None = None
 
@@ -77,29 +89,47 @@ class AsyncSaver:
 
     def save(self, model: nn.Module, optimizer: Optimizer, path: str, trainable_only: bool = False) -> None:
         """Start writing a DCP checkpoint of model + optimizer to `path`; returns once the state is staged.
-        `trainable_only`: the parameters that train (LoRA adapters) and not the frozen ones."""
+        `trainable_only`: the parameters that train (LoRA adapters) and not the frozen ones. A snapshot
+        copy in flight goes on (both only read the state)."""
         import torch.distributed.checkpoint as dcp
 
         from .checkpoint import trainable_state
 
-        self.wait()  # one write at a time, so every rank's DCP collectives come in the same order
+        self.wait(snapshots=False)  # one write at a time, so every rank's DCP collectives come in the same order
         state = trainable_state(model, optimizer, trainable_only)
         future = dcp.async_save(state, checkpoint_id=path, process_group=self.group)
         self.writes.append((path, future))
 
     def snapshot(self, model: nn.Module, optimizer: Optimizer, step: int) -> None:
         """Start the per-step snapshot of trained step `step` (when snapshots are on): this rank's shards are
-        copied into a slot in the background; `wait()` (the step's commit) waits for it. Nothing modifies
-        them before then: the role's next update comes after the commit."""
+        copied into a slot in the background, overlapping whatever the role does next; the next update
+        waits for it first (`before_update`), since it changes them. After `doom_next` (fault injection) the
+        copy never ends and the rank dies at its next call, its slot torn."""
         if self._slots is None:
             return
+        t0 = time.perf_counter()
         tensors = [t.detach() for t in shard_tensors(model, optimizer)]
         ready = None
         if any(t.is_cuda for t in tensors):
             ready = torch.cuda.Event()
             ready.record()
+        hold = threading.Event() if self.doom_next else None  # never set
+        self.doomed, self.doom_next = self.doom_next, False
         path = str(snapshots.slot_file(self._root, self.rank, step % snapshots.SLOTS))
-        self.writes.append((path, self.pool.submit(self._slots.write, tensors, step, ready)))
+        self.snaps.append((path, self.pool.submit(self._write, tensors, step, ready, hold)))
+        self.staged_s += time.perf_counter() - t0
+
+    def _write(self, tensors: list[torch.Tensor], step: int, ready: torch.cuda.Event | None,
+               hold: threading.Event | None) -> None:
+        t0 = time.perf_counter()
+        self._slots.write(tensors, step, ready, hold)
+        self.copies_s.append(time.perf_counter() - t0)
+
+    def before_update(self) -> None:
+        """Wait for the snapshot copy in flight: the update about to run changes the tensors it reads."""
+        t0 = time.perf_counter()
+        self.wait_snapshots()
+        self.waited_s += time.perf_counter() - t0
 
     def load_snapshot(self, model: nn.Module, optimizer: Optimizer, step: int, init_state) -> None:
         """Load this rank's snapshot of step `step` in place. `init_state()` creates the optimizer state
@@ -109,17 +139,41 @@ class AsyncSaver:
             init_state()
         snapshots.read_into(self._root, self.rank, step, shard_tensors(model, optimizer))
 
-    def wait(self) -> list[str]:
-        """Wait for every write in flight; returns the paths written. A failed write raises, but for
-        snapshots that find no room: those are turned off for this rank, with a warning (a restart then
-        goes back to the last checkpoint)."""
+    def wait(self, snapshots: bool = True) -> list[str]:
+        """Wait for every checkpoint write in flight and, with `snapshots`, every snapshot copy; returns the
+        paths written. A failed checkpoint write is a one-line warning: its folder has no metadata, so it is
+        never marked complete (`kuberl.library.Roles.commit` removes it); see `wait_snapshots` for snapshots."""
         done = []
         while self.writes:
             path, future = self.writes.pop(0)
             try:
                 future.result()
-            except snapshots.Unusable as exc:
-                fix = "give the pod a larger /dev/shm" if isinstance(exc, snapshots.NoRoom) else "fix that folder"
+            except (Exception, CheckpointException) as exc:  # DCP's is a BaseException; the supervisor voids it
+                print(f"warning: checkpoint write to {path} failed on rank {self.rank} ({type(exc).__name__}: "
+                      f"{str(exc).splitlines()[0] if str(exc) else ''}); that checkpoint is void (never marked "
+                      f"complete) and training goes on", flush=True)
+                continue
+            done.append(path)
+        return done + (self.wait_snapshots() if snapshots else [])
+
+    def close(self) -> None:
+        """Wait for every write, then unmap (and unpin) the slots: their bytes stay in the files."""
+        self.wait()
+        if self._slots is not None:
+            self._slots.close()
+        self.pool.shutdown()
+
+    def wait_snapshots(self) -> list[str]:
+        """Wait for the snapshot copies in flight; returns the slots written. One that finds no room (or an
+        unsafe folder) turns snapshots off for this rank, with a warning (a restart then goes back to the last
+        checkpoint); any other failure raises."""
+        done = []
+        while self.snaps:
+            path, future = self.snaps.pop(0)
+            try:
+                future.result()
+            except Unusable as exc:
+                fix = "give the pod a larger /dev/shm" if isinstance(exc, NoRoom) else "fix that folder"
                 print(f"warning: per-step snapshots off for rank {self.rank}: {exc} (a restart goes back to the "
                       f"last checkpoint; set spec.resilience.snapshots: off, or {fix})", flush=True)
                 self._slots.drop()

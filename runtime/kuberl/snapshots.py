@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +28,8 @@ import torch
 
 ALIGN = 4096
 SLOTS = 2
+CHUNK_BYTES = 64 << 20  # the most a GPU slot copy queues at once: the training stream's own small copies (a loss
+# read back, a weight sync) then wait behind one chunk, not behind gigabytes of state
 MEMORY_FS = ("tmpfs", "ramfs")  # its pages are charged to the writer's memory cgroup and never written back
 LOCAL_FS = (*MEMORY_FS, "ext4", "ext3", "xfs", "btrfs", "zfs", "f2fs", "overlay")  # one page cache for the host
 
@@ -192,10 +195,12 @@ class SlotWriter:
             raise NoRoom(f"{size * SLOTS / 2**30:.1f} GiB for two snapshot slots under {self.root} "
                          f"({max(free, 0) / 2**30:.1f} GiB free)")
 
-    def write(self, tensors: list[torch.Tensor], step: int, ready: torch.cuda.Event | None = None) -> None:
+    def write(self, tensors: list[torch.Tensor], step: int, ready: torch.cuda.Event | None = None,
+              hold: threading.Event | None = None) -> None:
         """Copy `tensors` (this rank's state after trained step `step`) into slot step % 2 and mark it whole.
         Blocking; run it off the training thread. `ready`: recorded on the training stream once the tensors
-        hold that step's values (GPU tensors are copied on a side stream that waits for it)."""
+        hold that step's values (GPU tensors are copied on a side stream that waits for it). `hold`: waited
+        for before the slot is marked whole (fault injection: a rank that dies in the middle of a write)."""
         slot = step % SLOTS
         _meta_file(self.root, self.rank, slot).unlink(missing_ok=True)  # torn from here until the rename below
         layout = layout_of(tensors)
@@ -208,8 +213,13 @@ class SlotWriter:
             with torch.cuda.stream(self.stream):
                 if ready is not None:
                     self.stream.wait_event(ready)
+                queued = 0
                 for dst, src in zip(views, tensors):
                     dst.copy_(src, non_blocking=slot in self.registered)
+                    queued += src.nbytes
+                    if queued >= CHUNK_BYTES:
+                        self.stream.synchronize()
+                        queued = 0
             self.stream.synchronize()
         else:
             for dst, src in zip(views, tensors):
@@ -220,6 +230,8 @@ class SlotWriter:
                 os.fdatasync(fd)
             finally:
                 os.close(fd)
+        if hold is not None:
+            hold.wait()
         meta = {"step": step, "layout": [[e.dtype, list(e.shape), e.offset] for e in layout]}
         tmp = _meta_file(self.root, self.rank, slot).with_suffix(".tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)

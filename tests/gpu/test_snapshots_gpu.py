@@ -41,6 +41,8 @@ def state_of(group: LocalWorkerGroup) -> list[torch.Tensor]:
 
 
 def test_a_fresh_gpu_actor_restores_its_last_update_from_host_memory_bit_identical():
+    """Each update's copy overlaps the next rollout on the same GPU (the runtime's order); the last one is
+    finished by the group's shutdown."""
     spec = load_example("quickstart.yaml", **OVERRIDES, **{"roles.actor.gpus": 1}).spec
     with host_memory_dir() as root:
         group = LocalWorkerGroup("actor", spec, "cuda")
@@ -48,13 +50,14 @@ def test_a_fresh_gpu_actor_restores_its_last_update_from_host_memory_bit_identic
         try:
             actor = ActorProxy(group)
             actor.enable_snapshots(root)
-            batch = train_batch(spec, actor).select(*KEYS)
+            full = train_batch(spec, actor)
+            batch, prompts = full.select(*KEYS), full.select("prompt_ids", "prompt_mask")
             for step in range(3):
-                actor.update(batch, step=step)
-                group.worker.trainer.saver.wait()  # the step's commit
+                actor.update(batch, step=step)  # waits for the copy of the update before it, then changes the state
+                trained = state_of(group)  # (before a forward leaves FSDP2's unsharded parameters registered)
+                actor.generate(prompts, seed=step)  # the next step's rollout, beside the copy of this update
             saver = group.worker.trainer.saver
             assert saver._slots.registered == {0, 1}, "the slots were not page-locked"
-            trained = state_of(group)
         finally:
             group.shutdown()
             gc.collect()

@@ -293,6 +293,37 @@ def test_restarted_trained_role_loses_no_step_between_checkpoints(ray_session, t
     assert rows[3][f"steps_lost_{role}"] == 0 and [r["step"] for r in rows] == [1, 2, 3, 4, 5]
 
 
+def test_a_role_dying_before_its_snapshot_is_whole_runs_its_update_again(ray_session, tmp_path):
+    """The actor's update of step 3 and the critic's of step 4 return, but their snapshot copies never finish
+    and each role dies at its next call: each comes back from its snapshot of the step before, runs the update
+    again from the batch the driver kept, and from then on holds, bit for bit, the state of a run without
+    faults (parameters and AdamW moments, every step): no step lost."""
+    spec = spec_for(**{"trainer.steps": 5})
+
+    def run(name: str, faults: list[Fault]) -> tuple[Driver, dict[int, dict[str, list[str]]]]:
+        digests: dict[int, dict[str, list[str]]] = {}
+        driver = Driver(spec, name, tmp_path / name, lambda r: CountingGroup(r, spec, timeout_s=120), faults=faults,
+                        progress=False, on_step=lambda rec: digests.__setitem__(rec.step, {
+                            role: driver.roles.proxy(role).call(Probes.state_digest) for role in ("actor", "critic")}))
+        run_observed(driver)
+        return driver, digests
+
+    _, clean = run("clean", [])
+    driver, faulted = run("doomed", [Fault("actor", 3, phase="snapshot"), Fault("critic", 4, phase="snapshot")])
+    assert faulted == clean
+    for role, step in (("actor", 3), ("critic", 4)):
+        (rec,) = driver.history[role].recoveries
+        assert rec.restored_from == f"snapshot step {step - 1}, then its update of step {step} again"
+        assert rec.steps_lost == 0
+    rows = read_jsonl(tmp_path / "doomed" / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5]
+    assert (rows[2]["steps_lost_actor"], rows[3]["steps_lost_critic"]) == (0, 0)  # the records of those steps
+    # the critic died in step 4's checkpoint phase: that checkpoint holds its update of step 4 (run again)
+    doomed, clean = (checkpoint_digest(checkpoint.step_dir(tmp_path / run / "checkpoints", 4) / "critic")
+                     for run in ("doomed", "clean"))
+    assert doomed == pytest.approx(clean, rel=1e-12)
+
+
 def checkpoint_digest(folder) -> float:
     """weights_digest of a DCP checkpoint folder's model, read offline (no process group)."""
     import torch

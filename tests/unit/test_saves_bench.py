@@ -19,4 +19,5 @@ def test_quick_saves_bench_prints_each_variant(netns) -> None:
     assert all(r["step_s_median"] > 0 for r in rows)
     assert rows[1]["checkpoint_phase_s_median"] == 0 and rows[3]["checkpoint_phase_s_median"] > 0
     assert rows[1]["snapshot_stage_s_median"] > 0 and rows[1]["snapshot_write_s_median"] > 0
-    assert "| snapshots |" in run.stdout and "snapshot per step (actor + critic): staging" in run.stdout
+    assert rows[1]["snapshot_staged_s_per_step"] > 0 and rows[1]["snapshot_waited_s_per_step"] >= 0
+    assert "| snapshots |" in run.stdout and "snapshots per step (actor + critic), in the run: staging" in run.stdout

@@ -10,21 +10,25 @@ from kuberl.library import Roles
 from kuberl.spec import validate_manifest
 
 
-def spec(snapshots: str | None, actor_gpus: int):
+def spec(snapshots: str | None, roles: dict):
     resilience = {} if snapshots is None else {"snapshots": snapshots}
     return validate_manifest({
         "apiVersion": "kuberl.io/v1alpha1", "kind": "RLTrainingJob", "metadata": {"name": "t"},
         "spec": {"data": {"task": "repeat-letter"}, "reward": {"function": "kuberl.rewards.builtin:repeat_letter"},
-                 "roles": {"actor": {"gpus": actor_gpus}},
-                 "resilience": resilience}}).spec
+                 "roles": roles, "resilience": resilience}}).spec
 
 
-@pytest.mark.parametrize("mode, actor_on, critic_on", [
-    (None, False, True),     # auto (the default): the GPU actor takes none, the CPU critic does
-    ("auto", False, True),
-    ("on", True, True),
-    ("off", False, False),
+APART = {"actor": {"gpus": 1}}  # a GPU actor, a CPU critic
+SHARED = {"actor": {"gpus": 1}, "critic": {"gpus": 1, "colocateWith": "actor"}}
+
+
+@pytest.mark.parametrize("mode, roles, actor_on, critic_on", [
+    (None, APART, True, True),     # auto (the default): on, on a GPU too
+    ("auto", APART, True, True),
+    ("auto", SHARED, False, False),  # roles sharing GPUs: the copy would be waited for before each sleep
+    ("on", SHARED, True, True),
+    ("off", APART, False, False),
 ])
-def test_snapshots_follow_the_mode_and_the_roles_devices(mode, actor_on, critic_on) -> None:
-    roles = SimpleNamespace(spec=spec(mode, actor_gpus=1))
-    assert (Roles._snapshots_on(roles, "actor"), Roles._snapshots_on(roles, "critic")) == (actor_on, critic_on)
+def test_snapshots_follow_the_mode_and_whether_the_role_shares_its_gpus(mode, roles, actor_on, critic_on) -> None:
+    ns = SimpleNamespace(spec=spec(mode, roles))
+    assert (Roles._snapshots_on(ns, "actor"), Roles._snapshots_on(ns, "critic")) == (actor_on, critic_on)

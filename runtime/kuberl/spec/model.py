@@ -474,9 +474,10 @@ class ResilienceSpec(Section):
         False, description="Keep a warm standby per role (a process started in advance; on Kubernetes a Running "
                            "pod), which takes a failed role's place at once while a new standby starts.")
     snapshots: Literal["auto", "on", "off"] = Field(
-        "auto", description="Per-step snapshots of actor and critic, so that a restart loses no completed step. "
-                            "auto: on for a role without GPUs, off for a role with GPUs (whose step waits for the "
-                            "copy of its whole state to host memory: too slow today; docs/operations.md).")
+        "auto", description="Per-step snapshots of actor and critic, so that a restart loses no completed step "
+                            "(a copy of each rank's state after every update, to host memory for a role with GPUs, "
+                            "beside the next step's first phases). auto: on, but for roles that share their GPUs "
+                            "(colocateWith), whose copies would be on the training path; docs/operations.md.")
 
 
 class PlacementSpec(Section):

@@ -99,7 +99,7 @@ class ActorWorker(Worker):
                                  self.spec.rollout.temperature, chunk_size=k.chunk_rows, with_entropy=with_entropy,
                                  entropy_grad=entropy_grad, fused=k.fused_head, compile=k.compile_head)
 
-    @register(Dispatch.SPLIT)
+    @register(Dispatch.SPLIT, trains=True)
     def update(self, batch: Batch, step: int) -> dict[str, float]:
         """PPO epochs over the batch in mini-batches; returns token-averaged stats from all ranks."""
         spec, algo = self.spec, self.spec.algorithm

@@ -34,6 +34,7 @@ from ..spec.contract import Env
 from .train import FSDPTrainer
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+FOLLOW_WAIT_S = 60.0  # how long a standby waits for its role's snapshot copy of a step to be whole
 
 
 class Worker:
@@ -57,6 +58,7 @@ class Worker:
         if threads > 0:
             torch.set_num_threads(threads)
         self.tokenizer = load_tokenizer(self.spec.model)
+        self._promoted = threading.Event()  # set: this standby took its role's place (it follows no more)
 
     # -- lifecycle, called by the WorkerGroup ------------------------------------------------------
     @register(Dispatch.ALL, faults=False, control=True)
@@ -171,14 +173,29 @@ class Worker:
     @register(Dispatch.ALL, faults=False)
     def follow_snapshot(self, root: str, step: int) -> float:
         """A warm standby keeping up with its role: load this rank's snapshot of trained step `step` under
-        `root` now (no collective), so that a take-over finds it loaded. A step older than the state held,
-        or one already pruned, is skipped. Returns the seconds it took."""
+        `root` (no collective), so that a take-over finds it loaded. The role may still be copying it: this
+        waits for it to be whole, until `stop_following` (a take-over) or `FOLLOW_WAIT_S`. A step older than
+        the state held, or one already pruned, is skipped. Returns the seconds it took."""
         t0 = time.perf_counter()
-        if self.trainer is not None:
+        if self.trainer is not None and not self._promoted.is_set():
             self.trainer.saver.snapshot_root = root
+            while step not in snapshots.whole_steps(root, self.rank) and time.perf_counter() - t0 < FOLLOW_WAIT_S:
+                if self._promoted.wait(0.005):
+                    return time.perf_counter() - t0
             with contextlib.suppress(FileNotFoundError):
                 self.trainer.load_snapshot(step, newer_only=True)
         return time.perf_counter() - t0
+
+    @register(Dispatch.ALL, faults=False, control=True)
+    def stop_following(self) -> None:
+        """A standby taking its role's place: a `follow_snapshot` waiting for a snapshot (which its role may
+        have died before finishing) returns now, and later ones (sent before) do nothing."""
+        self._promoted.set()
+
+    @register(Dispatch.ONE, faults=False)
+    def reapplied(self) -> None:
+        """An update was run again on restored state (`kuberl.library.Roles.recover`): as after a load."""
+        self.restored()
 
     def restored(self) -> None:
         """Called after the trainable state was loaded (the actor refreshes its rollout engine)."""
@@ -194,24 +211,27 @@ class Worker:
         """The newest step whose snapshot of this rank is whole under `root`."""
         return snapshots.newest(root, self.rank)
 
-    @register(Dispatch.ALL, state=False)
-    def commit_saves(self) -> dict[str, Any]:
-        """Wait for this rank's writes in flight: {"trained_step": the state's step, "written": [paths]}.
-        Injected faults hit it only when aimed at the snapshot phase."""
+    @register(Dispatch.ALL, faults=False, state=False)
+    def commit_saves(self, snapshots: bool = True) -> dict[str, Any]:
+        """Wait for this rank's checkpoint writes in flight and, with `snapshots`, its snapshot copy:
+        {"trained_step": the state's step, "written": [paths]}."""
         if self.trainer is None:
             return {"trained_step": None, "written": []}
-        return {"trained_step": self.trainer.trained_step, "written": self.trainer.saver.wait()}
+        return {"trained_step": self.trainer.trained_step, "written": self.trainer.saver.wait(snapshots)}
 
     def execute(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
                 fault: str | None = None) -> Any:
         """Run the role method `fn` on this rank (this worker's own override of it, if it has one),
         Batches moved to the device first; `fault` = "kill" ends this process now, "hang" stops
-        answering."""
+        answering, "kill_in_snapshot" runs the call (an update) and kills the process at its next call, the
+        update's snapshot never finished."""
         info = method_info(fn)  # only declared role methods are callable from the driver
         if not info.control:
             self._call_thread = threading.get_ident()
-        if fault == "kill":
+        if fault == "kill" or (not info.control and self.trainer is not None and self.trainer.saver.doomed):
             os.kill(os.getpid(), signal.SIGKILL)
+        if fault == "kill_in_snapshot" and self.trainer is not None:
+            self.trainer.saver.doom_next = True
         if fault == "hang":
             while True:
                 time.sleep(3600)
@@ -225,6 +245,8 @@ class Worker:
             return bound(*(a.to(self.device) if isinstance(a, Batch) else a for a in args), **kwargs)
         finally:
             if resident is not None:
+                if self.trainer is not None:
+                    self.trainer.saver.wait_snapshots()  # the copy reads the tensors that sleep moves
                 resident.sleep()
 
 

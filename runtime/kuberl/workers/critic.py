@@ -29,7 +29,7 @@ class CriticWorker(Worker):
                  for mb in batch.minibatches(self.spec.trainer.micro_batch_size)]
         return Batch({"values": torch.cat(parts).cpu()})
 
-    @register(Dispatch.SPLIT)
+    @register(Dispatch.SPLIT, trains=True)
     def update(self, batch: Batch, step: int) -> dict[str, float]:
         """Value-loss epochs over the batch; returns token-averaged stats from all ranks."""
         spec = self.spec

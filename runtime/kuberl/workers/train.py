@@ -80,6 +80,7 @@ class FSDPTrainer:
     def fit(self, batch: Batch, step: int, tr: TrainerSpec, loss_fn: LossFn) -> dict[str, float]:
         """`tr.ppo_epochs` passes over this rank's shard of the batch in shuffled mini-batches of
         `tr.mini_batch_size` samples (global, across ranks); returns stats averaged over optimizer steps."""
+        self.saver.before_update()  # the snapshot of the last update, copying in the background, is whole first
         self.set_step(step)
         self.model.train()
         mini = tr.mini_batch_size // kdist.dist.get_world_size()
