@@ -6,11 +6,11 @@ imported torch and transformers, joined their own process group and built their 
 optimizers (ref and reward: the weights are loaded; actor and critic: built from the model path).
 A trained role's standby then keeps up with it: after every completed step the supervisor sends it
 `follow` (`Worker.follow_snapshot`), and it loads the role's per-step snapshot of that step
-(`kuberl.saves`) into its own model and optimizer in the background, once the role's copy of it is whole. When the role fails,
-`restart()` kills the active ranks and promotes the standby at once; the supervisor then restores
-the trained state exactly as after a cold restart, which finds the snapshot already loaded (the
-actor still copies it into its rollout engine), and a new standby starts in the background. A
-standby that failed to start is replaced by a cold start.
+(`kuberl.saves`) into its own model and optimizer in the background, once the role's copy of it is
+whole. When the role fails, `restart()` kills the active ranks and promotes the standby at once; the
+supervisor then restores the trained state exactly as after a cold restart, which finds the snapshot
+already loaded (the actor still copies it into its rollout engine), and a new standby starts in the
+background. A standby that failed to start is replaced by a cold start.
 
 The standby holds the role's resources twice (CPU, memory, GPUs, the `kuberl_role_<role>` resource):
 on Kubernetes the operator runs a standby pod per rank for it. Its own trained state is never used:
