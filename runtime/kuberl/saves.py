@@ -57,6 +57,14 @@ def shard_tensors(model: nn.Module, optimizer: Optimizer) -> list[torch.Tensor]:
     return out
 
 
+def _cause(exc: BaseException) -> str:
+    """`Type: first line` of the error behind a failed write (DCP wraps each rank's in a CheckpointException)."""
+    failures = exc.failures if isinstance(exc, CheckpointException) else {}
+    inner = next(iter(failures.values()))[0] if failures else exc
+    lines = str(inner).splitlines()
+    return f"{type(inner).__name__}: {lines[0] if lines else ''}"
+
+
 class AsyncSaver:
     """One rank's state writes in flight. Collective for checkpoints: every rank of the role makes the
     same calls."""
@@ -149,9 +157,8 @@ class AsyncSaver:
             try:
                 future.result()
             except (Exception, CheckpointException) as exc:  # DCP's is a BaseException; the supervisor voids it
-                print(f"warning: checkpoint write to {path} failed on rank {self.rank} ({type(exc).__name__}: "
-                      f"{str(exc).splitlines()[0] if str(exc) else ''}); that checkpoint is void (never marked "
-                      f"complete) and training goes on", flush=True)
+                print(f"warning: checkpoint write to {path} failed on rank {self.rank} ({_cause(exc)}); that "
+                      f"checkpoint is void (never marked complete) and training goes on", flush=True)
                 continue
             done.append(path)
         return done + (self.wait_snapshots() if snapshots else [])

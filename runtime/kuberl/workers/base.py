@@ -212,12 +212,10 @@ class Worker:
         return snapshots.newest(root, self.rank)
 
     @register(Dispatch.ALL, faults=False, state=False)
-    def commit_saves(self, snapshots: bool = True) -> dict[str, Any]:
-        """Wait for this rank's checkpoint writes in flight and, with `snapshots`, its snapshot copy:
-        {"trained_step": the state's step, "written": [paths]}."""
-        if self.trainer is None:
-            return {"trained_step": None, "written": []}
-        return {"trained_step": self.trainer.trained_step, "written": self.trainer.saver.wait(snapshots)}
+    def commit_saves(self, snapshots: bool = True) -> None:
+        """Wait for this rank's checkpoint writes in flight and, with `snapshots`, its snapshot copy."""
+        if self.trainer is not None:
+            self.trainer.saver.wait(snapshots)
 
     def execute(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
                 fault: str | None = None) -> Any:
