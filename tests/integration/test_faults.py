@@ -61,6 +61,13 @@ class ProbingDriver(Driver):
                               "rollout_match": group.call(Probes.rollout_weights_match) if actor else None}
 
 
+def from_snapshot(step: int) -> tuple[str, str]:
+    """Where a trained role killed after its update of `step` comes back from: its snapshot of that step, or,
+    when the kill came before that snapshot's background copy was whole (a loaded machine), the one before it
+    and that update run again (test_a_role_dying_before_its_snapshot_is_whole_runs_its_update_again)."""
+    return f"snapshot step {step}", f"snapshot step {step - 1}, then its update of step {step} again"
+
+
 def spec_for(**overrides):
     base = {"trainer.steps": 8, "trainer.checkpoint.interval": 2}
     base.update(overrides)
@@ -117,7 +124,7 @@ def test_killed_role_recovers_alone(ray_session, tmp_path, role, asynchronous):
         else:
             assert set(extra.values()) <= {0, 1} and sum(extra.values()) >= 1, extra
     if role in ("actor", "critic"):
-        assert rec.restored_from == "snapshot step 2"  # its own snapshot of the last completed step
+        assert rec.restored_from in from_snapshot(2)  # its own snapshot of the last completed step
         assert driver.after_restart["digest"] == pytest.approx(digests[2], rel=1e-12)
     else:
         assert rec.restored_from == "model path"
@@ -272,7 +279,7 @@ def test_killing_one_rank_of_a_two_rank_role_restarts_that_role(ray_session, tmp
     assert len(after["critic"]) == 2 and not set(after["critic"]) & set(before["critic"])
     assert all(after[r] == before[r] for r in ("actor", "ref", "reward"))
     (rec,) = driver.history["critic"].recoveries
-    assert rec.restored_from == "snapshot step 2"
+    assert rec.restored_from in from_snapshot(2)
 
 
 @pytest.mark.parametrize("role", ["actor", "critic"])
@@ -287,7 +294,7 @@ def test_restarted_trained_role_loses_no_step_between_checkpoints(ray_session, t
                                Probes.weights_digest)))
     run_observed(driver)
     (rec,) = driver.history[role].recoveries
-    assert rec.step == 4 and rec.restored_from == "snapshot step 3" and rec.steps_lost == 0
+    assert rec.step == 4 and rec.restored_from in from_snapshot(3) and rec.steps_lost == 0
     assert driver.after_restart["digest"] == pytest.approx(digests[3], rel=1e-12)
     rows = read_jsonl(tmp_path / "metrics.jsonl")
     assert rows[3][f"steps_lost_{role}"] == 0 and [r["step"] for r in rows] == [1, 2, 3, 4, 5]
@@ -347,7 +354,7 @@ def test_kill_during_checkpoint_save_keeps_the_checkpoint_whole(ray_session, tmp
                     on_step=lambda rec: digests.__setitem__(rec.step, driver.groups[role].call(Probes.weights_digest)))
     run_observed(driver)
     (rec,) = driver.history[role].recoveries
-    assert (rec.step, rec.phase, rec.restored_from, rec.steps_lost) == (4, "checkpoint", "snapshot step 4", 0)
+    assert (rec.step, rec.phase, rec.steps_lost) == (4, "checkpoint", 0) and rec.restored_from in from_snapshot(4)
     root = tmp_path / "checkpoints"
     assert checkpoint.complete_steps(root) == [2, 4, 6]
     assert checkpoint.read_state(root, 4)["step"] == 4

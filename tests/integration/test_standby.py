@@ -32,6 +32,7 @@ def test_standby_takes_over_and_a_new_one_starts(ray_session, tmp_path, role):
     seen: dict[str, list[int]] = {}
 
     def on_step(rec):
+        driver.roles.commit()  # the step's snapshot copies, running beside the next step, are whole before its kill
         if rec.step == 2:  # before the fault at step 3: the role's processes and its standby's
             group = driver.groups[role]
             seen["active"], seen["standby"] = pids(group), pids(group.standby.wait())
@@ -68,6 +69,9 @@ def test_a_trained_role_s_standby_takes_over_with_its_last_completed_step_bit_id
     after: dict[str, dict] = {}
 
     def on_step(rec):
+        # the step's snapshot copies, which run beside the next step, are whole before its kill (on a loaded
+        # machine one could still be running: the role would then run its update again, a case of test_faults)
+        driver.roles.commit()
         for role in ("actor", "critic"):
             at_end[role, rec.step] = driver.groups[role].call(Probes.state_digest)
 
