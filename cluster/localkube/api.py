@@ -30,7 +30,10 @@ RAYCLUSTERS = "ray.io/v1/rayclusters"
 RESOURCECLAIMTEMPLATES = "resource.k8s.io/v1/resourceclaimtemplates"
 RLTJ = "kuberl.io/v1alpha1/rltrainingjobs"
 CLUSTERROLES = "rbac.authorization.k8s.io/v1/clusterroles"
-CLUSTER_SCOPED = {NODES, NAMESPACES, CRDS, CLUSTERROLES}
+CLUSTERROLEBINDINGS = "rbac.authorization.k8s.io/v1/clusterrolebindings"
+ENDPOINTS = "v1/endpoints"
+ENDPOINTSLICES = "discovery.k8s.io/v1/endpointslices"
+CLUSTER_SCOPED = {NODES, NAMESPACES, CRDS, CLUSTERROLES, CLUSTERROLEBINDINGS}
 
 
 class ApiError(Exception):

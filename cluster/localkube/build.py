@@ -39,12 +39,15 @@ def build_binary(gobin: str, binary: pins.Binary, bindir: Path, log=print) -> fl
     start = time.monotonic()
     part = bindir / f".{binary.name}.part"
     log(f"building {binary.name} ({binary.package}) in cluster/gomod/{binary.module} ...")
+    env = {**os.environ, "GOFLAGS": os.environ.get("GOFLAGS", "-buildvcs=false")}
+    if binary.static:
+        env["CGO_ENABLED"] = "0"
     proc = subprocess.run(
-        [gobin, "build", "-ldflags", pins.ldflags(binary), "-o", str(part), binary.package],
+        [gobin, "build", "-tags", binary.tags, "-ldflags", pins.ldflags(binary), "-o", str(part), binary.package],
         cwd=pins.GOMOD / binary.module,
         capture_output=True,
         text=True,
-        env={**os.environ, "GOFLAGS": os.environ.get("GOFLAGS", "-buildvcs=false")},
+        env=env,
     )
     if proc.returncode != 0:
         part.unlink(missing_ok=True)

@@ -24,6 +24,8 @@ class Binary:
     name: str  # the file name under bin/
     module: str  # build module folder under cluster/gomod/
     package: str  # the Go package of the command
+    tags: str = ""  # Go build tags
+    static: bool = False  # CGO_ENABLED=0: a binary that runs inside containers or needs no libc
 
 
 BINARIES = (
@@ -34,7 +36,27 @@ BINARIES = (
     Binary("kubectl", "kubernetes", "k8s.io/kubernetes/cmd/kubectl"),  # the server's own version, for tests and you
     Binary("kwok", "kwok", "sigs.k8s.io/kwok/cmd/kwok"),
     Binary("ray-operator", "kuberay", "github.com/ray-project/kuberay/ray-operator"),
+    # The real node: kubelet and kube-proxy from the same release, containerd v2 (Debian bookworm's 1.6 is
+    # end-of-life and older than kubelet's supported set), the CNI plugins, CoreDNS, and BuildKit for the images.
+    Binary("kubelet", "kubernetes", "k8s.io/kubernetes/cmd/kubelet"),
+    Binary("kube-proxy", "kubernetes", "k8s.io/kubernetes/cmd/kube-proxy"),
+    Binary("containerd", "containerd", "github.com/containerd/containerd/v2/cmd/containerd", "no_btrfs no_devmapper"),
+    Binary(
+        "containerd-shim-runc-v2",
+        "containerd",
+        "github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2",
+        static=True,
+    ),
+    Binary("ctr", "containerd", "github.com/containerd/containerd/v2/cmd/ctr", "no_btrfs no_devmapper"),
+    *(
+        Binary(name, "cni", f"github.com/containernetworking/plugins/plugins/{kind}/{name}", static=True)
+        for kind, name in (("main", "bridge"), ("main", "loopback"), ("ipam", "host-local"))
+    ),
+    Binary("coredns", "coredns", "github.com/coredns/coredns", static=True),
+    Binary("buildkitd", "buildkit", "github.com/moby/buildkit/cmd/buildkitd", "no_btrfs"),
+    Binary("buildctl", "buildkit", "github.com/moby/buildkit/cmd/buildctl"),
 )
+
 KUBERAY_MODULE = "github.com/ray-project/kuberay/ray-operator"  # its CRDs: config/crd/bases in the module
 
 
@@ -50,6 +72,10 @@ def ldflags(binary: Binary) -> str:
             for pkg in ("k8s.io/component-base/version", "k8s.io/client-go/pkg/version")
             for k, val in stamps.items()
         )
+    if binary.module == "containerd":
+        return f"-X github.com/containerd/containerd/v2/version.Version={v['containerd']}"
+    if binary.module == "buildkit":
+        return f"-X github.com/moby/buildkit/version.Version={v['buildkit']}"
     if binary.module == "kwok":
         return f"-X sigs.k8s.io/kwok/pkg/consts.Version={v['kwok'].lstrip('v')}"
     return ""
@@ -80,6 +106,10 @@ def versions() -> dict[str, str]:
         "etcd": pinned("etcd", "go.etcd.io/etcd/server/v3"),
         "kwok": pinned("kwok", "sigs.k8s.io/kwok"),
         "kuberay": pinned("kuberay", KUBERAY_MODULE),
+        "containerd": pinned("containerd", "github.com/containerd/containerd/v2"),
+        "cni-plugins": pinned("cni", "github.com/containernetworking/plugins"),
+        "coredns": pinned("coredns", "github.com/coredns/coredns"),
+        "buildkit": pinned("buildkit", "github.com/moby/buildkit"),
     }
 
 
@@ -89,8 +119,12 @@ def cache_key(go_version_text: str) -> str:
     for module in sorted({b.module for b in BINARIES}):
         for name in ("go.mod", "go.sum"):
             digest.update((GOMOD / module / name).read_bytes())
-    v = versions()
-    return f"k8s-{v['kubernetes']}-etcd-{v['etcd']}-kwok-{v['kwok']}-kuberay-{v['kuberay']}-{digest.hexdigest()[:10]}"
+    return f"{key_stem()}{digest.hexdigest()[:10]}"
+
+
+def key_stem() -> str:
+    """The readable start of a cache folder's name: every component's version."""
+    return "".join(f"{name}-{version}-" for name, version in versions().items())
 
 
 def cache_root() -> Path:
@@ -99,8 +133,7 @@ def cache_root() -> Path:
 
 def find_cached() -> Path | None:
     """A complete cache folder for the current pins, found without Go (the newest if several)."""
-    v = versions()
-    stem = f"k8s-{v['kubernetes']}-etcd-{v['etcd']}-kwok-{v['kwok']}-kuberay-{v['kuberay']}-"
+    stem = key_stem()
     gobin = go()
     if gobin is not None:
         folder = cache_root() / cache_key(go_version(gobin))

@@ -1,8 +1,10 @@
 """Certificates for a local control plane (openssl; EC P-256 keys, made once per state folder).
 
-A CA; a serving certificate for 127.0.0.1 (and the in-cluster names of the `kubernetes`
-Service); client certificates for the admin (group system:masters), the controller-manager and
-the scheduler (their built-in RBAC identities); and the service-account signing key pair.
+A CA; a serving certificate for 127.0.0.1 (and the in-cluster names and addresses of the
+`kubernetes` Service, and the real node's way in); client certificates for the admin (group
+system:masters), the controller-manager, the scheduler, and the real node's kubelet, kube-proxy and
+CoreDNS (their built-in RBAC identities); the kubelet's serving certificate; and the service-account
+signing key pair.
 """
 
 from __future__ import annotations
@@ -13,8 +15,12 @@ import shutil
 import subprocess
 from pathlib import Path
 
+# The real node (node.py): its side of the link and the `kubernetes` Service's cluster IP.
+NODE_LINK_HOST, NODE_LINK_NODE, KUBERNETES_SERVICE_IP = "10.89.0.1", "10.89.0.2", "10.96.0.1"
 SERVER_SANS = [
     "IP:127.0.0.1",
+    f"IP:{NODE_LINK_HOST}",
+    f"IP:{KUBERNETES_SERVICE_IP}",
     "DNS:localhost",
     "DNS:kubernetes",
     "DNS:kubernetes.default",
@@ -25,7 +31,10 @@ CLIENTS = {  # file stem -> subject
     "admin": "/O=system:masters/CN=kuberl-admin",
     "controller-manager": "/CN=system:kube-controller-manager",
     "scheduler": "/CN=system:kube-scheduler",
+    "kube-proxy": "/CN=system:kube-proxy",  # bound to system:node-proxier by default
+    "coredns": "/CN=kuberl:coredns",  # bound by node.py to a ClusterRole that reads Services and endpoints
 }
+NODE_NAME = "node-0"  # the real node: its kubelet is system:node:<name> in system:nodes (the Node authorizer)
 EC = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256"]
 
 
@@ -97,6 +106,8 @@ def ensure(pki: Path) -> Path:
     leaf(pki, "apiserver", "/CN=kube-apiserver", "serverAuth", SERVER_SANS)
     for stem, subject in CLIENTS.items():
         leaf(pki, stem, subject, "clientAuth")
+    leaf(pki, "kubelet", f"/O=system:nodes/CN=system:node:{NODE_NAME}", "clientAuth")
+    leaf(pki, "kubelet-serving", f"/CN={NODE_NAME}", "serverAuth", [f"IP:{NODE_LINK_NODE}", f"DNS:{NODE_NAME}"])
     openssl("genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out", "sa.key", cwd=pki)
     openssl("pkey", "-in", "sa.key", "-pubout", "-out", "sa.pub", cwd=pki)
     (pki / "done").write_text("")

@@ -72,12 +72,20 @@ class Proc:
 
 
 def start(
-    name: str, argv: list[str], logdir: Path, env: dict[str, str] | None = None, tie_to_parent: bool = False
+    name: str,
+    argv: list[str],
+    logdir: Path,
+    env: dict[str, str] | None = None,
+    tie_to_parent: bool = False,
+    prefix: tuple[str, ...] = (),
 ) -> Proc:
+    """Start ``argv`` logging to ``logdir/<name>.log``, through ``prefix`` (a command that execs it, such as
+    ``netns(pid)``), so that the process, its pid and its recorded executable are ``argv``'s."""
     log = logdir / f"{name}.log"
+    wrapped = [*prefix, *argv]
     with open(log, "ab") as out:
         popen = subprocess.Popen(
-            argv,
+            wrapped,
             stdout=out,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -86,6 +94,11 @@ def start(
             preexec_fn=_die_with_parent if tie_to_parent else None,
         )
     return Proc(name, popen.pid, argv[0], log, popen)
+
+
+def netns(pid: int) -> tuple[str, ...]:
+    """The prefix that runs a command in the network namespace of ``pid`` (nsenter execs it: same pid)."""
+    return ("nsenter", f"--net=/proc/{pid}/ns/net", "--")
 
 
 def save(path: Path, procs: list[Proc]) -> None:

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from . import api as kapi
-from . import pki, procs
+from . import node, pki, procs
 from .nodes import NodeSpec, node_object
 
 HERE = Path(__file__).resolve().parent
@@ -59,6 +59,8 @@ class Cluster:
     cache: Path  # the build cache folder (bin/, crds/)
     tie_to_parent: bool = False
     log: Callable[[str], None] = print
+    real_node: bool = False  # a real kubelet with containerd beside the kwok nodes (node.py)
+    images: list[Path] = field(default_factory=list)  # OCI tars loaded into the real node's containerd
     ports: dict[str, int] = field(default_factory=dict)
     procs: list[procs.Proc] = field(default_factory=list)
 
@@ -86,8 +88,10 @@ class Cluster:
     def bin(self, name: str) -> str:
         return str(self.cache / "bin" / name)
 
-    def _start(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> procs.Proc:
-        proc = procs.start(name, argv, self.state / "logs", env, self.tie_to_parent)
+    def _start(
+        self, name: str, argv: list[str], env: dict[str, str] | None = None, prefix: tuple[str, ...] = ()
+    ) -> procs.Proc:
+        proc = procs.start(name, argv, self.state / "logs", env, self.tie_to_parent, prefix)
         self.procs.append(proc)
         procs.save(self.state / "procs.json", self.procs)
         return proc
@@ -131,12 +135,16 @@ class Cluster:
             ("controllers+kwok", self._controllers),
             ("kuberay", self._kuberay),
             ("nodes", lambda: self.add_nodes(nodes)),
+            *((("real node", lambda: node.start(self, self.images)),) if self.real_node else ()),
         )
         try:
             for name, step in steps:
                 t = time.monotonic()
                 step()
                 self.phases[name] = round(time.monotonic() - t, 2)
+        except node.NodeError as exc:
+            self.stop()
+            raise StartError(str(exc)) from None
         except BaseException:
             self.stop()
             raise
@@ -192,7 +200,10 @@ class Cluster:
                 f"--service-account-signing-key-file={p / 'sa.key'}",
                 f"--service-cluster-ip-range={SERVICE_CIDR}",
                 "--authorization-mode=Node,RBAC",
-                "--endpoint-reconciler-type=none",  # 127.0.0.1 is no Endpoints address
+                "--endpoint-reconciler-type=none",  # 127.0.0.1 is no Endpoints address (node.py sets the relay's)
+                f"--kubelet-client-certificate={p / 'admin.crt'}",  # logs and exec on the real node
+                f"--kubelet-client-key={p / 'admin.key'}",
+                "--kubelet-preferred-address-types=InternalIP",
                 f"--audit-policy-file={AUDIT_POLICY}",
                 f"--audit-log-path={self.audit_log}",
                 "--audit-log-format=json",
@@ -246,7 +257,8 @@ class Cluster:
                 self.bin("kwok"),
                 f"--kubeconfig={admin}",
                 f"--config={KWOK_STAGES}",
-                "--manage-all-nodes=true",
+                "--manage-all-nodes=false",
+                "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",  # not the real node
                 f"--cidr={POD_CIDR}",
                 "--node-ip=127.0.0.1",
                 "--node-lease-duration-seconds=40",
@@ -290,8 +302,8 @@ class Cluster:
         admin = self.admin()
         made = [self._node(admin, n) for n in nodes]
         deadline = time.monotonic() + timeout
-        for node in made:
-            name = node["metadata"]["name"]
+        for made_node in made:
+            name = made_node["metadata"]["name"]
             while not node_ready(admin.get(kapi.NODES, name, namespace=None)):
                 if time.monotonic() > deadline:
                     kwok = next(p for p in self.procs if p.name == "kwok")
@@ -316,6 +328,7 @@ class Cluster:
         return {p.name: round(p.rss_mib(), 1) for p in self.procs}
 
     def stop(self) -> None:
+        node.teardown(self.state)
         procs.stop_all(self.procs)
         self.procs = []
         (self.state / "procs.json").unlink(missing_ok=True)

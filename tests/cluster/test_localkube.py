@@ -22,6 +22,17 @@ def test_pins_are_read_from_the_build_modules() -> None:
         "kubectl",
         "kwok",
         "ray-operator",
+        "kubelet",
+        "kube-proxy",
+        "containerd",
+        "containerd-shim-runc-v2",
+        "ctr",
+        "bridge",
+        "loopback",
+        "host-local",
+        "coredns",
+        "buildkitd",
+        "buildctl",
     }
     for b in pins.BINARIES:
         assert (pins.GOMOD / b.module / "go.sum").is_file(), b

@@ -1,0 +1,9 @@
+//go:build tools
+
+// Package tools pins the commands this module builds.
+package tools
+
+import (
+	_ "github.com/moby/buildkit/cmd/buildkitd"
+	_ "github.com/moby/buildkit/cmd/buildctl"
+)
