@@ -9,7 +9,7 @@ from __future__ import annotations
 import copy
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
@@ -47,6 +47,8 @@ class BuildOptions:
     namespace: str
     image: str = DEFAULT_IMAGE
     pull_policy: str = "IfNotPresent"
+    head: Mapping[str, str] = field(default_factory=lambda: dict(HEAD_RESOURCES))  # the head pod's cpu, memory
+    driver: Mapping[str, str] = field(default_factory=lambda: dict(DRIVER_RESOURCES))  # the driver pod's
 
 
 def image_of(job: RLTrainingJob, opts: BuildOptions) -> str:
@@ -272,7 +274,7 @@ def head_group(job: RLTrainingJob, opts: BuildOptions) -> dict[str, Any]:
                     "name": "ray-head",
                     "image": image_of(job, opts),
                     "imagePullPolicy": opts.pull_policy,
-                    "resources": {"requests": dict(HEAD_RESOURCES), "limits": dict(HEAD_RESOURCES)},
+                    "resources": {"requests": dict(opts.head), "limits": dict(opts.head)},
                     "ports": [{"name": "gcs", "containerPort": names.GCS_PORT},
                               {"name": "dashboard", "containerPort": 8265},
                               {"name": "client", "containerPort": 10001}],
@@ -367,7 +369,7 @@ def driver_job(job: RLTrainingJob, opts: BuildOptions) -> dict[str, Any]:
                                     "--metrics-port", str(names.DRIVER_METRICS_PORT), "--metrics-address", "0.0.0.0"],
                         "ports": [{"name": "metrics", "containerPort": names.DRIVER_METRICS_PORT}],
                         "env": env,
-                        "resources": {"requests": dict(DRIVER_RESOURCES), "limits": dict(DRIVER_RESOURCES)},
+                        "resources": {"requests": dict(opts.driver), "limits": dict(opts.driver)},
                         "volumeMounts": [{"name": "spec", "mountPath": names.SPEC_MOUNT, "readOnly": True}, *mounts],
                         "securityContext": container_security(),
                     }],

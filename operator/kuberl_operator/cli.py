@@ -12,6 +12,7 @@ from pathlib import Path
 import yaml
 
 from kuberl.spec import SpecInvalid, load_manifest, parse_yaml
+from kuberl.spec.quantity import parse_quantity
 
 from . import builders, placement
 from .config import DEFAULT_MAX_GPUS_PER_NODE, OperatorConfig
@@ -37,7 +38,8 @@ def cmd_render(args: argparse.Namespace) -> int:
             print(f"error: {problem}", file=sys.stderr)
         return 1
     namespace = args.namespace or job.metadata.namespace or "default"
-    opts = builders.BuildOptions(namespace=namespace, image=args.image)
+    opts = builders.BuildOptions(namespace=namespace, image=args.image, head=args.head_resources,
+                                 driver=args.driver_resources)
     raw_spec = parse_yaml(Path(args.job).read_text())["spec"]
     objects = builders.all_objects(job, raw_spec, None, opts)  # the operator makes the Ray token; render shows none
     sys.stdout.write(yaml.safe_dump_all(objects, sort_keys=False))
@@ -68,7 +70,8 @@ def cmd_operator(args: argparse.Namespace) -> int:
 
     kopf.configure(verbose=args.verbose)
     config = OperatorConfig(image=args.image, metrics_port=args.metrics_port, metrics_address=args.metrics_address,
-                            max_gpus_per_node=args.max_gpus_per_node)
+                            max_gpus_per_node=args.max_gpus_per_node, head=args.head_resources,
+                            driver=args.driver_resources)
     kopf.run(
         standalone=True,
         namespaces=args.namespace,
@@ -77,6 +80,28 @@ def cmd_operator(args: argparse.Namespace) -> int:
         memo=kopf.Memo(config=config),
     )
     return 0
+
+
+def cpu_memory(text: str) -> dict[str, str]:
+    """`cpu=200m,memory=2Gi` -> {"cpu": "200m", "memory": "2Gi"} (both keys, valid quantities)."""
+    pairs = dict(item.partition("=")[::2] for item in text.split(",") if item)
+    if set(pairs) != {"cpu", "memory"}:
+        raise argparse.ArgumentTypeError(f"{text!r}: give cpu=<quantity>,memory=<quantity>, e.g. cpu=1,memory=4Gi")
+    for key, value in pairs.items():
+        try:
+            parse_quantity(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{key}={value!r} is not a Kubernetes quantity (e.g. 500m, 2Gi)") from None
+    return pairs
+
+
+def pod_sizes(p: argparse.ArgumentParser) -> None:
+    """--head-resources and --driver-resources: the two pods every job has beside its roles."""
+    for flag, default, what in (("--head-resources", builders.HEAD_RESOURCES, "each job's Ray head pod (GCS only)"),
+                                ("--driver-resources", builders.DRIVER_RESOURCES, "each job's driver pod")):
+        text = ",".join(f"{k}={v}" for k, v in default.items())
+        p.add_argument(flag, type=cpu_memory, default=dict(default), metavar="cpu=Q,memory=Q",
+                       help=f"requests and limits of {what} (default {text})")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -98,6 +123,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--max-gpus-per-node", type=positive, default=env.max_gpus_per_node,
                    help="the most GPUs any node has: under placement policy required, a role needing more per "
                         f"replica fails at once (default {DEFAULT_MAX_GPUS_PER_NODE}, or $KUBERL_MAX_GPUS_PER_NODE)")
+    pod_sizes(p)
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     p.set_defaults(func=cmd_operator)
 
@@ -108,6 +134,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help=f"runtime image unless the job sets spec.image (default {env.image})")
     p.add_argument("--max-gpus-per-node", type=positive, default=env.max_gpus_per_node,
                    help=f"as for `kuberl operator` (default {env.max_gpus_per_node})")
+    pod_sizes(p)
     p.set_defaults(func=cmd_render)
 
 

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
-from .builders import DEFAULT_IMAGE
+from .builders import DEFAULT_IMAGE, DRIVER_RESOURCES, HEAD_RESOURCES
 
 DEFAULT_MAX_GPUS_PER_NODE = 8
 
@@ -16,6 +17,8 @@ class OperatorConfig:
     metrics_port: int | None = None  # None: no metrics endpoint
     metrics_address: str = "127.0.0.1"  # the chart passes 0.0.0.0 inside the pod
     max_gpus_per_node: int = DEFAULT_MAX_GPUS_PER_NODE  # the most GPUs any node has: a bigger replica never fits
+    head: Mapping[str, str] = field(default_factory=lambda: dict(HEAD_RESOURCES))  # each job's Ray head pod
+    driver: Mapping[str, str] = field(default_factory=lambda: dict(DRIVER_RESOURCES))  # each job's driver pod
 
     @classmethod
     def from_env(cls) -> OperatorConfig:

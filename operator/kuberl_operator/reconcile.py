@@ -74,7 +74,9 @@ class Context:
         return self.locks.setdefault((namespace, name), asyncio.Lock())
 
     def options(self, namespace: str) -> builders.BuildOptions:
-        return builders.BuildOptions(namespace=namespace, image=self.config.image)
+        return builders.BuildOptions(
+            namespace=namespace, image=self.config.image, head=self.config.head, driver=self.config.driver
+        )
 
 
 @dataclass(frozen=True)

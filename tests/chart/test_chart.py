@@ -355,3 +355,13 @@ def test_driver_serves_metrics_where_the_podmonitor_scrapes() -> None:
     assert args[args.index("--metrics-port") + 1] == str(names.DRIVER_METRICS_PORT)
     assert args[args.index("--metrics-address") + 1] == "0.0.0.0"
     assert {"name": "metrics", "containerPort": names.DRIVER_METRICS_PORT} in container["ports"]
+
+
+def test_the_local_clusters_values_fit_its_node(helm: Helm) -> None:
+    """cluster/values-local.yaml (`make install` into `make cluster`): local images, never pulled, and pod sizes
+    that leave room on the real node's 2 cores for the quickstart's roles."""
+    values = yaml.safe_load((REPO / "cluster" / "values-local.yaml").read_text())
+    container = operator_container(helm.render(values))
+    args = operator_parser().parse_args(container["args"])
+    assert container["imagePullPolicy"] == "Never" and args.image.endswith(":0.1.0-cpu")
+    assert args.head_resources == {"cpu": "200m", "memory": "2Gi"} == args.driver_resources

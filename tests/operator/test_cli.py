@@ -108,3 +108,21 @@ def test_render_is_deterministic_and_prints_no_secret_value(capsys: pytest.Captu
     assert outs[0] == outs[1]
     (secret,) = [o for o in yaml.safe_load_all(outs[0]) if o["kind"] == "Secret"]
     assert "data" not in secret and "stringData" not in secret
+
+
+def test_head_and_driver_pod_sizes_are_operator_settings(capsys: pytest.CaptureFixture[str]) -> None:
+    """A small node (the local cluster's 2 cores) runs the head and driver smaller than the defaults."""
+    assert main(["render", str(EXAMPLE), "--head-resources", "cpu=200m,memory=2Gi",
+                 "--driver-resources", "cpu=250m,memory=1Gi"]) == 0
+    objs = list(yaml.safe_load_all(capsys.readouterr().out))
+    head = objs[6]["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0]["resources"]
+    driver = objs[7]["spec"]["template"]["spec"]["containers"][0]["resources"]
+    assert head == {"requests": {"cpu": "200m", "memory": "2Gi"}, "limits": {"cpu": "200m", "memory": "2Gi"}}
+    assert driver["requests"] == driver["limits"] == {"cpu": "250m", "memory": "1Gi"}
+
+
+@pytest.mark.parametrize("value", ["cpu=1", "cpu=1,memory=lots", "memory=1Gi,cpu=1,gpu=1"])
+def test_a_bad_pod_size_is_one_line_naming_the_flag(value: str) -> None:
+    proc = subprocess.run([sys.executable, "-m", "kuberl.cli", "render", str(EXAMPLE), "--head-resources", value],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2 and "--head-resources" in proc.stderr and "Traceback" not in proc.stderr
