@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from .stack import Cluster
 
 POD_SUBNET = "10.88.0.0/24"
+SERVICE_CIDR = "10.96.0.0/16"  # the API server's --service-cluster-ip-range
 POD_GATEWAY = "10.88.0.1"
 LINK_PREFIX = 30  # the veth link: NODE_LINK_HOST/30 (control plane's side), NODE_LINK_NODE/30 (the node's)
 RELAY_PORT = 6443  # the API server's relay on the link's host end
@@ -297,6 +298,9 @@ def link_up(holder: int, st: NodeState) -> None:
         ("ip", "link", "set", "lo", "up"),
         ("ip", "addr", "add", f"{pki.NODE_LINK_NODE}/{LINK_PREFIX}", "dev", veth_node),
         ("ip", "link", "set", veth_node, "up"),
+        # A route for the Service range, so that what the node itself sends to a cluster IP is routed, then
+        # DNATed by kube-proxy (pods route through the bridge's gateway, which needs none).
+        ("ip", "route", "add", SERVICE_CIDR, "dev", veth_node),
         ("sysctl", "-qw", "net.ipv4.ip_forward=1"),
         ("sysctl", "-qw", "net.bridge.bridge-nf-call-iptables=1"),
     ):

@@ -26,7 +26,7 @@ from . import node, pki, procs
 from .nodes import NodeSpec, node_object
 
 HERE = Path(__file__).resolve().parent
-SERVICE_CIDR = "10.96.0.0/16"  # a setting only: no Service traffic is routed here
+SERVICE_CIDR = node.SERVICE_CIDR  # routed on the real node only (kube-proxy); kwok pods have no traffic
 POD_CIDR = "127.64.0.0/16"  # the pod IPs kwok hands out stay in the loopback range
 ISSUER = "https://kubernetes.default.svc.cluster.local"
 KWOK_STAGES = HERE / "kwok-stages.yaml"
