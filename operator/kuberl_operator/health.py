@@ -28,6 +28,7 @@ class PodView:
     failure: str | None  # why the pod counts as failed, or None
     deleting: bool
     unschedulable: str | None = None  # the scheduler's reason, while the pod waits for a node
+    image: str | None = None  # why a container cannot start from its image (ImagePullBackOff, ErrImageNeverPull)
 
 
 def terminated_failure(statuses: Sequence[Mapping[str, Any]]) -> str | None:
@@ -91,6 +92,21 @@ def unschedulable(pod: Mapping[str, Any]) -> str | None:
     return cond.get("message") or "Unschedulable"
 
 
+IMAGE_REASONS = frozenset({"ErrImagePull", "ImagePullBackOff", "ErrImageNeverPull", "InvalidImageName"})
+
+
+def image_waiting(pod: Mapping[str, Any]) -> str | None:
+    """A container the kubelet cannot start from its image, in its words: "container ray-worker: ErrImageNeverPull
+    (Container image "x" is not present with pull policy of Never)". None when every image is there."""
+    status = pod.get("status") or {}
+    for cs in (*status.get("initContainerStatuses", []), *status.get("containerStatuses", [])):
+        waiting = (cs.get("state") or {}).get("waiting") or {}
+        if waiting.get("reason") in IMAGE_REASONS:
+            detail = f" ({waiting['message']})" if waiting.get("message") else ""
+            return f"container {cs.get('name')}: {waiting['reason']}{detail}"
+    return None
+
+
 def pod_ready(pod: Mapping[str, Any]) -> bool:
     status = pod.get("status") or {}
     ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions", []))
@@ -109,6 +125,7 @@ def pod_view(pod: Mapping[str, Any]) -> PodView:
         failure=pod_failure(pod),
         deleting=bool(meta.get("deletionTimestamp")),
         unschedulable=unschedulable(pod),
+        image=image_waiting(pod),
     )
 
 

@@ -28,6 +28,7 @@ ROLE_RESTARTING = "RoleRestarting"
 HEAD_FAILED = "RayHeadFailed"  # the Ray head pod failed: the whole Ray cluster restarts
 ROLE_FAILED = "RoleFailed"  # the driver reported a role's failure (a hang's diagnosis, a process that died)
 UNSCHEDULABLE = "RoleUnschedulable"  # no node satisfies a role's constraints (the scheduler says why)
+IMAGE_PULL_FAILED = "ImagePullFailed"  # a role's container cannot start from its image (not loaded, wrong name)
 TIME_FORMAT = "%Y-%m-%dT%H:%M:%SZ"  # every time in status (reconcile.now)
 PLACEMENT_DEGRADED = Reason.PLACEMENT_DEGRADED.value  # the driver refused GPUs linked below spec.placement.minLink
 
@@ -111,6 +112,9 @@ def role_outcome(role: str, job: RLTrainingJob, old: Mapping[str, Any], seen: Ob
     reported = seen.progress.failure_of(role)  # what the driver saw (a hang's diagnosis): no pod failed for it
     if reported and reported != prev.get("driverFailure"):
         last_failure = f"{now}: {reported}"
+    image = image_problem(pods)
+    if image and image != prev.get("imageWaiting"):
+        last_failure = f"{now}: {image}"
     standby = int(job.spec.resilience.standby)
     status = {
         "desired": spec.replicas + standby,  # the role's pods, its standby's included
@@ -125,6 +129,7 @@ def role_outcome(role: str, job: RLTrainingJob, old: Mapping[str, Any], seen: Ob
         **({"worstLink": link} if (link := seen.progress.link_of(role)) else {}),
         **({"unschedulable": waits, "unschedulableSince": prev.get("unschedulableSince") or now}
            if (waits := waiting_for_node(pods)) else {}),
+        **({"imageWaiting": image} if image else {}),
         **tracking.to_status(),
     }
     return RoleOutcome(status, failures, doomed, leaving)
@@ -171,6 +176,12 @@ def waiting_for_node(pods: Sequence[PodView]) -> str | None:
     if not stuck:
         return None
     return f"{len(stuck)} pod{'s' if len(stuck) > 1 else ''} unschedulable: {stuck[0][1]}"
+
+
+def image_problem(pods: Sequence[PodView]) -> str | None:
+    """Why a role's pods cannot start from their image, for the first such pod by name; None when none waits."""
+    stuck = sorted((p.name, p.image) for p in pods if p.image and not p.deleting)
+    return f"pod {stuck[0][0]} {stuck[0][1]}" if stuck else None
 
 
 def verdict(job: RLTrainingJob, roles: Mapping[str, RoleOutcome], seen: Observed) -> tuple[str, str, str] | None:
@@ -228,6 +239,9 @@ def active_phase(job: RLTrainingJob, roles: Mapping[str, RoleOutcome], seen: Obs
              if o.status.get("unschedulable")]
     if stuck:
         return PROVISIONING, UNSCHEDULABLE, "; ".join(stuck)
+    images = [f"role {r}: {o.status['imageWaiting']}" for r, o in roles.items() if o.status.get("imageWaiting")]
+    if images:
+        return PROVISIONING, IMAGE_PULL_FAILED, "; ".join(images) + " (check spec.image or the operator's --image)"
     if waiting:
         return PROVISIONING, "RolesNotReady", f"waiting for pods: {', '.join(waiting)}"
     return RUNNING, "AllRolesReady", f"all {len(roles)} roles ready"
@@ -259,6 +273,10 @@ def decide(job: RLTrainingJob, generation: int, old: Mapping[str, Any], seen: Ob
                for r, o in roles.items()
                if (why := o.status.get("driverFailure")) and why != ((old.get("roles") or {}).get(r) or {}).get(
                    "driverFailure")]
+    events += [Event("Warning", IMAGE_PULL_FAILED, f"role {r}: {why}")
+               for r, o in roles.items()
+               if (why := o.status.get("imageWaiting")) and why != ((old.get("roles") or {}).get(r) or {}).get(
+                   "imageWaiting")]
     events += [Event("Warning", UNSCHEDULABLE, f"role {r} waits for a node: {why}")
                for r, o in roles.items()
                if (why := o.status.get("unschedulable")) and why != ((old.get("roles") or {}).get(r) or {}).get(

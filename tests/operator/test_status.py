@@ -275,3 +275,30 @@ def test_a_standby_is_one_more_pod_per_role_and_a_failure_takes_only_the_failed_
     decision = decide(spec, 1, running, Observed("rc", failed), T1)
     assert decision.delete_pods == ("c0",) and decision.status["roles"]["critic"]["restarts"] == 1
     assert "its standby takes the failed pods' place" in decision.events[0].message
+
+
+def test_a_pod_that_cannot_start_from_its_image_is_the_roles_last_failure_with_one_event() -> None:
+    """Not Running with nothing happening: the kubelet's waiting reason is in the role's status, the phase says
+    Provisioning with reason ImagePullFailed, and one Event names it (not one per resync)."""
+    why = 'container ray-worker: ErrImageNeverPull (Container image "x:1" is not present with pull policy of Never)'
+    stuck = tuple(PodView(**{**p.__dict__, "ready": False, "image": why}) if p.role == "actor" else p for p in pods())
+    first = run({}, Observed("rc", stuck))
+    actor = first.status["roles"]["actor"]
+    assert actor["imageWaiting"] == f"pod a0 {why}" and actor["lastFailure"] == f"{T1}: pod a0 {why}"
+    assert first.status["phase"] == "Provisioning" and cond(first.status, "Ready")["reason"] == "ImagePullFailed"
+    assert "ErrImageNeverPull" in first.status["message"] and "spec.image" in first.status["message"]
+    assert [e.reason for e in first.events] == ["ImagePullFailed"]
+    again = run(first.status, Observed("rc", stuck), now=T2)
+    assert again.events == () and again.status["roles"]["actor"]["lastFailure"] == f"{T1}: pod a0 {why}"
+    fixed = run(again.status, Observed("rc", pods()), now=T2).status
+    assert fixed["phase"] == "Running" and "imageWaiting" not in fixed["roles"]["actor"]
+
+
+def test_image_waiting_reads_the_kubelets_reason() -> None:
+    from kuberl_operator.health import image_waiting
+
+    pod = {"status": {"phase": "Pending", "containerStatuses": [
+        {"name": "ray-worker", "state": {"waiting": {"reason": "ImagePullBackOff", "message": "Back-off pulling"}}}]}}
+    assert image_waiting(pod) == "container ray-worker: ImagePullBackOff (Back-off pulling)"
+    pod["status"]["containerStatuses"][0]["state"] = {"waiting": {"reason": "ContainerCreating"}}
+    assert image_waiting(pod) is None

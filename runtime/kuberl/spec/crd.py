@@ -86,6 +86,8 @@ STATUS_SCHEMA: dict[str, Any] = {
                                       "description": "Why the role's pods wait for a node, in the scheduler's words."},
                     "unschedulableSince": {"type": "string", "description": "When the role began to wait for a node "
                                                                           "(startTimeoutSeconds bounds the wait)."},
+                    "imageWaiting": {"type": "string", "description": "Why a pod of the role cannot start from its "
+                                                                    "image (ImagePullBackOff, ErrImageNeverPull)."},
                     "members": {"type": "object", "additionalProperties": {"type": "string"},
                                 "description": "Pods seen alive, uid -> name (a member that vanishes was deleted)."},
                     "handledUIDs": {"type": "array", "items": {"type": "string"},
