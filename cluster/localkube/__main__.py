@@ -71,6 +71,12 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0 if alive else 1
 
 
+def cmd_images(args: argparse.Namespace) -> int:
+    from . import images
+
+    return images.main(args.images, Path(args.state).resolve(), args.registry)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="localkube")
     parser.add_argument("--state", default=str(REPO / ".cluster"), help="state folder (default: .cluster in the repo)")
@@ -81,6 +87,10 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("up", help="build, start, write the kubeconfig").set_defaults(func=cmd_up)
     sub.add_parser("down", help="stop every process").set_defaults(func=cmd_down)
     sub.add_parser("status", help="what runs, with its memory").set_defaults(func=cmd_status)
+    i = sub.add_parser("images", help="build images/ with BuildKit (no Docker, no registry); load them if a node runs")
+    i.add_argument("images", nargs="*", help="pause, operator, runtime-cpu (the default three), runtime (CUDA)")
+    i.add_argument("--registry", default="ghcr.io/kuberl", help="registry part of the kuberl image names")
+    i.set_defaults(func=cmd_images)
     args = parser.parse_args(argv)
     return args.func(args)
 

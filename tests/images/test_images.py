@@ -7,6 +7,8 @@ import fnmatch
 import json
 import re
 import shlex
+import sys
+import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +21,8 @@ REPO = Path(__file__).resolve().parents[2]
 IMAGES = REPO / "images"
 DOCKERFILES = {"operator": IMAGES / "operator" / "Dockerfile", "runtime": IMAGES / "runtime" / "Dockerfile"}
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
+sys.path.insert(0, str(REPO / "cluster"))
+from localkube import images as local  # noqa: E402  (the BuildKit builds of `make images`)
 
 
 @dataclass(frozen=True)
@@ -50,9 +54,14 @@ def instructions(path: Path) -> list[Instruction]:
     return out
 
 
-def copy_sources(inst: Instruction) -> list[str]:
-    """Sources of a COPY/ADD from the build context ([] for COPY --from=stage)."""
-    args = inst.args
+def expand(text: str, args: dict[str, str | None]) -> str:
+    """``${NAME}`` replaced by the build arg's value."""
+    return re.sub(r"\$\{(\w+)\}", lambda m: args[m.group(1)], text)
+
+
+def copy_sources(inst: Instruction, args: dict[str, str | None] | None = None) -> list[str]:
+    """Sources of a COPY/ADD from the build context ([] for COPY --from=stage), build args expanded."""
+    args = expand(inst.args, args or {})
     if args.startswith("["):
         parts = json.loads(args)
     else:
@@ -98,8 +107,11 @@ def context_files(source: str) -> list[Path]:
 def test_every_copied_file_exists_and_is_in_the_context(image: str) -> None:
     dockerfile = DOCKERFILES[image]
     patterns = dockerignore(dockerfile)
-    copies = [(inst, src) for inst in instructions(dockerfile) if inst.keyword in {"COPY", "ADD"}
-              for src in copy_sources(inst)]
+    variants = [build_args(dockerfile)] + [{**build_args(dockerfile), **i.args} for i in local.catalogue().values()
+                                           if i.dockerfile == str(dockerfile.relative_to(REPO))]
+    copies = sorted({(inst, src) for args in variants for inst in instructions(dockerfile)
+                     if inst.keyword in {"COPY", "ADD"} for src in copy_sources(inst, args)}, key=lambda c: c[0].line)
+    assert len(variants) > 1, f"make images builds nothing from {dockerfile}"
     assert copies, f"{dockerfile} copies nothing from the context"
     for inst, source in copies:
         assert not source.startswith(("/", "..")), f"line {inst.line}: {source} is outside the build context"
@@ -171,7 +183,10 @@ def pin(extra: str, package: str) -> str:
     raise AssertionError(f"pyproject's {extra} extra does not pin {package}")
 
 
-LOCKS = {image: IMAGES / image / "requirements.txt" for image in DOCKERFILES}
+# Python 3.12 locks for python:3.12-slim and Ubuntu 24.04; Python 3.11 ones for Debian bookworm (`make images`).
+LOCKS = {**{image: IMAGES / image / "requirements.txt" for image in DOCKERFILES},
+         "operator-py311": IMAGES / "operator" / "requirements-py311.txt",
+         "runtime-cpu": IMAGES / "runtime" / "requirements-cpu.txt"}
 HEAVY = {"torch", "ray", "transformers", "vllm", "nvidia-cudnn-cu12", "nvidia-cudnn-cu13"}
 
 
@@ -207,19 +222,20 @@ def test_images_install_their_lock_with_hashes(image: str) -> None:
     installs = [i.args for i in instructions(DOCKERFILES[image]) if i.keyword == "RUN" and "pip install" in i.args]
     text = " ".join(installs)
     assert "--require-hashes --no-deps -r /tmp/requirements.txt" in text
-    copies = [i.args for i in instructions(DOCKERFILES[image]) if i.keyword == "COPY"]
+    args = build_args(DOCKERFILES[image])
+    copies = [expand(i.args, args) for i in instructions(DOCKERFILES[image]) if i.keyword == "COPY"]
     assert f"images/{image}/requirements.txt /tmp/requirements.txt" in copies
     # kuberl itself comes without its dependencies: everything it needs is in the lock.
-    assert re.search(r"pip install --no-deps /src(\s|$)", text)
+    assert re.search(r'pip install (?:"\$@" )?--no-deps /src(\s|$)', text)
     assert not re.search(r"\[(?:[^\]]*,)?\s*(runtime|operator|dev)\b", text), "an extra would resolve outside the lock"
 
 
-@pytest.mark.parametrize("image", DOCKERFILES)
+@pytest.mark.parametrize("image", LOCKS)
 def test_locks_pin_every_requirement_with_hashes(image: str) -> None:
     """Each lock satisfies every requirement of its extra (the runtime one also the Dockerfile's vLLM), and
     every package in it carries hashes (pip's --require-hashes refuses anything else)."""
     pins = lock(image)
-    for req in extra(image):
+    for req in extra(image.split("-")[0]):
         name = canonical(req.name)
         assert name in pins, f"{LOCKS[image].relative_to(REPO)} lacks {name}: run `make locks`"
         assert req.specifier.contains(pins[name], prereleases=True), f"{name} {pins[name]} does not satisfy {req}"
@@ -232,6 +248,26 @@ def test_operator_lock_holds_no_runtime_or_test_packages() -> None:
     assert "kopf" in pins and "pydantic" in pins
     assert not HEAVY & set(pins), f"kuberl[operator] pulls in {HEAVY & set(pins)}"
     assert "kubernetes-validate" not in pins and "pytest" not in pins
+
+
+def test_local_locks_are_the_312_locks_for_python_311() -> None:
+    """The Debian bookworm (Python 3.11) locks hold the versions of the 3.12 ones (uv was seeded with them):
+    the CPU runtime differs from the GPU one only by what vLLM pulls in, and keeps torch's nvidia-* wheels,
+    without which PyPI's torch 2.13.0 (a CUDA build) does not import."""
+    for local_lock, lock312 in (("operator-py311", "operator"), ("runtime-cpu", "runtime")):
+        pins, pins312 = lock(local_lock), lock(lock312)
+        assert set(pins) <= set(pins312), f"{local_lock} has packages the 3.12 lock lacks: {set(pins) - set(pins312)}"
+        moved = {name: (v, pins312[name]) for name, v in pins.items() if pins312[name] != v}
+        assert not moved, f"{local_lock} differs from {lock312}: {moved}"
+    cpu = lock("runtime-cpu")
+    assert "vllm" not in cpu and "nvidia-cudnn-cu13" in cpu and "nvidia-nccl-cu13" in cpu
+    assert lock("operator-py311").keys().isdisjoint(HEAVY)
+
+
+def test_dockerfiles_need_no_frontend_image() -> None:
+    """No `# syntax=` line: BuildKit would pull that frontend from Docker Hub; its built-in one does heredocs."""
+    for dockerfile in IMAGES.glob("*/Dockerfile"):
+        assert not re.search(r"^#\s*syntax\s*=", dockerfile.read_text(), re.M | re.I), dockerfile
 
 
 def test_kubernetes_validate_is_a_test_dependency_only() -> None:
@@ -279,9 +315,12 @@ def test_image_names_agree_with_the_chart_and_the_operator() -> None:
     values = yaml.safe_load((REPO / "charts" / "kuberl" / "values.yaml").read_text())
     version = PYPROJECT["project"]["version"]
     assert builders.DEFAULT_IMAGE == f"{values['runtimeImage']['repository']}:{version}"
-    makefile = (REPO / "Makefile").read_text()
-    for image, dockerfile in DOCKERFILES.items():
-        assert f"-f {dockerfile.relative_to(REPO)} -t $(REGISTRY)/kuberl-{image}:$(VERSION)" in makefile
+    built = local.catalogue()
+    assert built["runtime"].name == builders.DEFAULT_IMAGE
+    assert built["operator"].name == f"{values['image']['repository']}:{version}"
+    assert built["runtime-cpu"].name == f"{builders.DEFAULT_IMAGE}-cpu"
+    assert built["pause"].name == "localhost/kuberl/pause:3.10"
+    assert "$(CLUSTER) images --registry $(REGISTRY) $(IMAGES)" in (REPO / "Makefile").read_text()
     assert values["image"]["repository"].endswith("/kuberl-operator")
 
 
@@ -289,3 +328,69 @@ def test_operator_entrypoint_exists() -> None:
     entry = [i.args for i in instructions(DOCKERFILES["operator"]) if i.keyword == "ENTRYPOINT"][-1]
     assert json.loads(entry) == ["python", "-m", "kuberl_operator"]
     assert (REPO / "operator" / "kuberl_operator" / "__main__.py").is_file()
+
+
+def test_make_images_builds_the_local_flavours_on_debian() -> None:
+    """The default `make images` set: pause, and operator and CPU runtime on the debootstrap bases, with the
+    Python 3.11 locks (the runtime without vLLM); the CUDA runtime keeps its nvidia/cuda base."""
+    built = local.catalogue()
+    assert local.DEFAULT == ("pause", "operator", "runtime-cpu")
+    assert built["operator"].base == local.DEBIAN_PYTHON and "python3-venv" in local.DEBIAN_PYTHON.packages
+    assert built["runtime-cpu"].base == local.DEBIAN and built["runtime-cpu"].args["FLAVOR"] == "cpu"
+    assert built["runtime"].base is None and built["runtime"].args == {}
+    for image in built.values():
+        if image.lock:
+            assert (REPO / image.lock).is_file() and image.lock.endswith(image.args.get("LOCK", "requirements.txt"))
+    for name in ("FLAVOR", "LOCK", "BASE_IMAGE"):
+        assert name in build_args(DOCKERFILES["runtime"])
+
+
+def oci_image(tar: Path) -> tuple[dict, list[str]]:
+    """The image config of a one-image OCI tar, and every path in its layers (headers only: fast)."""
+    with tarfile.open(tar) as outer:
+        def blob(digest: str):
+            return outer.extractfile(f"blobs/sha256/{digest.split(':', 1)[1]}")
+
+        index = json.load(outer.extractfile("index.json"))
+        manifest = json.load(blob(index["manifests"][0]["digest"]))
+        config = json.load(blob(manifest["config"]["digest"]))
+        paths = []
+        for layer in manifest["layers"]:
+            assert layer["mediaType"].endswith("tar"), f"{tar}: {layer['mediaType']} (make images writes uncompressed)"
+            with tarfile.open(fileobj=blob(layer["digest"]), mode="r:") as inner:
+                paths += [m.name.removeprefix("./") for m in inner]
+    return config, paths
+
+
+def built(key: str) -> Path:
+    tar = local.tar_path(key)
+    if not tar.is_file():
+        pytest.skip(f"{tar} not built: run `make images`")
+    return tar
+
+
+def test_built_operator_image() -> None:
+    config, paths = oci_image(built("operator"))
+    assert config["config"]["User"] == "65532:65532"
+    assert config["config"]["Entrypoint"] == ["python", "-m", "kuberl_operator"]
+    assert "opt/kuberl/bin/python" in paths and "usr/bin/python3.11" in paths
+    assert not [p for p in paths if re.search(r"site-packages/(torch|ray|vllm|transformers)/", p)]
+
+
+def test_built_cpu_runtime_image() -> None:
+    config, paths = oci_image(built("runtime-cpu"))
+    env = dict(e.split("=", 1) for e in config["config"]["Env"])
+    assert config["config"]["User"] == "1000:100" and env["HOME"] == "/home/ray"
+    assert env["PATH"].startswith("/opt/kuberl/bin:")
+    assert not [k for k in env if k.startswith(("CUDA", "NVIDIA", "NV_"))], env
+    site = "opt/kuberl/lib/python3.11/site-packages"
+    assert f"{site}/torch/__init__.py" in paths and f"{site}/ray/__init__.py" in paths
+    assert not [p for p in paths if p.startswith(f"{site}/vllm") or p.startswith("usr/local/cuda")]
+    for needed in ("usr/bin/wget", "etc/profile.d/kuberl.sh", "home/ray", "usr/bin/gcc"):
+        assert needed in paths, needed
+
+
+def test_built_pause_image() -> None:
+    config, paths = oci_image(built("pause"))
+    assert config["config"]["Entrypoint"] == ["/pause"] and config["config"]["User"] == "65535:65535"
+    assert paths == ["pause"]
