@@ -31,7 +31,7 @@ DRIVER_BACKOFF_LIMIT = 2
 GCS_WAIT_S = 1800  # the driver's init container gives up on the Ray head after this long
 RAY_UID = 1000  # the `ray` user of rayproject images
 RAY_GID = 100
-CACHE_ENV = {"XDG_CACHE_HOME": "", "HF_HOME": "huggingface", "TRITON_CACHE_DIR": "triton",
+CACHE_ENV = {"XDG_CACHE_HOME": "", "HF_HOME": "huggingface", "TRITON_CACHE_DIR": "triton", "MPLCONFIGDIR": "matplotlib",
              "TORCHINDUCTOR_CACHE_DIR": "torchinductor"}
 DRA_API_VERSION = "resource.k8s.io/v1"  # GA (and served by default) since Kubernetes 1.34
 # Standard DRA device attributes (kubernetes.io/docs/reference/node/dra-standard-device-attributes):
@@ -49,6 +49,7 @@ class BuildOptions:
     pull_policy: str = "IfNotPresent"
     head: Mapping[str, str] = field(default_factory=lambda: dict(HEAD_RESOURCES))  # the head pod's cpu, memory
     driver: Mapping[str, str] = field(default_factory=lambda: dict(DRIVER_RESOURCES))  # the driver pod's
+    cpu_limits: bool = True  # False: CPU requests only (Burstable pods that may use a node's idle cores)
 
 
 def image_of(job: RLTrainingJob, opts: BuildOptions) -> str:
@@ -115,16 +116,23 @@ def pod_cpu_memory(spec: JobSpec, host: str) -> tuple[str, str]:
             format_quantity(sum(parse_quantity(r.resources.memory) for r in roles)))
 
 
-def quantities(spec: JobSpec, host: str, device_plugin: bool = True) -> dict[str, Any]:
-    """Requests equal limits (Guaranteed QoS: a training pod is not the first one evicted). GPUs are
+def requests_limits(requests: Mapping[str, Any], cpu_limit: bool = True) -> dict[str, Any]:
+    """Limits equal to the requests (Guaranteed QoS: a training pod is not the first one evicted), or, with
+    ``cpu_limit`` off (`kuberl operator --no-cpu-limits`), every limit but the CPU's (Burstable)."""
+    limits = {k: v for k, v in requests.items() if cpu_limit or k != "cpu"}
+    return {"requests": dict(requests), "limits": limits}
+
+
+def quantities(spec: JobSpec, host: str, device_plugin: bool = True, cpu_limit: bool = True) -> dict[str, Any]:
+    """Requests and limits of one pod of ``host``'s worker group (:func:`requests_limits`). GPUs are
     the host's, once per pod (colocated roles share them), as a device-plugin limit, or, under DRA, a
     claim on the pod's ResourceClaim instead."""
     cpu, memory = pod_cpu_memory(spec, host)
     gpus = spec.roles.get(host).gpus
-    limits: dict[str, Any] = {"cpu": cpu, "memory": memory}
+    requests: dict[str, Any] = {"cpu": cpu, "memory": memory}
     if gpus and device_plugin:
-        limits["nvidia.com/gpu"] = gpus
-    out: dict[str, Any] = {"requests": dict(limits), "limits": limits}
+        requests["nvidia.com/gpu"] = gpus
+    out = requests_limits(requests, cpu_limit)
     if gpus and not device_plugin:
         out["claims"] = [{"name": names.GPU_CLAIM}]
     return out
@@ -229,7 +237,7 @@ def worker_group(job: RLTrainingJob, role: str, opts: BuildOptions) -> dict[str,
         "name": "ray-worker",
         "image": image_of(job, opts),
         "imagePullPolicy": opts.pull_policy,
-        "resources": quantities(job.spec, role, device_plugin=not dra),
+        "resources": quantities(job.spec, role, device_plugin=not dra, cpu_limit=opts.cpu_limits),
         "env": [*topology_env(), *ray_auth_env(name), *tmp_env],
         "securityContext": container_security(),
     }
@@ -274,7 +282,7 @@ def head_group(job: RLTrainingJob, opts: BuildOptions) -> dict[str, Any]:
                     "name": "ray-head",
                     "image": image_of(job, opts),
                     "imagePullPolicy": opts.pull_policy,
-                    "resources": {"requests": dict(opts.head), "limits": dict(opts.head)},
+                    "resources": requests_limits(opts.head, opts.cpu_limits),
                     "ports": [{"name": "gcs", "containerPort": names.GCS_PORT},
                               {"name": "dashboard", "containerPort": 8265},
                               {"name": "client", "containerPort": 10001}],
@@ -301,6 +309,16 @@ def ray_cluster(job: RLTrainingJob, opts: BuildOptions) -> dict[str, Any]:
             "workerGroupSpecs": [worker_group(job, role, opts) for role in hosts(job.spec)],
         },
     }
+
+
+def join_ray(head: str) -> str:
+    """The driver container's shell line: join the Ray cluster as a node that runs nothing (a Ray driver needs
+    a raylet of its own on its machine: without one ``ray.init`` finds "no node info"), then become the
+    container's args (`kuberl run`), so its exit code is the container's. A failed join exits
+    ``NO_CAPACITY`` (retried), with `ray start`'s output."""
+    log = "/tmp/ray-start.log"
+    return (f"ray start --address={head} --num-cpus=0 --num-gpus=0 --disable-usage-stats > {log} 2>&1 "
+            f"|| {{ cat {log}; exit {ExitCode.NO_CAPACITY.value}; }}; exec \"$@\"")
 
 
 def driver_job(job: RLTrainingJob, opts: BuildOptions) -> dict[str, Any]:
@@ -364,12 +382,13 @@ def driver_job(job: RLTrainingJob, opts: BuildOptions) -> dict[str, Any]:
                         "name": "driver",
                         "image": image,
                         "imagePullPolicy": opts.pull_policy,
-                        "command": ["kuberl", "run", f"{names.SPEC_MOUNT}/{names.SPEC_FILE}",
-                                    "--ray-address", head, "--out", out, "--no-progress", "--no-export",
-                                    "--metrics-port", str(names.DRIVER_METRICS_PORT), "--metrics-address", "0.0.0.0"],
+                        "command": ["sh", "-c", join_ray(head), "join-ray"],
+                        "args": ["kuberl", "run", f"{names.SPEC_MOUNT}/{names.SPEC_FILE}",
+                                 "--ray-address", head, "--out", out, "--no-progress", "--no-export",
+                                 "--metrics-port", str(names.DRIVER_METRICS_PORT), "--metrics-address", "0.0.0.0"],
                         "ports": [{"name": "metrics", "containerPort": names.DRIVER_METRICS_PORT}],
                         "env": env,
-                        "resources": {"requests": dict(opts.driver), "limits": dict(opts.driver)},
+                        "resources": requests_limits(opts.driver, opts.cpu_limits),
                         "volumeMounts": [{"name": "spec", "mountPath": names.SPEC_MOUNT, "readOnly": True}, *mounts],
                         "securityContext": container_security(),
                     }],

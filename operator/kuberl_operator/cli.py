@@ -39,7 +39,7 @@ def cmd_render(args: argparse.Namespace) -> int:
         return 1
     namespace = args.namespace or job.metadata.namespace or "default"
     opts = builders.BuildOptions(namespace=namespace, image=args.image, head=args.head_resources,
-                                 driver=args.driver_resources)
+                                 driver=args.driver_resources, cpu_limits=args.cpu_limits)
     raw_spec = parse_yaml(Path(args.job).read_text())["spec"]
     objects = builders.all_objects(job, raw_spec, None, opts)  # the operator makes the Ray token; render shows none
     sys.stdout.write(yaml.safe_dump_all(objects, sort_keys=False))
@@ -71,7 +71,7 @@ def cmd_operator(args: argparse.Namespace) -> int:
     kopf.configure(verbose=args.verbose)
     config = OperatorConfig(image=args.image, metrics_port=args.metrics_port, metrics_address=args.metrics_address,
                             max_gpus_per_node=args.max_gpus_per_node, head=args.head_resources,
-                            driver=args.driver_resources)
+                            driver=args.driver_resources, cpu_limits=args.cpu_limits)
     kopf.run(
         standalone=True,
         namespaces=args.namespace,
@@ -102,6 +102,9 @@ def pod_sizes(p: argparse.ArgumentParser) -> None:
         text = ",".join(f"{k}={v}" for k, v in default.items())
         p.add_argument(flag, type=cpu_memory, default=dict(default), metavar="cpu=Q,memory=Q",
                        help=f"requests and limits of {what} (default {text})")
+    p.add_argument("--no-cpu-limits", dest="cpu_limits", action="store_false",
+                   help="give every pod CPU requests but no CPU limit (Burstable: pods may use a node's idle "
+                        "cores; a small or shared CPU node). Default: limits equal requests (Guaranteed)")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -19,6 +19,7 @@ class OperatorConfig:
     max_gpus_per_node: int = DEFAULT_MAX_GPUS_PER_NODE  # the most GPUs any node has: a bigger replica never fits
     head: Mapping[str, str] = field(default_factory=lambda: dict(HEAD_RESOURCES))  # each job's Ray head pod
     driver: Mapping[str, str] = field(default_factory=lambda: dict(DRIVER_RESOURCES))  # each job's driver pod
+    cpu_limits: bool = True  # CPU limits equal to the requests (Guaranteed pods); off: requests only
 
     @classmethod
     def from_env(cls) -> OperatorConfig:

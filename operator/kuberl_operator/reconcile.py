@@ -75,7 +75,11 @@ class Context:
 
     def options(self, namespace: str) -> builders.BuildOptions:
         return builders.BuildOptions(
-            namespace=namespace, image=self.config.image, head=self.config.head, driver=self.config.driver
+            namespace=namespace,
+            image=self.config.image,
+            head=self.config.head,
+            driver=self.config.driver,
+            cpu_limits=self.config.cpu_limits,
         )
 
 

@@ -351,7 +351,7 @@ def test_driver_serves_metrics_where_the_podmonitor_scrapes() -> None:
     driver = next(o for o in builders.all_objects(job, raw, "t",
                                                   builders.BuildOptions(namespace="ns")) if o["kind"] == "Job")
     container = driver["spec"]["template"]["spec"]["containers"][0]
-    args = container["command"]
+    args = container["args"]
     assert args[args.index("--metrics-port") + 1] == str(names.DRIVER_METRICS_PORT)
     assert args[args.index("--metrics-address") + 1] == "0.0.0.0"
     assert {"name": "metrics", "containerPort": names.DRIVER_METRICS_PORT} in container["ports"]

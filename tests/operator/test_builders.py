@@ -113,9 +113,12 @@ def test_driver_job_runs_kuberl_against_the_head_with_the_spec_mounted() -> None
     objs = by_kind(builders.all_objects(job(), {}, "t", OPTS))
     pod = objs["Job"]["spec"]["template"]["spec"]
     driver = pod["containers"][0]
-    assert driver["command"] == ["kuberl", "run", "/etc/kuberl/job.yaml", "--ray-address", "j-head-svc:6379",
-                                 "--out", "/kuberl/out", "--no-progress", "--no-export", "--metrics-port", "9500",
-                                 "--metrics-address", "0.0.0.0"]
+    assert driver["args"] == ["kuberl", "run", "/etc/kuberl/job.yaml", "--ray-address", "j-head-svc:6379",
+                              "--out", "/kuberl/out", "--no-progress", "--no-export", "--metrics-port", "9500",
+                              "--metrics-address", "0.0.0.0"]
+    # A Ray driver needs a raylet on its own machine: the pod joins the cluster (no CPUs) first, then execs it.
+    assert driver["command"][:2] == ["sh", "-c"] and "ray start --address=j-head-svc:6379 --num-cpus=0" in (
+        driver["command"][2]) and driver["command"][2].endswith('exec "$@"')
     env = {e["name"]: e for e in driver["env"]}
     assert env["KUBERL_PROGRESS_CONFIGMAP"]["value"] == "j-progress"
     assert env["KUBERL_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
@@ -275,7 +278,7 @@ def test_with_a_checkpoint_pvc_the_driver_writes_its_artefacts_there(path, out) 
     raw = {"trainer": {"checkpoint": {"volumeClaim": "ckpt", **({"path": path} if path else {})}}}
     objs = by_kind(builders.all_objects(job(**raw), raw, "t", OPTS))
     pod = objs["Job"]["spec"]["template"]["spec"]
-    command = pod["containers"][0]["command"]
+    command = pod["containers"][0]["args"]
     assert command[command.index("--out") + 1] == out == builders.driver_out(job(**raw))
     assert {"name": "checkpoints", "persistentVolumeClaim": {"claimName": "ckpt"}} in pod["volumes"]
     assert "out" not in {v["name"] for v in pod["volumes"]}  # no emptyDir left to lose them in
