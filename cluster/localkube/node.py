@@ -20,6 +20,7 @@ last process). It reads only the state folder (``node.json``), so `make cluster-
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import hashlib
 import json
 import os
@@ -28,6 +29,7 @@ import signal
 import socket
 import ssl
 import subprocess
+import tarfile
 import time
 import urllib.request
 from dataclasses import asdict, dataclass
@@ -124,6 +126,7 @@ def kubelet_config(st: NodeState, cluster_pki: Path, dns: str) -> dict[str, Any]
         "imageGCHighThresholdPercent": 100,
         "imageGCLowThresholdPercent": 99,
         "evictionHard": {"memory.available": "100Mi", "nodefs.available": "2%", "imagefs.available": "2%"},
+        "evictionPressureTransitionPeriod": "30s",  # a short dip (an image build beside it) blocks pods briefly
         "nodeStatusReportFrequency": "10s",
         "syncFrequency": "10s",
         "fileCheckFrequency": "10s",
@@ -285,7 +288,7 @@ def run(*argv: str, netns_of: int | None = None) -> str:
 def link_up(holder: int, st: NodeState) -> None:
     """The veth link between the two namespaces; forwarding and bridge netfilter inside the node's."""
     veth_node = st.veth_host[:-1] + "n"
-    if Path(f"/sys/class/net/{st.veth_host}").exists() or _address_in_use(pki.NODE_LINK_HOST):
+    if link_exists(st.veth_host) or _address_in_use(pki.NODE_LINK_HOST):
         raise NodeError(
             f"{pki.NODE_LINK_HOST} is already in use here: another real node runs in this network namespace "
             "(stop it with `make cluster-down`)"
@@ -307,13 +310,51 @@ def link_up(holder: int, st: NodeState) -> None:
         run(*argv, netns_of=holder)
 
 
+def link_exists(name: str) -> bool:
+    """In this network namespace (sysfs shows the host's, whatever namespace one is in)."""
+    return subprocess.run(["ip", "link", "show", name], capture_output=True).returncode == 0
+
+
 def _address_in_use(ip: str) -> bool:
     return f" {ip}/" in run("ip", "-o", "addr")
 
 
-def load_images(ctr: str, sock: str, tars: list[Path]) -> None:
+def tar_manifests(tar: Path) -> set[str]:
+    """The manifest digests an OCI tar's index.json names."""
+    with tarfile.open(tar) as tf:
+        member = tf.extractfile("index.json")
+        index = json.loads(member.read()) if member else {}
+    return {m["digest"] for m in index.get("manifests", [])}
+
+
+def load_images(ctr: str, sock: str, tars: list[Path]) -> list[Path]:
+    """Import each OCI tar whose manifests containerd does not hold yet (the root is kept between runs: a
+    warm start imports nothing); the unpacked layers' blobs are let go (the snapshots are what runs). Returns
+    the tars imported."""
+    base = [ctr, "--address", sock, "-n", "k8s.io", "images"]
+    listing = run(*base, "ls")  # a line per image: name, type, digest, ...
+    imported = []
     for tar in tars:
-        run(ctr, "--address", sock, "-n", "k8s.io", "images", "import", "--all-platforms", str(tar))
+        if all(digest in listing for digest in tar_manifests(tar)):
+            continue
+        run(*base, "import", "--local", "--all-platforms", "--discard-unpacked-layers", str(tar))
+        imported.append(tar)
+    return imported
+
+
+def shared_root(cache: Path) -> Path | None:
+    """containerd's root kept between clusters (images imported once), unless another containerd holds it
+    (its metadata database is locked): then None, and this node uses a root of its own."""
+    root = cache.parent / "node-containerd"
+    db = root / "io.containerd.metadata.v1.bolt" / "meta.db"
+    if db.exists():
+        with open(db, "rb") as f:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                return None
+            fcntl.flock(f, fcntl.LOCK_UN)
+    return root
 
 
 def node_procs_pids(st: NodeState) -> set[int]:
@@ -381,7 +422,7 @@ def remove_cgroups(st: NodeState) -> None:
             d.rmdir()
 
 
-def teardown(state: Path, containerd_root: Path | None = None) -> None:
+def teardown(state: Path) -> None:
     """Stop the real node of ``state``: kubelet first (nothing restarts), then every container and shim, then
     the node's processes; unmount and remove what they left (mounts, cgroups). Safe to call twice."""
     st = NodeState.load(state)
@@ -395,8 +436,7 @@ def teardown(state: Path, containerd_root: Path | None = None) -> None:
         if p.name in NODE_PROCS:
             p.stop()
     kill_containers(st)  # the containers, their shims, and anything else left in the node's namespace
-    roots = [Path(st.dir)] + ([containerd_root] if containerd_root else [])
-    unmount_under(*roots)
+    unmount_under(Path(st.dir))
     remove_cgroups(st)
 
 
@@ -437,7 +477,7 @@ def write_configs(st: NodeState, cluster_pki: Path, cache: Path, server: str) ->
     files = {
         "containerd": (
             conf / "containerd.toml",
-            containerd_config(st, Path(st.dir) / "containerd" / "root", cache / "bin"),
+            containerd_config(st, shared_root(cache) or Path(st.dir) / "containerd" / "root", cache / "bin"),
         ),
         "kubelet": (conf / "kubelet.json", json.dumps(kubelet_config(st, cluster_pki, DNS_IP), indent=1)),
         "kube-proxy": (conf / "kube-proxy.json", json.dumps(kube_proxy_config(kubeconfigs["kube-proxy"]), indent=1)),
