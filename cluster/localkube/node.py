@@ -399,10 +399,11 @@ def remove_cgroups(st: NodeState) -> None:
             d.rmdir()
 
 
-def teardown(state: Path) -> None:
+def teardown(state: Path, st: NodeState | None = None) -> None:
     """Stop the real node of ``state``: kubelet first (nothing restarts), then every container and shim, then
-    the node's processes; unmount and remove what they left (mounts, cgroups). Safe to call twice."""
-    st = NodeState.load(state)
+    the node's processes; unmount and remove what they left (mounts, cgroups). Safe to call twice. ``st``:
+    the node's record when its state folder may be gone (a killed test session's temporary folder)."""
+    st = st or NodeState.load(state)
     if st is None:
         return
     running = procs.load(state / "procs.json")
@@ -415,6 +416,7 @@ def teardown(state: Path) -> None:
     kill_containers(st)  # the containers, their shims, and anything else left in the node's namespace
     unmount_under(Path(st.dir))
     remove_cgroups(st)
+    (Path(st.dir) / "node.json").unlink(missing_ok=True)
 
 
 NODE_PROCS = ("netns", "relay", "containerd", "kubelet", "kube-proxy", "coredns")
@@ -430,6 +432,27 @@ def new_state(state: Path) -> NodeState:
         containerd_sock=str(d / "containerd" / "containerd.sock"),
         veth_host=f"kl{nid}h",
     )
+
+
+def registry(cache: Path) -> Path:
+    """One file per real node started from this cache, naming its state folder: a node whose starter was
+    killed (a pytest session ended by a signal skips its teardown) is found and stopped by the next start."""
+    return cache.parent / "nodes"
+
+
+def sweep(cache: Path) -> list[Path]:
+    """Tear down every registered node whose holder process is gone; the state folders swept."""
+    swept = []
+    for entry in sorted(registry(cache).glob("*.json")) if registry(cache).is_dir() else ():
+        record = json.loads(entry.read_text())
+        state = Path(record.pop("state"))
+        holder = next((p for p in procs.load(state / "procs.json") if p.name == "netns"), None)
+        if holder is not None and holder.alive():
+            continue
+        teardown(state, NodeState(**record))
+        entry.unlink()
+        swept.append(state)
+    return swept
 
 
 def prepare(st: NodeState) -> None:
@@ -498,13 +521,17 @@ def start(cluster: Cluster, images: list[Path], timeout: float = 90) -> NodeStat
     if os.geteuid() != 0:
         raise NodeError("the real node needs root (containerd, runc, network namespaces, cgroups)")
     teardown(cluster.state)  # what an earlier, killed start of this state folder left
+    sweep(cluster.cache)  # and what killed starts of other state folders left
     st = new_state(cluster.state)
     prepare(st)
+    registry(cluster.cache).mkdir(exist_ok=True)
+    record = registry(cluster.cache) / f"{st.id}.json"
     holder = cluster._start("netns", [shutil.which("sleep") or "sleep", "infinity"], prefix=("unshare", "-n", "--"))
     ours = os.readlink("/proc/self/ns/net")
     cluster._wait(holder, lambda: os.readlink(f"/proc/{holder.pid}/ns/net") != ours, 10, "unshare -n failed")
     st.netns_inode = _netns_inode(holder.pid)
     (Path(st.dir) / "node.json").write_text(json.dumps(asdict(st), indent=1))
+    record.write_text(json.dumps({"state": str(cluster.state), **asdict(st)}))
     link_up(holder.pid, st)
     relay = cluster._start(
         "relay",
