@@ -16,7 +16,6 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.chart.conftest import helm  # noqa: F401  (the session's helm, for rendering the monitors)
 from tests.chart.render import Helm, one
 
 from .server import Pod, Prometheus, free_port, http_get, missing_binaries, pod_monitor_scrape
@@ -77,7 +76,7 @@ def wait_for_text(url: str, needle: str, proc: subprocess.Popen, timeout: float)
 
 
 @pytest.fixture(scope="session")
-def quickstart_scrape(netns, promtool, helm: Helm, tmp_path_factory: pytest.TempPathFactory) -> Scrape:  # noqa: F811
+def quickstart_scrape(netns, promtool, helm: Helm, tmp_path_factory: pytest.TempPathFactory) -> Scrape:
     work = tmp_path_factory.mktemp("prometheus")
     port = free_port()
     values = {"podMonitor": {"enabled": True, "interval": SCRAPE, "scrapeTimeout": SCRAPE, "driver": {"port": port}}}
