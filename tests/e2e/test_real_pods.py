@@ -6,6 +6,7 @@ applied unchanged; the head, one pod per role and the driver run the runtime's C
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import time
@@ -130,10 +131,25 @@ def events_of(k: Kubectl, job: str, reason: str) -> list[dict[str, Any]]:
     return [e for e in k.list("events") if e.get("reason") == reason and e["involvedObject"].get("name") == job]
 
 
+def others_gone(k: Kubectl) -> bool:
+    """No pod of an earlier job still holds the node's CPU (a finished job's Ray pods take a while to stop)."""
+    pods = json.loads(k("get", "pods", "-A", "-l", names.LABEL_JOB, "-o", "json"))["items"]
+    return not [p for p in pods if p["status"].get("phase") in ("Pending", "Running")]
+
+
+def critic_restarts(k: Kubectl) -> tuple[int, int]:
+    """(the critic's restarts in status, RoleRestart Events naming the critic)."""
+    events = [e for e in events_of(k, "critic-pod", "RoleRestart") if e["message"].startswith("role critic:")]
+    return (status(k, "critic-pod").get("roles", {}).get("critic", {}).get("restarts", 0), len(events))
+
+
 def test_a_deleted_critic_pod_is_replaced_alone_and_training_goes_on(installed: Kubectl) -> None:
     """Delete the critic's pod mid-training: only it is replaced (every other pod keeps its UID), the status
-    counts one restart with one Event, the driver restarts the critic alone, and the job completes."""
+    counts one more restart with one more Event, the driver restarts the critic alone, and the job completes.
+    Counted from just before the deletion: on a loaded 2-core machine a worker's `ray start` can time out while
+    six Ray nodes start, and that start-up restart is the operator's to count too."""
     k = installed.in_namespace("critic-pod")
+    wait_for(lambda: others_gone(k), 180, "the earlier jobs' pods gone", lambda: describe(k, ""), interval=2)
     k("create", "namespace", "critic-pod")
     job = yaml.safe_load(QUICKSTART.read_text())
     job["metadata"]["name"], job["spec"]["trainer"]["steps"] = "critic-pod", 160
@@ -141,10 +157,12 @@ def test_a_deleted_critic_pod_is_replaced_alone_and_training_goes_on(installed: 
     wait_for(lambda: (status(k, "critic-pod").get("step") or 0) >= 10, 600, "step 10", lambda: describe(k, ""),
              interval=2)
     before = {p["metadata"]["uid"]: role for role, ps in pods_by_role(k, "critic-pod").items() for p in ps}
+    restarts_before = {r: s["restarts"] for r, s in status(k, "critic-pod")["roles"].items()}
+    counted = critic_restarts(k)
     critic = next(p for p in k.list("pods", "kuberl.io/job=critic-pod,kuberl.io/role=critic"))
     k.delete("pod", critic["metadata"]["name"])
     died, step_then = time.monotonic(), status(k, "critic-pod")["step"]
-    wait_for(lambda: status(k, "critic-pod")["roles"]["critic"]["restarts"] == 1, 120, "critic restarts = 1",
+    wait_for(lambda: critic_restarts(k) == (counted[0] + 1, counted[1] + 1), 120, "one more critic restart",
              lambda: describe(k, ""), interval=1)
     wait_for(lambda: any(running(p) and p["metadata"]["uid"] != critic["metadata"]["uid"]
                          for p in pods_by_role(k, "critic-pod").get("critic", [])), 300, "a new critic pod Running",
@@ -155,12 +173,11 @@ def test_a_deleted_critic_pod_is_replaced_alone_and_training_goes_on(installed: 
     after = {p["metadata"]["uid"]: role for role, ps in pods_by_role(k, "critic-pod").items() for p in ps}
     assert {u: r for u, r in before.items() if r != "critic"} == {u: r for u, r in after.items() if r != "critic"}
     assert critic["metadata"]["uid"] not in after and "critic" in after.values()
-    assert len(events_of(k, "critic-pod", "RoleRestart")) == 1
     wait_for(lambda: status(k, "critic-pod").get("phase") in ("Succeeded", "Failed"), 900, "the job to end",
              lambda: describe(k, ""), interval=5)
     st = status(k, "critic-pod")
-    assert st["phase"] == "Succeeded" and st["roles"]["critic"]["restarts"] == 1
-    assert all(st["roles"][r]["restarts"] == 0 for r in ("actor", "ref", "reward"))
+    assert st["phase"] == "Succeeded", st
+    assert {r: s["restarts"] for r, s in st["roles"].items()} == {**restarts_before, "critic": counted[0] + 1}
     logs = k("logs", "job/critic-pod-driver", timeout=60)
     assert "restarting critic only" in logs
     print(f"critic pod deleted at step {step_then}: step {step_then + 2} done {recovered_s:.1f}s after the deletion")
