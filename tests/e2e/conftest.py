@@ -3,7 +3,8 @@ the operator running as a pod from the local image, and a kubectl client.
 
 The cluster is cluster/localkube's, started inside the tests' loopback-only network namespace with
 ``real_node=True``: pods run in the node's own namespace (node.py), their images are the OCI tars
-`make images` built (images.py), loaded into the node's containerd at start. Two kwok GPU nodes sit
+`make images` built (images.py), loaded into the node's containerd at start. It lives as long as this
+package's tests (its veth would make the rest of the session's namespace more than loopback). Two kwok GPU nodes sit
 beside it for GPU-shaped jobs. Without Go (and no cached build) every test here skips, naming
 `make cluster`; with Go, a missing build or missing images fail, naming the command that makes them.
 """
@@ -50,7 +51,7 @@ def image_tars(keys: tuple[str, ...] = IMAGES) -> list[Path]:
     return tars
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def real_cluster(netns: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     cached = pins.find_cached()
     if cached is None:
@@ -101,14 +102,14 @@ class Kubectl:
         return other
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def kubectl(real_cluster: Cluster) -> Kubectl:
     return Kubectl(real_cluster, "default")
 
 
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def installed(real_cluster: Cluster, helm: Helm, kubectl: Kubectl) -> Kubectl:
     """`make install`'s command: the chart with the local values, the operator a pod of the local image."""
     helm.run("upgrade", "--install", RELEASE, str(CHART), "--namespace", OPERATOR_NAMESPACE, "--create-namespace",
