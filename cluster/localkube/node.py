@@ -27,10 +27,8 @@ import os
 import shutil
 import signal
 import socket
-import ssl
 import subprocess
 import time
-import urllib.request
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -503,14 +501,6 @@ def _listening(ip: str, port: int) -> bool:
         return s.connect_ex((ip, port)) == 0
 
 
-def _http_ok(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=2, context=ssl._create_unverified_context()) as rsp:
-            return rsp.status == 200
-    except OSError:
-        return False
-
-
 def start(cluster: Cluster, images: list[Path], timeout: float = 90) -> NodeState:
     """Bring the real node up beside ``cluster``'s control plane; ``images`` (OCI tars) are loaded into containerd.
 
@@ -567,13 +557,13 @@ def start(cluster: Cluster, images: list[Path], timeout: float = 90) -> NodeStat
         prefix=inside,
     )
     admin = cluster.admin()
-    from .stack import node_ready
+    from .stack import http_ok, node_ready  # (stack imports this module)
 
     cluster._wait(
         kubelet, lambda: node_ready(admin.get(kapi.NODES, pki.NODE_NAME, namespace=None)), timeout, "see the log"
     )
     proxy = cluster._start("kube-proxy", [cluster.bin("kube-proxy"), f"--config={files['kube-proxy']}"], prefix=inside)
-    cluster._wait(proxy, lambda: _http_ok(f"http://{pki.NODE_LINK_NODE}:10256/healthz"), 30, "see the log")
+    cluster._wait(proxy, lambda: http_ok(f"http://{pki.NODE_LINK_NODE}:10256/healthz"), 30, "see the log")
     dns = cluster._start("coredns", [cluster.bin("coredns"), "-conf", str(files["coredns"])], prefix=inside)
-    cluster._wait(dns, lambda: _http_ok(f"http://{DNS_IP}:8181/ready"), 30, "see the log")
+    cluster._wait(dns, lambda: http_ok(f"http://{DNS_IP}:8181/ready"), 30, "see the log")
     return st
