@@ -28,16 +28,18 @@ class LoRALinear(nn.Linear):
     """An nn.Linear plus a low-rank update; `enabled` switches the update off (the base layer alone)."""
 
     @classmethod
-    def wrap(cls, base: nn.Linear, rank: int, alpha: float, dropout: float) -> LoRALinear:
-        """A LoRALinear that shares `base`'s weight and bias (no copy)."""
+    def wrap(cls, base: nn.Linear, rank: int, alpha: float, dropout: float,
+             generator: torch.Generator | None = None) -> LoRALinear:
+        """A LoRALinear that shares `base`'s weight and bias (no copy); `generator` (a CPU one) draws A."""
         layer = cls.__new__(cls)
         nn.Module.__init__(layer)
         layer.in_features, layer.out_features = base.in_features, base.out_features
         layer.weight, layer.bias = base.weight, base.bias
         dev, dt = base.weight.device, base.weight.dtype
-        layer.lora_A = nn.Parameter(torch.empty(rank, base.in_features, device=dev, dtype=dt))
+        a = torch.empty(rank, base.in_features, dtype=dt)
+        nn.init.kaiming_uniform_(a, a=math.sqrt(5), generator=generator)
+        layer.lora_A = nn.Parameter(a.to(dev))
         layer.lora_B = nn.Parameter(torch.zeros(base.out_features, rank, device=dev, dtype=dt))
-        nn.init.kaiming_uniform_(layer.lora_A, a=math.sqrt(5))
         layer.scaling, layer.enabled = alpha / rank, True
         layer.dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
         return layer
@@ -50,17 +52,19 @@ class LoRALinear(nn.Linear):
         return out + (self.dropout(x) @ self.lora_A.t().to(x.dtype)) @ self.lora_B.t().to(x.dtype) * self.scaling
 
 
-def apply_lora(model: nn.Module, spec: LoraSpec, trainable: tuple[str, ...] = ()) -> int:
+def apply_lora(model: nn.Module, spec: LoraSpec, trainable: tuple[str, ...] = (), seed: int = 0) -> int:
     """Replace every nn.Linear whose name ends in one of `spec.target_modules` by a LoRALinear and
     freeze everything but the adapters, the modules named by `spec.train_modules`, the biases `spec.bias`
     names (those of the adapted layers, or all) and the parameters whose names start with one of
-    `trainable` (e.g. the critic's value head). Returns the number of layers adapted."""
+    `trainable` (e.g. the critic's value head). The adapters' A matrices are drawn from `seed`, in layer
+    order: every run and every rank of a job starts from the same adapters. Returns the number of layers adapted."""
     targets = [(name, m) for name, m in model.named_modules()
                if isinstance(m, nn.Linear) and name.rsplit(".", 1)[-1] in spec.target_modules]
+    generator = torch.Generator().manual_seed(seed)
     for name, linear in targets:
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, child, LoRALinear.wrap(linear, spec.rank, spec.alpha, spec.dropout))
+        setattr(parent, child, LoRALinear.wrap(linear, spec.rank, spec.alpha, spec.dropout, generator))
     for name, p in model.named_parameters():
         module = name.rsplit(".", 2)[-2] if name.count(".") else ""
         full = name.startswith(trainable) or module.endswith(tuple(spec.train_modules))

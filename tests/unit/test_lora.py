@@ -37,6 +37,21 @@ def perturbed(model) -> None:
 IDS = torch.randint(0, 50, (2, 7), generator=torch.Generator().manual_seed(3))
 
 
+def test_the_adapters_are_drawn_from_the_seed() -> None:
+    """Same seed, same A in every layer, whatever the global RNG holds (runs and ranks of a job agree);
+    another seed, other adapters."""
+    def adapters(seed: int) -> list[torch.Tensor]:
+        model = small_lm()
+        torch.manual_seed(seed + 100)  # the global RNG must not matter
+        lora.apply_lora(model, SPEC, seed=seed)
+        return [m.lora_A.detach().clone() for m in lora.adapter_layers(model)]
+
+    first, again, other = adapters(1), adapters(1), adapters(2)
+    assert all(torch.equal(a, b) for a, b in zip(first, again))
+    assert not torch.equal(first[0], other[0])
+    assert not torch.equal(first[0], first[1])  # each layer draws its own
+
+
 def test_apply_keeps_names_freezes_the_base_and_starts_as_the_base() -> None:
     base = small_lm()
     model = copy.deepcopy(base)

@@ -25,7 +25,7 @@ class ActorWorker(Worker):
             policy.gradient_checkpointing_enable()
         self.trainer = FSDPTrainer(policy, self.device, self.dtype, tr.actor_lr, tr.weight_decay, tr.grad_clip,
                                    tr.warmup_steps, self.kernels, self.role_spec.offload,
-                                   self.role_spec.lora)
+                                   self.role_spec.lora, seed=tr.seed)
         self.engine = make_engine(self.spec, self.device, self.dtype, self.tokenizer)
         self.sync_weights()
 

@@ -19,7 +19,7 @@ class CriticWorker(Worker):
         model = load_value_model(self.spec.model, seed=tr.seed)
         self.trainer = FSDPTrainer(model, self.device, self.dtype, tr.critic_lr, tr.weight_decay, tr.grad_clip,
                                    tr.warmup_steps, self.kernels, self.role_spec.offload,
-                                   self.role_spec.lora, head=("head",))
+                                   self.role_spec.lora, head=("head",), seed=tr.seed)
 
     @register(Dispatch.SPLIT)
     @torch.no_grad()

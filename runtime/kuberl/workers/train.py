@@ -29,16 +29,17 @@ class FSDPTrainer:
     def __init__(self, model: nn.Module, device: torch.device, dtype: torch.dtype, lr: float,
                  weight_decay: float, grad_clip: float, warmup_steps: int = 0,
                  kernels: KernelOptions | None = None, offload: OffloadSpec | None = None,
-                 lora_spec: LoraSpec | None = None, head: tuple[str, ...] = ()):
+                 lora_spec: LoraSpec | None = None, head: tuple[str, ...] = (), seed: int = 0):
         """`kernels`: which training kernels to use (default: none of the compiled or fused ones).
         `offload`: the role's CPU offload (params: FSDP2 CPUOffloadPolicy, the AdamW step on the CPU with
         the fused kernel; optimizer alone: the moments streamed through the GPU each step). `lora_spec`
         (rank > 0): adapters on its target layers, everything else frozen but the parameters named by
-        the `head` prefixes; checkpoints then hold those and their optimizer state only."""
+        the `head` prefixes, the adapters drawn from `seed`; checkpoints then hold those and their optimizer
+        state only."""
         kernels, offload = kernels or KernelOptions(), offload or OffloadSpec()
         self.lora = lora_spec if lora_spec is not None and lora_spec.enabled else None
         if self.lora:
-            lora.apply_lora(model, self.lora, trainable=head)
+            lora.apply_lora(model, self.lora, trainable=head, seed=seed)
         self.model = kdist.shard(model, device, dtype, compile_blocks=kernels.compile_blocks,
                                  offload_params=offload.params, reshard_after_forward=offload.reshard_after_forward)
         on_gpu = device.type == "cuda"
