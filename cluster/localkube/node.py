@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from . import api as kapi
-from . import pki, procs
+from . import pki, procs, volumes
 from .images import load
 
 if TYPE_CHECKING:
@@ -336,6 +336,9 @@ def node_procs_pids(st: NodeState) -> set[int]:
     """Every process in the node's cgroups (the containers), in its network namespace, and every shim of its
     containerd."""
     pids: set[int] = set()
+    # Never the namespace this process runs in: once a node's namespace is gone, the kernel may give its inode to
+    # a new one (a later test session's loopback namespace), whose processes are not the node's.
+    netns = st.netns_inode if st.netns_inode != _netns_inode(os.getpid()) else 0
     for d in cgroup_dirs(st.cgroup_root):
         for procs_file in d.rglob("cgroup.procs") if d.is_dir() else ():
             try:
@@ -350,7 +353,7 @@ def node_procs_pids(st: NodeState) -> set[int]:
                 continue
             if cmdline[0].endswith(b"containerd-shim-runc-v2") and st.containerd_sock.encode() in b" ".join(cmdline):
                 pids.add(int(proc.name))
-            elif st.netns_inode and _netns_inode(int(proc.name)) == st.netns_inode:
+            elif netns and _netns_inode(int(proc.name)) == netns:
                 pids.add(int(proc.name))
     return pids
 
@@ -447,7 +450,9 @@ def sweep(cache: Path) -> list[Path]:
         holder = next((p for p in procs.load(state / "procs.json") if p.name == "netns"), None)
         if holder is not None and holder.alive():
             continue
-        teardown(state, NodeState(**record))
+        # The holder is gone, so is the namespace unless a process still holds it; its inode may name another
+        # namespace by now: the node's processes are found by their cgroups, shims and recorded pids instead.
+        teardown(state, NodeState(**{**record, "netns_inode": 0}))
         entry.unlink()
         swept.append(state)
     return swept
@@ -534,6 +539,7 @@ def start(cluster: Cluster, images: list[Path], timeout: float = 90) -> NodeStat
     cluster._wait(relay, lambda: _listening(pki.NODE_LINK_HOST, RELAY_PORT), 10, "see the log")
     files = write_configs(st, cluster.pki, cluster.cache, f"https://{pki.NODE_LINK_HOST}:{RELAY_PORT}")
     apply_objects(cluster.admin())
+    volumes.apply(cluster.admin(), Path(st.dir))
     inside = procs.netns(holder.pid)
     env = {"PATH": f"{cluster.cache / 'bin'}:{os.environ.get('PATH', '/usr/sbin:/usr/bin:/sbin:/bin')}"}
     containerd = cluster._start(
