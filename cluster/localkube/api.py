@@ -33,7 +33,9 @@ CLUSTERROLES = "rbac.authorization.k8s.io/v1/clusterroles"
 CLUSTERROLEBINDINGS = "rbac.authorization.k8s.io/v1/clusterrolebindings"
 ENDPOINTS = "v1/endpoints"
 ENDPOINTSLICES = "discovery.k8s.io/v1/endpointslices"
-CLUSTER_SCOPED = {NODES, NAMESPACES, CRDS, CLUSTERROLES, CLUSTERROLEBINDINGS}
+STORAGECLASSES = "storage.k8s.io/v1/storageclasses"
+PERSISTENTVOLUMES = "v1/persistentvolumes"
+CLUSTER_SCOPED = {NODES, NAMESPACES, CRDS, CLUSTERROLES, CLUSTERROLEBINDINGS, STORAGECLASSES, PERSISTENTVOLUMES}
 
 
 class ApiError(Exception):
