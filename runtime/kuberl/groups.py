@@ -316,6 +316,10 @@ class RayWorkerGroup(WorkerGroup):
                 raise WorkerFailure(self.role, Reason.WORKER_HUNG, f"a collective failed ({error}); {summary}",
                                     summary, error) from None
             raise RoleError(self.role, error) from None
+        except ray.exceptions.OutOfMemoryError as exc:  # Ray's memory monitor killed the rank near its memory limit
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise WorkerFailure(self.role, Reason.WORKER_DIED, f"worker killed for memory ({first}); if it recurs, "
+                                f"give spec.{self.spec.roles.path(self.role)}.resources.memory more") from None
         except (ray.exceptions.RayActorError, ray.exceptions.ActorDiedError,
                 ray.exceptions.ActorUnavailableError) as exc:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
