@@ -3,8 +3,11 @@
 The scrape configs come from the chart's own PodMonitor/ServiceMonitor, translated the way
 prometheus-operator does for a pod or endpoint it discovers: the target labels it adds (namespace,
 pod, container, job = <namespace>/<monitor>, podTargetLabels), then the monitor's own relabelings
-and honorLabels. A static target stands in for Kubernetes service discovery, carrying the
-``__meta_kubernetes_*`` labels discovery would give the pod, so the monitor's relabelings run for real.
+and honorLabels. Without a cluster, a static target stands in for Kubernetes service discovery, carrying the
+``__meta_kubernetes_*`` labels discovery would give the pod, so the monitor's relabelings run for real; with one
+(tests/e2e), the ``*_discovery`` configs read what Kubernetes discovery would find in the real cluster's pods
+and Endpoints (Debian's build has no Kubernetes discovery: a file the test keeps current stands in), kept by
+the monitor's selectors the way prometheus-operator configures it.
 """
 
 from __future__ import annotations
@@ -111,13 +114,12 @@ class Pod:
                 **discovery_labels("__meta_kubernetes_pod_label_", self.labels)}
 
 
-def pod_monitor_scrape(monitor: dict[str, Any], endpoint: int, pod: Pod) -> dict[str, Any]:
-    """One scrape config for endpoint ``endpoint`` of a rendered PodMonitor, aimed at ``pod``."""
+def pod_generated(monitor: dict[str, Any], endpoint: int) -> list[dict[str, Any]]:
+    """The target labels prometheus-operator gives a pod that endpoint ``endpoint`` of ``monitor`` scrapes."""
     ns, name = monitor["metadata"]["namespace"], monitor["metadata"]["name"]
     spec = monitor["spec"]
     ep = spec["podMetricsEndpoints"][endpoint]
-    assert selects(spec["selector"], pod.labels), f"PodMonitor {name} does not select the pod {pod.labels}"
-    generated = [
+    return [
         {"source_labels": ["__meta_kubernetes_namespace"], "target_label": "namespace"},
         {"source_labels": ["__meta_kubernetes_pod_container_name"], "target_label": "container"},
         {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"},
@@ -126,7 +128,124 @@ def pod_monitor_scrape(monitor: dict[str, Any], endpoint: int, pod: Pod) -> dict
           for label in spec.get("podTargetLabels", [])),
         {"target_label": "endpoint", "replacement": ep.get("port", str(endpoint))},
     ]
-    return scrape_config(f"podMonitor/{ns}/{name}/{endpoint}", ep, pod.address, pod.meta(), generated)
+
+
+def pod_monitor_scrape(monitor: dict[str, Any], endpoint: int, pod: Pod) -> dict[str, Any]:
+    """One scrape config for endpoint ``endpoint`` of a rendered PodMonitor, aimed at ``pod``."""
+    ns, name = monitor["metadata"]["namespace"], monitor["metadata"]["name"]
+    spec = monitor["spec"]
+    assert selects(spec["selector"], pod.labels), f"PodMonitor {name} does not select the pod {pod.labels}"
+    return scrape_config(f"podMonitor/{ns}/{name}/{endpoint}", spec["podMetricsEndpoints"][endpoint], pod.address,
+                         pod.meta(), pod_generated(monitor, endpoint))
+
+
+def selector_keeps(prefix: str, selector: dict[str, Any]) -> list[dict[str, Any]]:
+    """A label selector as prometheus-operator's relabelings on discovery's labels (``prefix``:
+    ``__meta_kubernetes_pod_`` or ``__meta_kubernetes_service_``): what it keeps of what discovery finds."""
+    def pair(key: str) -> list[str]:
+        return [f"{prefix}label_{label_name(key)}", f"{prefix}labelpresent_{label_name(key)}"]
+
+    out = [{"action": "keep", "source_labels": pair(k), "regex": f"({v});true"}
+           for k, v in selector.get("matchLabels", {}).items()]
+    for e in selector.get("matchExpressions", []):
+        key, op, values = e["key"], e["operator"], "|".join(e.get("values", []))
+        if op in ("Exists", "DoesNotExist"):
+            out.append({"action": "keep" if op == "Exists" else "drop",
+                        "source_labels": [f"{prefix}labelpresent_{label_name(key)}"], "regex": "true"})
+        else:
+            out.append({"action": "keep" if op == "In" else "drop", "source_labels": pair(key),
+                        "regex": f"({values});true"})
+    return out
+
+
+def pod_monitor_discovery(monitor: dict[str, Any], endpoint: int, targets: Path) -> dict[str, Any]:
+    """Endpoint ``endpoint`` of a rendered PodMonitor as prometheus-operator configures it for pod discovery,
+    kept by the monitor's selectors, its port (when it names one) and the pod's phase, then the labels of
+    :func:`pod_generated` and the endpoint's own relabelings. Debian's Prometheus is built without Kubernetes
+    discovery: what it would find is read from ``targets``, a file of :func:`pod_targets` kept current."""
+    ns, name = monitor["metadata"]["namespace"], monitor["metadata"]["name"]
+    spec = monitor["spec"]
+    ep = spec["podMetricsEndpoints"][endpoint]
+    keeps = [*selector_keeps("__meta_kubernetes_pod_", spec["selector"]), *namespace_keeps(spec),
+             *([{"action": "keep", "source_labels": ["__meta_kubernetes_pod_container_port_name"],
+                 "regex": ep["port"]}] if ep.get("port") else []),
+             {"action": "drop", "source_labels": ["__meta_kubernetes_pod_phase"], "regex": "(Failed|Succeeded)"}]
+    config = scrape_config(f"podMonitor/{ns}/{name}/{endpoint}", ep, "", {}, keeps + pod_generated(monitor, endpoint))
+    return file_discovery(config, targets)
+
+
+def namespace_keeps(spec: dict[str, Any]) -> list[dict[str, Any]]:
+    """A monitor's namespaceSelector (matchNames; `any` or none: every namespace, as discovery is configured)."""
+    names = spec.get("namespaceSelector", {}).get("matchNames")
+    keep = {"action": "keep", "source_labels": ["__meta_kubernetes_namespace"], "regex": "|".join(names or [])}
+    return [keep] if names else []
+
+
+def file_discovery(config: dict[str, Any], targets: Path) -> dict[str, Any]:
+    out = {k: v for k, v in config.items() if k != "static_configs"}
+    return {**out, "file_sd_configs": [{"files": [str(targets)], "refresh_interval": "1s"}]}
+
+
+def pod_meta(pod: dict[str, Any]) -> dict[str, str]:
+    """Kubernetes discovery's labels of one pod (the pod role's, container aside)."""
+    meta, labels = pod["metadata"], pod["metadata"].get("labels", {})
+    return {"__meta_kubernetes_namespace": meta["namespace"], "__meta_kubernetes_pod_name": meta["name"],
+            "__meta_kubernetes_pod_ip": pod["status"].get("podIP", ""),
+            "__meta_kubernetes_pod_phase": pod["status"].get("phase", ""),
+            "__meta_kubernetes_pod_node_name": pod["spec"].get("nodeName", ""),
+            **discovery_labels("__meta_kubernetes_pod_label_", labels),
+            **{f"__meta_kubernetes_pod_labelpresent_{label_name(k)}": "true" for k in labels}}
+
+
+def pod_targets(pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """What pod discovery finds in these pods (file_sd groups): a target per declared port of each container
+    (init containers too), a port-free one for a container without ports; pods without an IP yet, none."""
+    out = []
+    for pod in pods:
+        ip = pod["status"].get("podIP")
+        if not ip:
+            continue
+        for init, key in ((False, "containers"), (True, "initContainers")):
+            for c in pod["spec"].get(key) or []:
+                base = {**pod_meta(pod), "__meta_kubernetes_pod_container_name": c["name"],
+                        "__meta_kubernetes_pod_container_init": str(init).lower()}
+                ports = c.get("ports") or []
+                out += [{"targets": [ip], "labels": base}] if not ports else [
+                    {"targets": [f"{ip}:{p['containerPort']}"],
+                     "labels": {**base, "__meta_kubernetes_pod_container_port_name": p.get("name", ""),
+                                "__meta_kubernetes_pod_container_port_number": str(p["containerPort"])}}
+                    for p in ports]
+    return out
+
+
+def endpoint_targets(services: list[dict[str, Any]], endpoints: list[dict[str, Any]],
+                     pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """What endpoints discovery finds (file_sd groups): a target per ready address and port of each Service's
+    Endpoints, with the Service's labels and its pod's (and, where the port is a container's, the container)."""
+    by_name = {(p["metadata"]["namespace"], p["metadata"]["name"]): p for p in pods}
+    svc = {(s["metadata"]["namespace"], s["metadata"]["name"]): s for s in services}
+    out = []
+    for ep in endpoints:
+        key = (ep["metadata"]["namespace"], ep["metadata"]["name"])
+        if key not in svc:
+            continue
+        labels = svc[key]["metadata"].get("labels", {})
+        service = {"__meta_kubernetes_namespace": key[0], "__meta_kubernetes_service_name": key[1],
+                   **discovery_labels("__meta_kubernetes_service_label_", labels),
+                   **{f"__meta_kubernetes_service_labelpresent_{label_name(k)}": "true" for k in labels}}
+        for subset in ep.get("subsets") or []:
+            for address in subset.get("addresses") or []:
+                ref = address.get("targetRef") or {}
+                pod = by_name.get((key[0], ref.get("name", "")))
+                for port in subset.get("ports") or []:
+                    container = next((c["name"] for c in (pod or {}).get("spec", {}).get("containers", [])
+                                      for cp in c.get("ports") or [] if cp["containerPort"] == port["port"]), None)
+                    out.append({"targets": [f"{address['ip']}:{port['port']}"], "labels": {
+                        **(pod_meta(pod) if pod else {}), **service,
+                        "__meta_kubernetes_endpoint_port_name": port.get("name", ""),
+                        "__meta_kubernetes_endpoint_ready": "true",
+                        **({"__meta_kubernetes_pod_container_name": container} if container else {})}})
+    return out
 
 
 @dataclass(frozen=True)
@@ -143,6 +262,18 @@ class Endpoint:
                 **discovery_labels("__meta_kubernetes_service_label_", self.service["metadata"].get("labels", {}))}
 
 
+def service_generated(monitor: dict[str, Any], endpoint: int) -> list[dict[str, Any]]:
+    """The target labels prometheus-operator gives an endpoint that ``monitor``'s endpoint ``endpoint`` scrapes."""
+    return [
+        {"source_labels": ["__meta_kubernetes_namespace"], "target_label": "namespace"},
+        {"source_labels": ["__meta_kubernetes_service_name"], "target_label": "service"},
+        {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"},
+        {"source_labels": ["__meta_kubernetes_pod_container_name"], "target_label": "container"},
+        {"source_labels": ["__meta_kubernetes_service_name"], "target_label": "job"},
+        {"target_label": "endpoint", "replacement": monitor["spec"]["endpoints"][endpoint]["port"]},
+    ]
+
+
 def service_monitor_scrape(monitor: dict[str, Any], endpoint: int, target: Endpoint) -> dict[str, Any]:
     """One scrape config for endpoint ``endpoint`` of a rendered ServiceMonitor, aimed at ``target``."""
     ns, name = monitor["metadata"]["namespace"], monitor["metadata"]["name"]
@@ -152,15 +283,23 @@ def service_monitor_scrape(monitor: dict[str, Any], endpoint: int, target: Endpo
     assert selects(spec["selector"], service_labels), f"ServiceMonitor {name} does not select {service_labels}"
     assert target.service["metadata"]["namespace"] in spec.get("namespaceSelector", {}).get("matchNames", [ns])
     assert ep["port"] == target.port_name, f"ServiceMonitor {name} scrapes port {ep['port']}, not {target.port_name}"
-    generated = [
-        {"source_labels": ["__meta_kubernetes_namespace"], "target_label": "namespace"},
-        {"source_labels": ["__meta_kubernetes_service_name"], "target_label": "service"},
-        {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"},
-        {"source_labels": ["__meta_kubernetes_pod_container_name"], "target_label": "container"},
-        {"source_labels": ["__meta_kubernetes_service_name"], "target_label": "job"},
-        {"target_label": "endpoint", "replacement": ep["port"]},
-    ]
-    return scrape_config(f"serviceMonitor/{ns}/{name}/{endpoint}", ep, target.pod.address, target.meta(), generated)
+    return scrape_config(f"serviceMonitor/{ns}/{name}/{endpoint}", ep, target.pod.address, target.meta(),
+                         service_generated(monitor, endpoint))
+
+
+def service_monitor_discovery(monitor: dict[str, Any], endpoint: int, targets: Path) -> dict[str, Any]:
+    """Endpoint ``endpoint`` of a rendered ServiceMonitor as prometheus-operator configures it for endpoints
+    discovery in the monitor's namespaces, kept by its selector and port, then :func:`service_generated`;
+    what discovery would find is read from ``targets`` (:func:`endpoint_targets`)."""
+    ns, name = monitor["metadata"]["namespace"], monitor["metadata"]["name"]
+    spec = monitor["spec"]
+    ep = spec["endpoints"][endpoint]
+    keeps = [*selector_keeps("__meta_kubernetes_service_", spec["selector"]),
+             *namespace_keeps({"namespaceSelector": {"matchNames": [ns]}, **spec}),
+             {"action": "keep", "source_labels": ["__meta_kubernetes_endpoint_port_name"], "regex": ep["port"]}]
+    config = scrape_config(f"serviceMonitor/{ns}/{name}/{endpoint}", ep, "", {},
+                           keeps + service_generated(monitor, endpoint))
+    return file_discovery(config, targets)
 
 
 class Prometheus:
