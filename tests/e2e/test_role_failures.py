@@ -1,0 +1,346 @@
+"""Per-role failures in pods, for real: one training job on the real node, hit four times in turn.
+
+The job is the quickstart with a checkpoint claim (a hostPath volume of the node, `localkube.volumes`), so that
+every pod sees the per-step snapshots and a restart loses no completed step. The cases, each once the one
+before has recovered: the critic's pod deleted; the critic's Ray worker process killed inside its container;
+that process OOM-killed by the kernel under the container's memory limit; the actor's pod deleted. After each,
+only the failed role's pod is replaced (none for a process: the runtime makes the role's Ray actor anew in the
+same pod), the recovery record names the role with `steps_lost` 0, the status and one Event count it, and the
+job completes. The time from the failure to the next completed step is printed.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from localkube import volumes
+
+from kuberl.spec.contract import PROGRESS_KEY, ProgressDocument
+from kuberl_operator import names
+from tests.chart.dashboard import Target, targets
+from tests.chart.render import Helm, one
+from tests.cluster.waits import wait_for
+from tests.prometheus.conftest import ALERTS, SCRAPE, Scrape
+from tests.prometheus.panels import DASH, no_data, run_query
+from tests.prometheus.server import (
+    Prometheus,
+    endpoint_targets,
+    missing_binaries,
+    pod_monitor_discovery,
+    pod_targets,
+    service_monitor_discovery,
+)
+
+from .conftest import Kubectl
+from .test_real_pods import QUICKSTART, ROLES, describe, events_of, others_gone, pods_by_role, running, status
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
+JOB, CLAIM = "failures", "failures-checkpoints"
+
+# Inside a role's container: the pid of its Ray worker (the actor process, `ray::<Role>Worker`; Ray's agents and idle
+# workers aside).
+FIND_WORKER = """
+import os
+for pid in filter(str.isdigit, os.listdir('/proc')):
+    try:
+        cmd = open(f'/proc/{pid}/cmdline', 'rb').read().split(b'\\0')[0].decode()
+    except OSError:
+        continue
+    if cmd.startswith('ray::') and 'Worker' in cmd and 'IDLE' not in cmd:
+        print(pid, cmd)
+"""
+
+# Inside the critic's container: make its worker the kernel's choice (oom_score_adj 1000; raising it needs no
+# privilege), then fill memory in 64 MiB pages written through until the worker is gone: the container's memory
+# cgroup reaches its limit and the kernel's OOM killer kills the worker.
+OOM = """
+import os, sys, time
+pid = int(sys.argv[1])
+open(f'/proc/{pid}/oom_score_adj', 'w').write('1000')
+hog = []
+while os.path.exists(f'/proc/{pid}') and len(hog) < 256:
+    hog.append(b'\\1' * (64 << 20))
+print('worker gone' if not os.path.exists(f'/proc/{pid}') else 'worker alive', len(hog) * 64, 'MiB')
+"""
+
+
+def worker_pid(k: Kubectl, pod: str) -> int:
+    out = k.exec(pod, "python3", "-c", FIND_WORKER)
+    lines = [line for line in out.stdout.splitlines() if line.strip()]
+    assert out.returncode == 0 and len(lines) == 1, (out.stdout, out.stderr)
+    return int(lines[0].split()[0])
+
+
+@dataclass
+class Case:
+    name: str
+    role: str
+    pod_replaced: bool
+    inject: Callable[[Kubectl, dict[str, Any]], None]  # (kubectl, the role's pod)
+
+
+def delete_pod(k: Kubectl, pod: dict[str, Any]) -> None:
+    k.delete("pod", pod["metadata"]["name"])
+
+
+def kill_worker(k: Kubectl, pod: dict[str, Any]) -> None:
+    name = pod["metadata"]["name"]
+    out = k.exec(name, "sh", "-c", f"kill -9 {worker_pid(k, name)}")
+    assert out.returncode == 0, out.stderr
+
+
+def oom_kill_worker(k: Kubectl, pod: dict[str, Any]) -> None:
+    name = pod["metadata"]["name"]
+    out = k.exec(name, "python3", "-c", OOM, str(worker_pid(k, name)))
+    assert "worker gone" in out.stdout, (out.returncode, out.stdout, out.stderr)
+
+
+CASES = (
+    Case("critic pod deleted", "critic", True, delete_pod),
+    Case("critic's Ray worker killed", "critic", False, kill_worker),
+    Case("critic's Ray worker OOM-killed", "critic", False, oom_kill_worker),
+    Case("actor pod deleted", "actor", True, delete_pod),
+)
+FIRST_AT, EVERY = 8, 12  # a case starts at step FIRST_AT, the next once its recovery is EVERY steps behind
+STEPS = 300  # about 0.25 s a step here: enough for the cases, whose pods take their grace period to die
+
+
+def uids(k: Kubectl) -> dict[str, str]:
+    """uid -> role (or component) of the job's live pods."""
+    return {p["metadata"]["uid"]: role for role, ps in pods_by_role(k, JOB).items() for p in ps}
+
+
+def recoveries(metrics: Path) -> list[dict[str, Any]]:
+    if not metrics.is_file():
+        return []
+    rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+    return [r for row in rows for r in row.get("recoveries", [])]
+
+
+def role_status(k: Kubectl, role: str) -> dict[str, Any]:
+    return status(k, JOB).get("roles", {}).get(role, {})
+
+
+def event_count(k: Kubectl, reason: str, role: str) -> int:
+    return sum(1 for e in events_of(k, JOB, reason) if e["message"].startswith(f"role {role}"))
+
+
+def bound_folder(k: Kubectl) -> Path:
+    pvc = k.get("pvc", CLAIM)
+    return Path(k.get("pv", pvc["spec"]["volumeName"])["spec"]["hostPath"]["path"])
+
+
+def hit(k: Kubectl, case: Case, at: int, metrics: Path) -> tuple[int, float, float, str]:
+    """At step `at`, inject `case` and check what follows; (the step it hit, seconds from the injection to the
+    completion of the step it interrupted, the runtime's own recovery seconds, where the state came back from)."""
+    wait_for(lambda: (status(k, JOB).get("step") or 0) >= at, 600, f"step {at}", lambda: describe(k, JOB), interval=1)
+    before, rs, seen = uids(k), role_status(k, case.role), len(recoveries(metrics))
+    events = {r: event_count(k, r, case.role) for r in ("RoleRestart", "RoleFailed")}
+    pod = k.list("pods", f"kuberl.io/job={JOB},{names.LABEL_ROLE}={case.role}")[0]
+    t0 = time.monotonic()
+    case.inject(k, pod)
+    # A deleted pod's processes live on through its grace period: the record comes once the role's restart is done
+    # and the step it interrupted has completed (metrics.jsonl gets a step's row when the step ends).
+    wait_for(lambda: len(recoveries(metrics)) > seen, 400, f"the recovery in metrics.jsonl: {case.name}",
+             lambda: describe(k, JOB), interval=0.5)
+    seconds = time.monotonic() - t0
+    new = recoveries(metrics)[seen:]
+    assert [(r["role"], r["steps_lost"]) for r in new] == [(case.role, 0)], (case.name, new)
+    assert new[0]["restored_from"].startswith("snapshot"), (case.name, new)
+    after = uids(k)
+    assert {u: r for u, r in before.items() if r != case.role} == {u: r for u, r in after.items() if r != case.role}
+    role_pods = [u for u, r in after.items() if r == case.role]
+    assert (pod["metadata"]["uid"] not in role_pods) == case.pod_replaced and len(role_pods) == 1, case.name
+    wait_for(lambda: all(map(running, pods_by_role(k, JOB)[case.role])), 300, "the role's pod Running",
+             lambda: describe(k, JOB), interval=1)
+    now = role_status(k, case.role)
+    assert now["podRestarts"] == rs.get("podRestarts", 0) + case.pod_replaced, (case.name, rs, now)
+    assert now["restarts"] > rs.get("restarts", 0), (case.name, rs, now)
+    counted = {r: event_count(k, r, case.role) - n for r, n in events.items()}
+    # One Event for the failure: the operator's RoleRestart for a pod, the driver's RoleFailed for a process
+    # (a pod's failure is the driver's to report too, with where the state came back from).
+    assert counted["RoleRestart"] == int(case.pod_replaced) and counted["RoleFailed"] <= 1, (case.name, counted)
+    assert case.pod_replaced or counted["RoleFailed"] == 1, (case.name, counted)
+    return new[0]["step"], seconds, new[0]["total_s"], new[0]["restored_from"]
+
+
+@dataclass
+class Failures:
+    """The failures job, watched from its apply to its end, and what Prometheus scraped of it meanwhile."""
+
+    final: dict[str, Any]
+    timings: list[tuple[str, int, float, float, str]]  # (case, the step it hit, seconds, recovery seconds, restored)
+    scrape: Scrape
+
+
+class Discovery(threading.Thread):
+    """Writes what Kubernetes discovery would find (pods; the Services' Endpoints) into two file_sd files every
+    second, from the real cluster's API: Debian's Prometheus has no Kubernetes discovery of its own."""
+
+    def __init__(self, k: Kubectl, folder: Path):
+        super().__init__(daemon=True, name="discovery")
+        self.k, self.pods, self.endpoints = k, folder / "pods.json", folder / "endpoints.json"
+        self.done = threading.Event()
+        self.refresh()
+
+    def refresh(self) -> None:
+        def every(kind: str) -> list[dict[str, Any]]:
+            return json.loads(self.k("get", kind, "-A", "-o", "json"))["items"]
+
+        pods = every("pods")
+        for path, groups in ((self.pods, pod_targets(pods)),
+                             (self.endpoints, endpoint_targets(every("services"), every("endpoints"), pods))):
+            path.with_suffix(".tmp").write_text(json.dumps(groups))
+            path.with_suffix(".tmp").rename(path)
+
+    def run(self) -> None:
+        while not self.done.wait(1.0):
+            try:
+                self.refresh()
+            except (RuntimeError, subprocess.TimeoutExpired):
+                pass  # the API busy for a moment: the files keep the last view, as discovery would
+
+    def stop(self) -> None:
+        self.done.set()
+        self.join(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def prometheus(installed: Kubectl, helm: Helm, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prometheus]:
+    """Debian's Prometheus beside the cluster, scraping the job's pods and the operator as the chart's own
+    PodMonitor (driver and Ray endpoints) and ServiceMonitor select them, over what discovery finds."""
+    if why := missing_binaries():
+        pytest.skip(why)
+    work = tmp_path_factory.mktemp("e2e-prometheus")
+    discovery = Discovery(installed, work)
+    every = {"interval": SCRAPE, "scrapeTimeout": SCRAPE}
+    objects = helm.render({"podMonitor": {"enabled": True, **every}, "serviceMonitor": {"enabled": True, **every}})
+    pods, service = one(objects, "PodMonitor"), one(objects, "ServiceMonitor")
+    endpoints = range(len(pods["spec"]["podMetricsEndpoints"]))
+    configs = [*(pod_monitor_discovery(pods, i, discovery.pods) for i in endpoints),
+               service_monitor_discovery(service, 0, discovery.endpoints)]
+    discovery.start()
+    prom = Prometheus(work, configs, [ALERTS])
+    yield prom
+    prom.stop()
+    discovery.stop()
+
+
+@pytest.fixture(scope="module")
+def failures(installed: Kubectl, prometheus: Prometheus) -> Failures:
+    """The quickstart with a checkpoint claim, hit by CASES in turn, run to its end."""
+    k = installed.in_namespace(JOB)
+    wait_for(lambda: others_gone(k), 180, "the earlier jobs' pods gone", lambda: describe(k, ""), interval=2)
+    k("create", "namespace", JOB)
+    k.apply(volumes.claim(CLAIM))
+    wait_for(lambda: (k.get("pvc", CLAIM) or {}).get("status", {}).get("phase") == "Bound", 60, "the claim bound",
+             lambda: k("get", "pvc,pv", "-o", "wide"), interval=1)
+    job = yaml.safe_load(QUICKSTART.read_text())
+    job["metadata"]["name"] = JOB
+    job["spec"]["trainer"]["steps"] = STEPS
+    job["spec"]["trainer"]["checkpoint"] = {"interval": 2, "volumeClaim": CLAIM, "path": "/checkpoints"}
+    start = time.time()
+    k.apply(job)
+    metrics = bound_folder(k) / "runs" / JOB / "metrics.jsonl"  # the driver's --out on the claim
+    at, timings = FIRST_AT, []
+    for case in CASES:
+        timings.append((case.name, *hit(k, case, at, metrics)))
+        at = status(k, JOB)["step"] + EVERY
+    wait_for(lambda: status(k, JOB).get("phase") in ("Succeeded", "Failed"), 900, "the job to end",
+             lambda: describe(k, JOB), interval=5)
+    time.sleep(3)  # the last scrapes
+    return Failures(status(k, JOB), timings, Scrape(prometheus, JOB, JOB, start, time.time(), "", metrics.parent))
+
+
+def test_each_role_failure_restarts_only_that_role_and_loses_no_step(failures: Failures) -> None:
+    """What `hit` checked after each case held (the fixture fails otherwise), and the job completed."""
+    assert failures.final["phase"] == "Succeeded", failures.final
+    assert (failures.scrape.out / "reward_curve.png").is_file()
+    assert [t[0] for t in failures.timings] == [c.name for c in CASES]
+    for name, step, seconds, recovery_s, restored in failures.timings:
+        print(f"{name} in step {step}: that step done {seconds:.1f}s after (the runtime's recovery {recovery_s:.1f}s, "
+              f"restored from {restored})")
+
+
+def test_kuberl_export_reads_the_jobs_checkpoints_on_the_volume(failures: Failures, tmp_path: Path) -> None:
+    """The claim's folder on the host holds the checkpoints (docs/operations.md): `kuberl export` makes a model."""
+    folder, out = failures.scrape.out.parents[1], tmp_path / "model"
+    done = subprocess.run([sys.executable, "-m", "kuberl.cli", "export", str(folder), "--out", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and f"exported step {STEPS}" in done.stdout, (done.stdout, done.stderr)
+    assert (out / "config.json").is_file() and list(out.glob("*.safetensors"))
+
+
+@pytest.mark.parametrize("target", targets(DASH), ids=str)
+def test_every_dashboard_panel_returns_data_for_the_job(failures: Failures, target: Target) -> None:
+    result = run_query(failures.scrape, target)
+    assert result, no_data(failures.scrape, target)
+
+
+def test_prometheus_scraped_the_driver_and_every_ray_pod(failures: Failures) -> None:
+    """Through the PodMonitor's two endpoints: the driver's (kuberl_* with the job's name) and Ray's metrics port on
+    the head and each role's pods, the driver not twice."""
+    s = failures.scrape
+    up = s.prom.query_range(f'up{{namespace="{JOB}"}} == 1', s.start, s.end, 5)
+    seen = {(series["metric"]["endpoint"], series["metric"].get("kuberl_io_role", "")) for series in up}
+    assert {series["metric"]["container"] for series in up if series["metric"]["endpoint"] == "0"} == {"driver"}, up
+    assert {role for endpoint, role in seen if endpoint == "metrics"} >= {"", *ROLES}, seen
+
+
+def progress(k: Kubectl, job: str) -> ProgressDocument:
+    cm = k.get("configmap", names.progress_configmap(job)) or {}
+    return ProgressDocument.parse((cm.get("data") or {}).get(PROGRESS_KEY))
+
+
+def standby_ready(k: Kubectl, job: str, role: str) -> bool:
+    entry = progress(k, job).roles.get(role)
+    return bool(entry and entry.standby_ready)
+
+
+def test_a_running_standby_pod_takes_a_deleted_critic_pods_place(installed: Kubectl) -> None:
+    """With spec.resilience.standby each role has a second pod, Running and set up; delete the critic's active pod
+    and its standby takes over (the recovery says so, no step lost), while a new standby pod is made."""
+    name, claim = "standby", "standby-checkpoints"
+    k = installed.in_namespace(name)
+    wait_for(lambda: others_gone(k), 180, "the earlier jobs' pods gone", lambda: describe(k, ""), interval=2)
+    k("create", "namespace", name)
+    k.apply(volumes.claim(claim))
+    job = yaml.safe_load(QUICKSTART.read_text())
+    job["metadata"]["name"] = name
+    job["spec"]["trainer"].update(steps=STEPS, checkpoint={"interval": 2, "volumeClaim": claim, "path": "/checkpoints"})
+    job["spec"]["resilience"] = {"standby": True}
+    for role, memory in (("actor", "1536Mi"), ("critic", "1536Mi"), ("ref", "1Gi"), ("reward", "1Gi")):
+        job["spec"]["roles"][role]["resources"] = {"cpu": "100m", "memory": memory}  # two pods a role on 2 cores
+    k.apply(job)
+    wait_for(lambda: (status(k, name).get("step") or 0) >= 6 and standby_ready(k, name, "critic"),
+             600, "step 6 with the critic's standby ready", lambda: describe(k, name), interval=1)
+    critics = pods_by_role(k, name)["critic"]
+    assert len(critics) == 2 and all(map(running, critics))
+    active = progress(k, name).hosts_of("critic")
+    victim = next(p for p in critics if p["metadata"]["name"] in active)
+    standby = next(p for p in critics if p is not victim)
+    metrics = Path(k.get("pv", k.get("pvc", claim)["spec"]["volumeName"])["spec"]["hostPath"]["path"])
+    metrics = metrics / "runs" / name / "metrics.jsonl"
+    t0 = time.monotonic()
+    k.delete("pod", victim["metadata"]["name"])
+    wait_for(lambda: recoveries(metrics), 400, "the take-over in metrics.jsonl", lambda: describe(k, name),
+             interval=0.5)
+    seconds = time.monotonic() - t0
+    rec = recoveries(metrics)[-1]
+    assert (rec["role"], rec["standby"], rec["steps_lost"]) == ("critic", True, 0), rec
+    assert standby["metadata"]["name"] in progress(k, name).hosts_of("critic")
+    wait_for(lambda: status(k, name).get("phase") in ("Succeeded", "Failed"), 900, "the job to end",
+             lambda: describe(k, name), interval=5)
+    assert status(k, name)["phase"] == "Succeeded", status(k, name)
+    print(f"critic pod deleted with a standby, in step {rec['step']}: that step done {seconds:.1f}s after (the "
+          f"runtime's recovery {rec['total_s']:.1f}s, restored from {rec['restored_from']})")
