@@ -34,8 +34,11 @@ CLUSTERROLEBINDINGS = "rbac.authorization.k8s.io/v1/clusterrolebindings"
 ENDPOINTS = "v1/endpoints"
 ENDPOINTSLICES = "discovery.k8s.io/v1/endpointslices"
 STORAGECLASSES = "storage.k8s.io/v1/storageclasses"
+DEVICECLASSES = "resource.k8s.io/v1/deviceclasses"
+RESOURCESLICES = "resource.k8s.io/v1/resourceslices"
 PERSISTENTVOLUMES = "v1/persistentvolumes"
-CLUSTER_SCOPED = {NODES, NAMESPACES, CRDS, CLUSTERROLES, CLUSTERROLEBINDINGS, STORAGECLASSES, PERSISTENTVOLUMES}
+CLUSTER_SCOPED = {NODES, NAMESPACES, CRDS, CLUSTERROLES, CLUSTERROLEBINDINGS, STORAGECLASSES, PERSISTENTVOLUMES,
+                  DEVICECLASSES, RESOURCESLICES}
 
 
 class ApiError(Exception):

@@ -34,10 +34,11 @@ def module_dir(gobin: str, build_module: str, path: str) -> Path:
     return Path(json.loads(out.stdout)["Dir"])
 
 
-def build_binary(gobin: str, binary: pins.Binary, bindir: Path, log=print) -> float:
-    """go build one command into bindir; seconds taken."""
+def build_binary(gobin: str, binary: pins.Binary, bindir: Path, log=print, name: str | None = None) -> float:
+    """go build one command into bindir (as `name`, default its own); seconds taken."""
     start = time.monotonic()
-    part = bindir / f".{binary.name}.part"
+    name = name or binary.name
+    part = bindir / f".{name}.part"
     log(f"building {binary.name} ({binary.package}) in cluster/gomod/{binary.module} ...")
     env = {**os.environ, "GOFLAGS": os.environ.get("GOFLAGS", "-buildvcs=false")}
     if binary.static:
@@ -57,7 +58,7 @@ def build_binary(gobin: str, binary: pins.Binary, bindir: Path, log=print) -> fl
             "fix: a network error means the Go module proxy is unreachable (go env GOPROXY); a compile "
             "error means the Go toolchain is too old for the pins (go.mod's go line)"
         )
-    part.rename(bindir / binary.name)
+    part.rename(bindir / name)
     return time.monotonic() - start
 
 
@@ -91,6 +92,9 @@ def ensure_built(log=print) -> Path:
     for binary in pins.BINARIES:
         if not (bindir / binary.name).is_file():
             timings[binary.name] = round(build_binary(gobin, binary, bindir, log), 1)
+    for binary in pins.OWN:
+        if not (bindir / pins.own_name(binary)).is_file():
+            timings[binary.name] = round(build_binary(gobin, binary, bindir, log, pins.own_name(binary)), 1)
     if not (folder / "crds").is_dir():
         copy_crds(gobin, folder / "crds")
     if timings:

@@ -1,4 +1,5 @@
-"""A real node beside the kwok ones: containerd, runc, the CNI bridge, kubelet, kube-proxy and CoreDNS.
+"""A real node beside the kwok ones: containerd, runc, the CNI bridge, kubelet, kube-proxy and CoreDNS; hostPath
+volumes for checkpoint claims (volumes.py) and a fake-GPU DRA driver (dra.py).
 
 Everything of the node lives in a network namespace of its own, held by one process (``netns``), so
 pod traffic never leaves it: the namespace has its loopback, the pods' bridge (``10.88.0.0/24``)
@@ -34,7 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from . import api as kapi
-from . import pki, procs, volumes
+from . import dra, pins, pki, procs, volumes
 from .images import load
 
 if TYPE_CHECKING:
@@ -420,7 +421,7 @@ def teardown(state: Path, st: NodeState | None = None) -> None:
     (Path(st.dir) / "node.json").unlink(missing_ok=True)
 
 
-NODE_PROCS = ("netns", "relay", "containerd", "kubelet", "kube-proxy", "coredns")
+NODE_PROCS = ("netns", "relay", "containerd", "kubelet", "kube-proxy", "coredns", "fake-gpu")
 
 
 def new_state(state: Path) -> NodeState:
@@ -472,7 +473,7 @@ def write_configs(st: NodeState, cluster_pki: Path, cache: Path, server: str) ->
     """Every config file of the node; their paths by component."""
     conf = Path(st.dir) / "conf"
     kubeconfigs = {}
-    for client in ("kubelet", "kube-proxy", "coredns"):
+    for client in ("kubelet", "kube-proxy", "coredns", "fake-gpu"):
         path = conf / f"{client}.kubeconfig"
         path.write_text(pki.kubeconfig(server, cluster_pki, client))
         path.chmod(0o600)
@@ -493,9 +494,11 @@ def write_configs(st: NodeState, cluster_pki: Path, cache: Path, server: str) ->
 
 
 def apply_objects(admin: kapi.Api) -> None:
-    """CoreDNS's rights, and the `kubernetes` Service's endpoint (the relay)."""
-    for resource, obj in zip((kapi.CLUSTERROLES, kapi.CLUSTERROLEBINDINGS), COREDNS_RBAC):
+    """CoreDNS's and the DRA driver's rights, the driver's DeviceClass, and the `kubernetes` Service's endpoint (the
+    relay)."""
+    for resource, obj in zip((kapi.CLUSTERROLES, kapi.CLUSTERROLEBINDINGS) * 2, (*COREDNS_RBAC, *dra.rbac())):
         admin.apply(resource, obj["metadata"]["name"], json.dumps(obj), namespace=None)
+    admin.apply(kapi.DEVICECLASSES, dra.DEVICE_CLASS, json.dumps(dra.device_class()), namespace=None)
     for resource, obj in zip((kapi.ENDPOINTS, kapi.ENDPOINTSLICES), kubernetes_endpoints()):
         admin.apply(resource, obj["metadata"]["name"], json.dumps(obj), namespace="default")
 
@@ -572,4 +575,15 @@ def start(cluster: Cluster, images: list[Path], timeout: float = 90) -> NodeStat
     cluster._wait(proxy, lambda: http_ok(f"http://{pki.NODE_LINK_NODE}:10256/healthz"), 30, "see the log")
     dns = cluster._start("coredns", [cluster.bin("coredns"), "-conf", str(files["coredns"])], prefix=inside)
     cluster._wait(dns, lambda: http_ok(f"http://{DNS_IP}:8181/ready"), 30, "see the log")
+    fake_gpu = cluster.bin(pins.own_name(pins.OWN[0]))
+    if Path(fake_gpu).is_file():
+        gpus = cluster._start("fake-gpu", dra.argv(fake_gpu, str(files["fake-gpu.kubeconfig"]), pki.NODE_NAME,
+                                                   str(Path(st.dir) / "kubelet")), prefix=inside)
+        cluster._wait(gpus, lambda: _published(admin), 30, "see the log")
     return st
+
+
+def _published(admin: kapi.Api) -> bool:
+    """The fake-GPU driver's ResourceSlice of the node is there."""
+    slices = admin.list(kapi.RESOURCESLICES, namespace=None)
+    return any(s["spec"].get("driver") == dra.DRIVER and s["spec"].get("nodeName") == pki.NODE_NAME for s in slices)

@@ -57,6 +57,10 @@ BINARIES = (
     Binary("buildctl", "buildkit", "github.com/moby/buildkit/cmd/buildctl"),
 )
 
+# Our own commands (their source in the build module): kept out of the cache key, so that a change of theirs does
+# not rebuild the pinned set; each binary's file name carries a hash of its module folder instead (own_name).
+OWN = (Binary("kuberl-fake-gpu", "fakegpu", "kuberl.io/cluster/fakegpu", static=True),)
+
 KUBERAY_MODULE = "github.com/ray-project/kuberay/ray-operator"  # its CRDs: config/crd/bases in the module
 
 
@@ -140,6 +144,14 @@ def find_cached() -> Path | None:
         return folder if complete(folder) else None
     found = sorted((p for p in cache_root().glob(stem + "*") if complete(p)), key=lambda p: p.stat().st_mtime)
     return found[-1] if found else None
+
+
+def own_name(binary: Binary) -> str:
+    """The file name of one of our own commands: its name and a hash of its build module's files."""
+    digest = hashlib.sha256()
+    for path in sorted((GOMOD / binary.module).iterdir()):
+        digest.update(path.name.encode() + path.read_bytes())
+    return f"{binary.name}-{digest.hexdigest()[:10]}"
 
 
 def complete(folder: Path) -> bool:

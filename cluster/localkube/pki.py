@@ -33,6 +33,7 @@ CLIENTS = {  # file stem -> subject
     "scheduler": "/CN=system:kube-scheduler",
     "kube-proxy": "/CN=system:kube-proxy",  # bound to system:node-proxier by default
     "coredns": "/CN=kuberl:coredns",  # bound by node.py to a ClusterRole that reads Services and endpoints
+    "fake-gpu": "/CN=kuberl:fake-gpu",  # the node's DRA driver: bound by node.py to ResourceSlices and claims
 }
 NODE_NAME = "node-0"  # the real node: its kubelet is system:node:<name> in system:nodes (the Node authorizer)
 EC = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256"]
@@ -78,8 +79,11 @@ def leaf(pki: Path, stem: str, subject: str, usage: str, sans: list[str] | None 
 
 
 def ensure(pki: Path) -> Path:
-    """Make every certificate and key under ``pki`` unless it is there already."""
+    """Make every certificate and key under ``pki`` unless it is there already (a client added since, alone)."""
     if (pki / "done").exists():
+        for stem, subject in CLIENTS.items():
+            if not (pki / f"{stem}.crt").exists():
+                leaf(pki, stem, subject, "clientAuth")
         return pki
     if shutil.which("openssl") is None:
         raise RuntimeError("openssl is not on PATH (apt-get install openssl): it makes the cluster's certificates")
