@@ -112,7 +112,7 @@ CASES = (
     Case("actor pod deleted", "actor", True, delete_pod),
 )
 FIRST_AT, EVERY = 8, 12  # a case starts at step FIRST_AT, the next once its recovery is EVERY steps behind
-STEPS = 300  # about 0.25 s a step here: enough for the cases, whose pods take their grace period to die
+STEPS = 500  # 0.2 to 0.3 s a step here; cases were seen to start as late as step 290 (status lags, pods start)
 
 
 def uids(k: Kubectl) -> dict[str, str]:
@@ -144,6 +144,7 @@ def hit(k: Kubectl, case: Case, at: int, metrics: Path) -> tuple[int, float, flo
     """At step `at`, inject `case` and check what follows; (the step it hit, seconds from the injection to the
     completion of the step it interrupted, the runtime's own recovery seconds, where the state came back from)."""
     wait_for(lambda: (status(k, JOB).get("step") or 0) >= at, 600, f"step {at}", lambda: describe(k, JOB), interval=1)
+    assert status(k, JOB).get("phase") not in ("Succeeded", "Failed"), f"the job ended before {case.name}: raise STEPS"
     before, rs, seen = uids(k), role_status(k, case.role), len(recoveries(metrics))
     events = {r: event_count(k, r, case.role) for r in ("RoleRestart", "RoleFailed")}
     pod = k.list("pods", f"kuberl.io/job={JOB},{names.LABEL_ROLE}={case.role}")[0]
