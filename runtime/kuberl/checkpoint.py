@@ -95,13 +95,14 @@ def trainable_state(model: nn.Module, optimizer: Optimizer, trainable_only: bool
 
 
 def load_trainable(model: nn.Module, optimizer: Optimizer, path: str, trainable_only: bool = False) -> None:
-    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    from . import dcp_reader
 
     options = _options(trainable_only)
     msd, osd = get_state_dict(model, optimizer, options=options)
     state = {"model": _trainable(model, msd) if trainable_only else msd, "optim": osd}
-    dcp.load(state, checkpoint_id=path)
+    dcp_reader.load(state, path)  # its .metadata unpickled by an allow-list
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"], options=options)
 
 

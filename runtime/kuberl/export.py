@@ -66,7 +66,7 @@ def build_model(spec: JobSpec):
 
 def policy_state(actor_dir: Path, model) -> None:
     """Read the checkpoint's policy weights (the DCP entry "model", written at any world size) into `model`."""
-    import torch.distributed.checkpoint as dcp
+    from . import dcp_reader
 
     if not (actor_dir / ".metadata").is_file():
         raise ExportError(
@@ -75,13 +75,16 @@ def policy_state(actor_dir: Path, model) -> None:
         )
     adapted = any(lora.is_adapter(k) for k in model.state_dict())
     full = model.state_dict()
-    if adapted:  # the checkpoint holds what trained (adapters, spec.roles.actor.lora.trainModules) only
-        meta = dcp.FileSystemReader(str(actor_dir)).read_metadata().state_dict_metadata
-        full = {k: v for k, v in full.items() if f"model.{k}" in meta}
-    state = {"model": full}
-    with warnings.catch_warnings():  # this load is meant to run in one process: say nothing about it
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
-        dcp.load(state, checkpoint_id=str(actor_dir), no_dist=True)
+    try:
+        if adapted:  # the checkpoint holds what trained (adapters, spec.roles.actor.lora.trainModules) only
+            meta = dcp_reader.read_metadata(actor_dir / ".metadata").state_dict_metadata
+            full = {k: v for k, v in full.items() if f"model.{k}" in meta}
+        state = {"model": full}
+        with warnings.catch_warnings():  # this load is meant to run in one process: say nothing about it
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
+            dcp_reader.load(state, actor_dir, no_dist=True)
+    except dcp_reader.CheckpointRefused as exc:
+        raise ExportError(str(exc)) from None
     model.load_state_dict(state["model"], strict=not adapted)
     model.tie_weights()
 

@@ -108,6 +108,12 @@ class Identity:
         ]
 
 
+def record(root: Path) -> bytes | None:
+    """The job record's bytes as they are now (None: there is none), to notice a change while the job runs."""
+    path = root / IDENTITY_FILE
+    return path.read_bytes() if path.is_file() else None
+
+
 FIX = "fix: give --out a new folder, or pass --restart to delete them and start over"
 
 

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from . import checkpoint, saves
+from . import checkpoint, dcp_reader, identity, saves
 from .batch import Batch
 from .colocation import sharing
 from .dispatch import method_info
@@ -64,6 +64,13 @@ class PlacementDegraded(JobFailed):
     """`spec.placement.policy: required` and a role's GPU groups are linked below `minLink`."""
 
     reason = Reason.PLACEMENT_DEGRADED
+
+
+class CheckpointUntrusted(JobFailed):
+    """A checkpoint the job was to load is not known to be its own: the job record (job.json) changed while it
+    ran, or the DCP index refers to code (`kuberl.dcp_reader`). Nothing of it is loaded."""
+
+    reason = Reason.CHECKPOINT_REFUSED
 
 
 @dataclass
@@ -122,6 +129,7 @@ class Roles:
         self.step = 0  # completed steps: the step in progress is step + 1
         self.last_checkpoint = 0  # the newest complete checkpoint's step (0: none)
         self._phase = ""
+        self._record: bytes | None = None  # the job record in the checkpoint root when the roles started
         self.on_restart: list[Callable[[Recovery], None]] = []  # called after each role restart
         self.on_budget_spent: list[Callable[[str], None]] = []  # called before JobFailed is raised
 
@@ -132,6 +140,7 @@ class Roles:
             self.groups[role] = self._new_group(role)
             self.groups[role].launch()
         self._drop_snapshots()  # a previous run's snapshots are past the checkpoint it resumes from
+        self._record = identity.record(self.checkpoint_root) if self.checkpoint_root is not None else None
         for role in self.roles:
             self.groups[role].wait_ready()
             self.proxies[role] = PROXIES.get(role, RoleProxy)(self.groups[role], self)
@@ -290,7 +299,7 @@ class Roles:
     def load_checkpoint(self, step: int) -> None:
         """Load every stateful role from the checkpoint of step `step`."""
         for role in self._stateful():
-            self.proxies[role].load(str(checkpoint.step_dir(self._root(), step) / role), step)
+            self.proxies[role].load(self._checkpoint_of(role, step), step)
             self.trained[role] = step
             self.updates.pop(role, None)
         self.last_checkpoint = step
@@ -337,6 +346,23 @@ class Roles:
         if self.checkpoint_root is None:
             raise ValueError("Roles(checkpoint_root=...) is needed to save or load checkpoints")
         return self.checkpoint_root
+
+    def _checkpoint_of(self, role: str, step: int) -> str:
+        """`role`'s folder in the checkpoint of `step`, once it is found to be this job's: the job record as
+        it was when the roles started, and the DCP index (where the driver sees it: a shared volume) data only.
+        Raises CheckpointUntrusted otherwise; the workers read the index through the same allow-list."""
+        root = self._root()
+        if identity.record(root) != self._record:
+            raise CheckpointUntrusted(
+                f"{root / identity.IDENTITY_FILE} changed while job {self.name!r} ran: something else writes its "
+                f"checkpoint folder, so none of its checkpoints is loaded (fix: give the job a volume of its own)")
+        folder = checkpoint.step_dir(root, step) / role
+        if (folder / ".metadata").is_file():
+            try:
+                dcp_reader.read_metadata(folder / ".metadata")
+            except dcp_reader.CheckpointRefused as exc:
+                raise CheckpointUntrusted(str(exc)) from None
+        return str(folder)
 
     # -- placement ---------------------------------------------------------------------------------
     def check_placement(self, roles: list[str] | None = None) -> None:
@@ -448,7 +474,7 @@ class Roles:
             self._resizes[role] += 1
             self._enable_snapshots(role)
             if self.step > 0:
-                self.proxies[role].load(str(checkpoint.step_dir(self._root(), self.step) / role), self.step)
+                self.proxies[role].load(self._checkpoint_of(role, self.step), self.step)
             self.trained[role] = self.step
             self.updates.pop(role, None)
         self.check_placement([role])
@@ -469,7 +495,7 @@ class Roles:
                 return f"snapshot step {snap}{'' if loaded else ', held by the standby'}", snap
         if self.last_checkpoint == 0:
             return "model path", 0
-        path = str(checkpoint.step_dir(self._root(), self.last_checkpoint) / role)
+        path = self._checkpoint_of(role, self.last_checkpoint)
         if not all(proxy.has_checkpoint(path)):
             print(f"[{self.name}] warning: the new {role} ranks cannot see {path} (no shared checkpoint volume: "
                   f"spec.trainer.checkpoint.volumeClaim); {role} restarts from the model path", flush=True)
