@@ -14,16 +14,26 @@ from __future__ import annotations
 
 import email.utils
 import json
+import math
 import os
 import ssl
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 
 from .record import StepRecord
-from .spec.contract import PROGRESS_KEY, REPLICAS_KEY, Env, ProgressDocument, ReplicasDocument, RoleProgress
+from .spec.contract import (
+    MESSAGE_MAX,
+    PROGRESS_KEY,
+    REPLICAS_KEY,
+    Env,
+    ProgressDocument,
+    ReplicasDocument,
+    RoleProgress,
+)
 
 SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"  # the pod's mount, unless Env.SA_DIR says otherwise
 FINAL_PHASES = ("Succeeded", "Failed")
@@ -47,6 +57,21 @@ def retry_after_s(value: str | None, now: float | None = None) -> float | None:
     except (TypeError, ValueError):
         return None
     return max(0.0, when.timestamp() - (time.time() if now is None else now))
+
+
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    """A redirect is refused (an HTTPError), never followed: the request carries the driver's token."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):  # type: ignore[no-untyped-def]
+        return None
+
+
+
+def plain_http_refused(url: str) -> bool:
+    """Whether the token would go out unencrypted: http:// to anything but this machine's loopback."""
+    parts = urllib.parse.urlsplit(url)
+    return parts.scheme != "https" and not (parts.scheme == "http" and parts.hostname in ("127.0.0.1", "::1",
+                                                                                           "localhost"))
 
 
 @dataclass
@@ -96,8 +121,12 @@ class ProgressReporter:
         token = self._bearer()
         if token:
             req.add_header("Authorization", f"Bearer {token}")
-        ctx = ssl.create_default_context(cafile=self.ca_file) if self.api_url.startswith("https") else None
-        with urllib.request.urlopen(req, timeout=self.timeout_s, context=ctx) as resp:
+        if plain_http_refused(self.api_url):
+            raise urllib.error.URLError(f"{self.api_url} is not https: the ServiceAccount token is never sent in "
+                                        f"the clear")
+        tls = [urllib.request.HTTPSHandler(context=ssl.create_default_context(cafile=self.ca_file))
+               ] if self.api_url.startswith("https") else []
+        with urllib.request.build_opener(_NoRedirects(), *tls).open(req, timeout=self.timeout_s) as resp:
             return resp.read()
 
     def _patch(self, body: bytes) -> None:
@@ -146,13 +175,14 @@ def progress_of(rec: StepRecord | None, total_steps: int, phase: str = "Running"
     known without a step (a placement refused at start). The operator reads it with ProgressDocument.parse."""
     steps = rec.roles if rec is not None else {}
     roles = {role: RoleProgress(restarts=rs.restarts, worst_link=rs.worst_link,
-                                last_failure=rs.last_failure[:1024] if rs.last_failure else None,
+                                last_failure=rs.last_failure[:MESSAGE_MAX] if rs.last_failure else None,
                                 standby_ready=rs.standby_ready, replicas=rs.replicas, hosts=rs.hosts)
              for role, rs in steps.items()}
     for role, link in (worst_links or {}).items():
         if link:
             known = roles[role].model_dump() if role in roles else {}
             roles[role] = RoleProgress(**{**known, "worst_link": link})
+    rate = rec.rollout_tokens_per_s if rec is not None and math.isfinite(rec.rollout_tokens_per_s or 0.0) else None
     return ProgressDocument(step=rec.step if rec else 0, total_steps=total_steps,
-                            tokens_per_sec=round(rec.rollout_tokens_per_s or 0.0, 1) if rec else 0.0, phase=phase,
-                            message=message, reason=str(reason) if reason else None, roles=roles)
+                            tokens_per_sec=round(rate or 0.0, 1), phase=phase, message=message[:MESSAGE_MAX],
+                            reason=str(reason) if reason else None, roles=roles)

@@ -46,7 +46,30 @@ def test_progress_document_round_trip_and_wire_names():
 def test_progress_parse_drops_each_bad_field_alone():
     text = '{"step": true, "totalSteps": 5, "roles": {"a": {"restarts": "1", "worstLink": "SYS"}}}'
     got = ProgressDocument.parse(text)
-    assert got == ProgressDocument(total_steps=5, roles={"a": RoleProgress(worst_link="SYS")})
+    assert got == ProgressDocument(total_steps=5, roles={"a": RoleProgress(worst_link="SYS")},
+                                   refused=("step", "roles.a.restarts"))
+
+
+@pytest.mark.parametrize("text, refused", [
+    ('{"step": 3, "tokensPerSec": NaN}', ("tokensPerSec",)),
+    ('{"step": 3, "tokensPerSec": Infinity}', ("tokensPerSec",)),
+    ('{"step": 3, "tokensPerSec": 1e400}', ("tokensPerSec",)),
+    ('{"step": 92233720368547758070, "totalSteps": -1}', ("step", "totalSteps")),
+    ('{"step": 3, "message": "%s"}' % ("x" * 5000), ("message",)),
+    ('{"step": 3, "phase": "Exploded"}', ("phase",)),
+    (json.dumps({"step": 3, "roles": {"a": {"hosts": ["h"] * 5000}}}), ("roles.a.hosts",)),
+    (json.dumps({"step": 3, "roles": {f"r{i}": {} for i in range(40)}}), tuple(f"roles.r{i}" for i in range(32, 40))),
+    ('{"step": 3, "message": "%s"}' % ("x" * 300_000), ("progress",)),
+    ('[' * 5000 + ']' * 5000, ("progress",)),
+])
+def test_a_driver_cannot_report_what_would_freeze_the_status(text: str, refused: tuple[str, ...]) -> None:
+    """User code runs in the driver: a non-finite or out-of-int64 number (which made every status patch fail, the
+    job's status frozen), or an unbounded string, list or document is dropped by the reader, and named."""
+    got = ProgressDocument.parse(text)
+    assert got.refused == refused
+    assert json.loads(got.to_json()) == json.loads(got.to_json(), parse_constant=float)  # finite: plain JSON
+    if refused != ("progress",):
+        assert got.step == 3 or "step" in refused
 
 
 def test_progress_carries_a_roles_last_failure_and_standby_for_the_operator():

@@ -34,6 +34,8 @@ class ScriptedServer:
                 self.send_response(status)
                 if status == 429 and retry_after:
                     self.send_header("Retry-After", retry_after)
+                if status == 307:  # elsewhere on this same server: a follower would PATCH it with the token
+                    self.send_header("Location", "/stolen")
                 self.send_header("Content-Length", "2")
                 self.end_headers()
                 self.wfile.write(b"{}")
@@ -114,6 +116,18 @@ def test_refusals_are_not_retried(scripted, capsys):
     assert reporter(server.url).report(ProgressDocument(phase="Failed")) is False
     assert len(server.seen) == 1
     assert "failed after 1 attempt(s): HTTP Error 403" in capsys.readouterr().err
+
+
+def test_a_redirect_is_not_followed_with_the_token(scripted, capsys):
+    server = scripted(307)
+    assert reporter(server.url, token="t0k3n").report(ProgressDocument(phase="Failed")) is False
+    assert [r["path"] for r in server.seen] == ["/api/v1/namespaces/ns1/configmaps/job-progress"]
+
+
+def test_the_token_never_goes_over_plain_http_but_to_loopback(capsys):
+    rep = reporter("http://10.0.0.1:80", token="t0k3n", timeout_s=1)
+    assert rep.report(ProgressDocument(phase="Failed")) is False
+    assert "is not https" in capsys.readouterr().err
 
 
 def test_final_report_waits_for_an_api_server_that_comes_back(netns):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import enum
 import json
 import re
-from typing import Any
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -39,6 +39,7 @@ class Reason(str, enum.Enum):
     WORKER_FAILURE = "WorkerFailure"  # a role could not (re)start: no capacity in time, or it died starting
     WORKER_DIED = "WorkerDied"  # a rank's process died (a recovery's cause)
     WORKER_HUNG = "WorkerHung"  # a rank stopped answering within spec.resilience.callTimeoutSeconds
+    CHECKPOINT_REFUSED = "CheckpointRefused"  # a checkpoint to load is not the job's own, or holds code
 
     def __str__(self) -> str:
         return self.value
@@ -66,7 +67,11 @@ def restart_budget_spent(failures: int, max_restarts: int) -> bool:
     return failures > max_restarts
 
 
-PHASES = ("Running", "Succeeded", "Failed")  # what the driver reports in `phase`
+Phase = Literal["Running", "Succeeded", "Failed"]  # what the driver reports in `phase`
+PHASES = get_args(Phase)
+# Bounds of what the operator accepts from a driver (user code runs there): a document's bytes, its roles, a
+# role's hosts, and every count (within int64, and what a JSON reader keeps exact).
+DOCUMENT_MAX, ROLES_MAX, HOSTS_MAX, COUNT_MAX, MESSAGE_MAX = 256 * 1024, 32, 1024, 2**53, 1024
 
 
 class _Doc(BaseModel):
@@ -74,19 +79,22 @@ class _Doc(BaseModel):
 
 
 class RoleProgress(_Doc):
-    restarts: int | None = Field(None, ge=0, description="Restarts of the role's WorkerGroup the driver made.")
-    worst_link: str | None = Field(None, alias="worstLink", description="Worst GPU link inside the role's groups.")
+    restarts: int | None = Field(None, ge=0, le=COUNT_MAX, description="Restarts of the role's WorkerGroup the driver "
+                                                                       "made.")
+    worst_link: str | None = Field(None, alias="worstLink", max_length=16,
+                                   description="Worst GPU link inside the role's groups.")
     last_failure: str | None = Field(
-        None, alias="lastFailure", max_length=1024,
+        None, alias="lastFailure", max_length=MESSAGE_MAX,
         description="The role's newest failure in one line: reason, step, phase, then a hang's diagnosis (role, rank, "
                     "innermost frame, collective or user code) or what happened; for status.roles.<role>.lastFailure "
                     "and an Event.")
     standby_ready: bool | None = Field(
         None, alias="standbyReady", description="spec.resilience.standby: the role's warm standby can take over now.")
-    replicas: int | None = Field(None, ge=0, description="Replicas the role's WorkerGroup runs now (a live resize "
-                                                          "shows here once the driver applied it).")
-    hosts: list[str] | None = Field(None, description="Hostnames of the role's ranks (in a cluster: its pods' "
-                                                      "names), so a shrink removes the pods no rank uses.")
+    replicas: int | None = Field(None, ge=0, le=COUNT_MAX, description="Replicas the role's WorkerGroup runs now (a "
+                                                                       "live resize shows here once applied).")
+    hosts: list[Annotated[str, Field(max_length=253)]] | None = Field(
+        None, max_length=HOSTS_MAX, description="Hostnames of the role's ranks (in a cluster: its pods' names), so a "
+                                                "shrink removes the pods no rank uses.")
 
 
 class ProgressDocument(_Doc):
@@ -98,13 +106,14 @@ class ProgressDocument(_Doc):
          "standbyReady": true}}}
     """
 
-    step: int | None = Field(None, ge=0)
-    total_steps: int | None = Field(None, alias="totalSteps", ge=0)
-    tokens_per_sec: float | None = Field(None, alias="tokensPerSec")
-    phase: str | None = None
-    message: str | None = None
-    reason: str | None = Field(None, pattern=REASON_PATTERN.pattern, description="A Reason code.")
+    step: int | None = Field(None, ge=0, le=COUNT_MAX)
+    total_steps: int | None = Field(None, alias="totalSteps", ge=0, le=COUNT_MAX)
+    tokens_per_sec: float | None = Field(None, alias="tokensPerSec", ge=0, le=1e15, allow_inf_nan=False)
+    phase: Phase | None = None
+    message: str | None = Field(None, max_length=MESSAGE_MAX)
+    reason: str | None = Field(None, pattern=REASON_PATTERN.pattern, max_length=128, description="A Reason code.")
     roles: dict[str, RoleProgress] = Field(default_factory=dict)
+    refused: tuple[str, ...] = Field((), exclude=True, description="What the reader dropped (field paths), not sent.")
 
     def restarts_of(self, role: str) -> int:
         entry = self.roles.get(role)
@@ -131,18 +140,29 @@ class ProgressDocument(_Doc):
 
     @classmethod
     def parse(cls, text: str | None) -> ProgressDocument:
-        """The reader's side: anything malformed (a whole document, one field, one role) is dropped
-        rather than trusted, and what is well-formed is kept."""
+        """The reader's side: anything malformed or past its bounds (the whole document past DOCUMENT_MAX bytes,
+        one field, a role past ROLES_MAX) is dropped rather than trusted, named in ``refused``; what is
+        well-formed is kept. Numbers are finite and within int64, strings and lists capped."""
+        if text is not None and len(text) > DOCUMENT_MAX:
+            return cls(refused=("progress",))
         try:
             data = json.loads(text or "{}")
-        except ValueError:
-            return cls()
+        except (ValueError, RecursionError):
+            return cls(refused=("progress",))
         if not isinstance(data, dict):
-            return cls()
-        roles = data.get("roles") if isinstance(data.get("roles"), dict) else {}
-        return cls(**_valid_fields(cls, data, skip="roles"),
-                   roles={role: RoleProgress(**_valid_fields(RoleProgress, entry))
-                          for role, entry in roles.items() if isinstance(entry, dict)})
+            return cls(refused=("progress",))
+        refused: list[str] = []
+        fields = _valid_fields(cls, data, refused, skip={"roles", "refused"})
+        roles_in = data.get("roles") if isinstance(data.get("roles"), dict) else {}
+        if "roles" in data and not isinstance(data.get("roles"), dict):
+            refused.append("roles")
+        roles = {}
+        for role, entry in list(roles_in.items()):
+            if len(roles) == ROLES_MAX or not isinstance(entry, dict) or len(role) > 63:
+                refused.append(f"roles.{role[:63]}")
+                continue
+            roles[role] = RoleProgress(**_valid_fields(RoleProgress, entry, refused, prefix=f"roles.{role}."))
+        return cls(**fields, roles=roles, refused=tuple(refused))
 
 
 class ReplicasDocument(_Doc):
@@ -174,13 +194,18 @@ PROGRESS_KEY = "progress"  # ConfigMap <job>-progress: the driver's ProgressDocu
 REPLICAS_KEY = "replicas"  # ConfigMap <job>-progress: the spec's ReplicasDocument (operator -> driver)
 
 
-def _valid_fields(model: type[BaseModel], data: dict[str, Any], skip: str = "") -> dict[str, Any]:
-    """The entries of `data` that are, each on its own, valid fields of `model` (by alias)."""
+def _valid_fields(model: type[BaseModel], data: dict[str, Any], refused: list[str], skip: set[str] = frozenset(),
+                  prefix: str = "") -> dict[str, Any]:
+    """The entries of `data` that are, each on its own, valid fields of `model` (by alias); the others' paths
+    are added to `refused`."""
     out: dict[str, Any] = {}
     for name, info in model.model_fields.items():
         key = info.alias or name
-        if key != skip and key in data:
-            out.update(_valid(model, key, data[key]))
+        if key not in skip and key in data:
+            valid = _valid(model, key, data[key])
+            out.update(valid)
+            if not valid:
+                refused.append(prefix + key)
     return out
 
 
