@@ -135,9 +135,10 @@ def event_count(k: Kubectl, reason: str, role: str) -> int:
     return sum(1 for e in events_of(k, JOB, reason) if e["message"].startswith(f"role {role}"))
 
 
-def bound_folder(k: Kubectl) -> Path:
-    pvc = k.get("pvc", CLAIM)
-    return Path(k.get("pv", pvc["spec"]["volumeName"])["spec"]["hostPath"]["path"])
+def job_folder(k: Kubectl, claim: str, job: str) -> Path:
+    """The job's folder on the host: its claim's volume, the subPath its pods mount (`names.claim_folder`)."""
+    pvc = k.get("pvc", claim)
+    return Path(k.get("pv", pvc["spec"]["volumeName"])["spec"]["hostPath"]["path"]) / names.claim_folder(job)
 
 
 def hit(k: Kubectl, case: Case, at: int, metrics: Path) -> tuple[int, float, float, str]:
@@ -252,7 +253,7 @@ def failures(installed: Kubectl, prometheus: Prometheus) -> Failures:
     job["spec"]["trainer"]["checkpoint"] = {"interval": 2, "volumeClaim": CLAIM, "path": "/checkpoints"}
     start = time.time()
     k.apply(job)
-    metrics = bound_folder(k) / "runs" / JOB / "metrics.jsonl"  # the driver's --out on the claim
+    metrics = job_folder(k, CLAIM, JOB) / "runs" / JOB / "metrics.jsonl"  # the driver's --out on the claim
     at, timings = FIRST_AT, []
     for case in CASES:
         timings.append((case.name, *hit(k, case, at, metrics)))
@@ -308,7 +309,8 @@ def standby_ready(k: Kubectl, job: str, role: str) -> bool:
     return bool(entry and entry.standby_ready)
 
 
-@pytest.mark.slow  # passed here alone; in ci-local its ten pods on 2 cores failed the driver (9 restarts): issue 25
+@pytest.mark.slow  # passes alone (33 s to take over); in CI its ten Ray pods on 2 cores starved the head and the
+# driver lost its GCS (CI of 2026-12-03): run it with `pytest -m slow tests/e2e -k standby` on a bigger node
 def test_a_running_standby_pod_takes_a_deleted_critic_pods_place(installed: Kubectl) -> None:
     """With spec.resilience.standby each role has a second pod, Running and set up; delete the critic's active pod
     and its standby takes over (the recovery says so, no step lost), while a new standby pod is made."""
@@ -322,7 +324,7 @@ def test_a_running_standby_pod_takes_a_deleted_critic_pods_place(installed: Kube
     job["spec"]["trainer"].update(steps=STEPS, checkpoint={"interval": 2, "volumeClaim": claim, "path": "/checkpoints"})
     job["spec"]["resilience"] = {"standby": True}
     for role, memory in (("actor", "1536Mi"), ("critic", "1536Mi"), ("ref", "1Gi"), ("reward", "1Gi")):
-        job["spec"]["roles"][role]["resources"] = {"cpu": "100m", "memory": memory}  # two pods a role on 2 cores
+        job["spec"]["roles"][role]["resources"] = {"cpu": "50m", "memory": memory}  # two pods a role on 2 cores
     k.apply(job)
 
     def active_and_standby() -> tuple[dict[str, Any], dict[str, Any]] | None:
@@ -338,8 +340,7 @@ def test_a_running_standby_pod_takes_a_deleted_critic_pods_place(installed: Kube
 
     victim, standby = wait_for(active_and_standby, 600, "step 6 with the critic's standby pod ready",
                                lambda: describe(k, name), interval=1)
-    metrics = Path(k.get("pv", k.get("pvc", claim)["spec"]["volumeName"])["spec"]["hostPath"]["path"])
-    metrics = metrics / "runs" / name / "metrics.jsonl"
+    metrics = job_folder(k, claim, name) / "runs" / name / "metrics.jsonl"
     t0 = time.monotonic()
     k.delete("pod", victim["metadata"]["name"])
     wait_for(lambda: recoveries(metrics), 400, "the take-over in metrics.jsonl", lambda: describe(k, name),
