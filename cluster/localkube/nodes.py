@@ -14,6 +14,7 @@ class NodeSpec:
     name: str
     cpu: str = "64"
     memory: str = "512Gi"
+    storage: str = "2Ti"  # ephemeral-storage: the node's local disk (a job's containers request some)
     gpus: int = 0
     pods: int = 110
     labels: dict[str, str] = field(default_factory=dict)
@@ -30,7 +31,7 @@ DEFAULT_NODES = (NodeSpec("cpu-0"), gpu_node("gpu-0"), gpu_node("gpu-1"))
 
 
 def node_object(spec: NodeSpec) -> dict[str, Any]:
-    capacity = {"cpu": spec.cpu, "memory": spec.memory, "pods": str(spec.pods)}
+    capacity = {"cpu": spec.cpu, "memory": spec.memory, "ephemeral-storage": spec.storage, "pods": str(spec.pods)}
     if spec.gpus:
         capacity[GPU] = str(spec.gpus)
     labels = {

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +27,10 @@ from .spec_changes import applied_annotation
 DEFAULT_IMAGE = "ghcr.io/kuberl/kuberl-runtime:0.1.0"
 HEAD_RESOURCES = {"cpu": "1", "memory": "4Gi"}
 DRIVER_RESOURCES = {"cpu": "1", "memory": "4Gi"}
+# sizeLimit of each emptyDir of a job's pods: Ray's session dir and spill files (tmp), the libraries' caches with
+# the hub's downloads (cache), a role's checkpoints without a claim, the driver's --out without one (out).
+SCRATCH = {"tmp": "16Gi", "cache": "32Gi", "checkpoints": "64Gi", "out": "1Gi"}
+LOGS = "1Gi"  # a container's own ephemeral storage beside its emptyDirs: its logs (the root is read-only)
 DRIVER_BACKOFF_LIMIT = 2
 GCS_WAIT_S = 1800  # the driver's init container gives up on the Ray head after this long
 RAY_UID = 1000  # the `ray` user of rayproject images
@@ -50,6 +54,7 @@ class BuildOptions:
     head: Mapping[str, str] = field(default_factory=lambda: dict(HEAD_RESOURCES))  # the head pod's cpu, memory
     driver: Mapping[str, str] = field(default_factory=lambda: dict(DRIVER_RESOURCES))  # the driver pod's
     cpu_limits: bool = True  # False: CPU requests only (Burstable pods that may use a node's idle cores)
+    scratch: Mapping[str, str] = field(default_factory=lambda: dict(SCRATCH))  # emptyDir sizeLimits (SCRATCH)
 
 
 def image_of(job: RLTrainingJob, opts: BuildOptions) -> str:
@@ -72,22 +77,55 @@ def container_security() -> dict[str, Any]:
     return {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}, "readOnlyRootFilesystem": True}
 
 
-def scratch() -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+def empty_dir(name: str, size: str, medium: str | None = None) -> dict[str, Any]:
+    """An emptyDir volume that the kubelet evicts its pod for past ``size`` (a quantity)."""
+    return {"name": name, "emptyDir": {**({"medium": medium} if medium else {}), "sizeLimit": size}}
+
+
+def with_storage(resources: Mapping[str, Any], volumes: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """``resources`` (requests, limits, ...) of a pod's one main container with its ephemeral storage: LOGS
+    requested; as limit, LOGS plus the sizeLimits of the pod's disk emptyDirs (the kubelet holds a pod to the sum
+    of its containers' limits, emptyDirs included; a memory-backed one counts against memory instead)."""
+    disk = sum(parse_quantity(v["emptyDir"]["sizeLimit"]) for v in volumes
+               if "emptyDir" in v and v["emptyDir"].get("medium") != "Memory")
+    limit = format_quantity(disk + parse_quantity(LOGS))
+    return {**resources, "requests": {**resources.get("requests", {}), "ephemeral-storage": LOGS},
+            "limits": {**resources.get("limits", {}), "ephemeral-storage": limit}}
+
+
+def init_resources() -> dict[str, Any]:
+    """An init container's: it writes nothing but its log (a fixed command, no user code)."""
+    return {"requests": {"ephemeral-storage": LOGS}, "limits": {"ephemeral-storage": LOGS}}
+
+
+def scratch(opts: BuildOptions) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
     """(volumes, volumeMounts, env) for what Ray and the runtime write beside a read-only root: /tmp (Ray's
     session dir /tmp/ray, its logs and spill files; Python's tempfiles) and a cache dir that the libraries'
-    cache variables point at (torch, triton, Hugging Face). Both emptyDirs: they go with the pod."""
-    volumes = [{"name": names.TMP_VOLUME, "emptyDir": {}}, {"name": names.CACHE_VOLUME, "emptyDir": {}}]
+    cache variables point at (torch, triton, Hugging Face). Both emptyDirs, sized by ``opts.scratch``: they go
+    with the pod."""
+    volumes = [empty_dir(names.TMP_VOLUME, opts.scratch["tmp"]), empty_dir(names.CACHE_VOLUME, opts.scratch["cache"])]
     mounts = [{"name": names.TMP_VOLUME, "mountPath": "/tmp"},
               {"name": names.CACHE_VOLUME, "mountPath": names.CACHE_DIR}]
     env = [{"name": var, "value": f"{names.CACHE_DIR}/{sub}".rstrip("/")} for var, sub in CACHE_ENV.items()]
     return volumes, mounts, env
 
 
-def ray_auth_env(job: str) -> list[dict[str, Any]]:
-    """Ray 2.52+ token authentication: every Ray process and the driver share one token."""
-    ref = {"name": names.auth_secret(job), "key": names.AUTH_TOKEN_KEY}
-    return [{"name": "RAY_AUTH_MODE", "value": "token"},
-            {"name": "RAY_AUTH_TOKEN", "valueFrom": {"secretKeyRef": ref}}]
+def ray_auth(job: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+    """(volumes, volumeMounts, env) of Ray 2.52+ token authentication: every Ray process and the driver
+    share one token, which they read from the job's Secret mounted as a read-only file (never an
+    environment variable, which a process's children, crash reports and `ps e` would show)."""
+    volume = {"name": names.AUTH_VOLUME, "secret": {"secretName": names.auth_secret(job), "defaultMode": 0o444,
+                                                   "items": [{"key": names.AUTH_TOKEN_KEY, "path": "token"}]}}
+    mount = {"name": names.AUTH_VOLUME, "mountPath": names.AUTH_DIR, "readOnly": True}
+    env = [{"name": "RAY_AUTH_MODE", "value": "token"},
+           {"name": "RAY_AUTH_TOKEN_PATH", "value": f"{names.AUTH_DIR}/token"}]
+    return [volume], [mount], env
+
+
+def pod_files(job: str, opts: BuildOptions) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+    """(volumes, volumeMounts, env) that every pod of a job has: the scratch dirs and the Ray token's file."""
+    (volumes, mounts, env), (auth_volumes, auth_mounts, auth_env) = scratch(opts), ray_auth(job)
+    return [*volumes, *auth_volumes], [*mounts, *auth_mounts], [*auth_env, *env]
 
 
 def uses_dra(job: RLTrainingJob, role: str) -> bool:
@@ -176,16 +214,34 @@ def driver_out(job: RLTrainingJob) -> str:
     return names.OUT_DIR
 
 
-def checkpoint_storage(job: RLTrainingJob) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(volumes, volumeMounts) at the checkpoint path in the driver and every worker: the workers write
-    the actor's and critic's (DCP) shards, the driver the step state. With
-    spec.trainer.checkpoint.volumeClaim it is that PVC, shared by all pods; without it, an emptyDir per
-    pod, so writes succeed but a recreated pod sees none of them (the runtime then restores that
-    role from the model path, and a restarted driver starts over)."""
+def checkpoint_storage(job: RLTrainingJob, opts: BuildOptions) -> tuple[list[dict[str, Any]], list[dict[str, Any]],
+                                                                         list[dict[str, Any]]]:
+    """(volumes, volumeMounts, initContainers) at the checkpoint path in the driver and every worker: the workers
+    write the actor's and critic's (DCP) shards, the driver the step state.
+
+    With spec.trainer.checkpoint.volumeClaim it is that PVC, shared by the job's pods, each mounting only the
+    job's folder on it (`names.claim_folder`, a subPath): another job on the same PVC, and its user code,
+    never sees this job's checkpoints, nor this job theirs. An init container (the job's image, a fixed
+    command, no user code) makes the folder first as the pods' user: one the kubelet made would be root's.
+    Without a claim, an emptyDir per pod, so writes succeed but a recreated pod sees none of them (the runtime
+    then restores that role from the model path, and a restarted driver starts over)."""
     claim = job.spec.trainer.checkpoint.volume_claim
-    source = {"persistentVolumeClaim": {"claimName": claim}} if claim else {"emptyDir": {}}
-    return ([{"name": names.CHECKPOINT_VOLUME, **source}],
-            [{"name": names.CHECKPOINT_VOLUME, "mountPath": checkpoint_path(job)}])
+    if not claim:
+        return ([empty_dir(names.CHECKPOINT_VOLUME, opts.scratch["checkpoints"])],
+                [{"name": names.CHECKPOINT_VOLUME, "mountPath": checkpoint_path(job)}], [])
+    folder = f"{names.CLAIM_MOUNT}/{names.claim_folder(job.metadata.name)}"
+    init = {
+        "name": "checkpoint-folder",
+        "image": image_of(job, opts),
+        "imagePullPolicy": opts.pull_policy,
+        "command": ["python", "-c", f"import os; os.makedirs({folder!r}, exist_ok=True)"],
+        "resources": init_resources(),
+        "volumeMounts": [{"name": names.CHECKPOINT_VOLUME, "mountPath": names.CLAIM_MOUNT}],
+        "securityContext": container_security(),
+    }
+    return ([{"name": names.CHECKPOINT_VOLUME, "persistentVolumeClaim": {"claimName": claim}}],
+            [{"name": names.CHECKPOINT_VOLUME, "mountPath": checkpoint_path(job),
+              "subPath": names.claim_folder(job.metadata.name)}], [init])
 
 
 def gpu_claim_template(job: RLTrainingJob, role: str, opts: BuildOptions) -> dict[str, Any]:
@@ -228,17 +284,19 @@ def worker_group(job: RLTrainingJob, role: str, opts: BuildOptions) -> dict[str,
     spec: RoleSpec = job.spec.roles.get(role)
     name = job.metadata.name
     dra = uses_dra(job, role)
-    (volumes, mounts), (tmp_volumes, tmp_mounts, tmp_env) = checkpoint_storage(job), scratch()
+    (volumes, mounts, init), (tmp_volumes, tmp_mounts, tmp_env) = checkpoint_storage(job, opts), pod_files(
+        name, opts)
     volumes, mounts = [*tmp_volumes, *volumes], [*tmp_mounts, *mounts]
     if spec.gpus:  # host memory for the actor's and critic's per-step snapshots (and NCCL), charged to the pod
-        volumes.append({"name": names.SHM_VOLUME, "emptyDir": {"medium": "Memory"}})
+        volumes.append(empty_dir(names.SHM_VOLUME, pod_cpu_memory(job.spec, role)[1], medium="Memory"))
         mounts.append({"name": names.SHM_VOLUME, "mountPath": "/dev/shm"})
     container: dict[str, Any] = {
         "name": "ray-worker",
         "image": image_of(job, opts),
         "imagePullPolicy": opts.pull_policy,
-        "resources": quantities(job.spec, role, device_plugin=not dra, cpu_limit=opts.cpu_limits),
-        "env": [*topology_env(), *ray_auth_env(name), *tmp_env],
+        "resources": with_storage(quantities(job.spec, role, device_plugin=not dra, cpu_limit=opts.cpu_limits),
+                                  volumes),
+        "env": [*topology_env(), *tmp_env],
         "securityContext": container_security(),
     }
     if mounts:
@@ -249,6 +307,8 @@ def worker_group(job: RLTrainingJob, role: str, opts: BuildOptions) -> dict[str,
         "securityContext": pod_security(),
         "containers": [container],
     }
+    if init:
+        pod_spec["initContainers"] = init
     if volumes:
         pod_spec["volumes"] = volumes
     if dra:  # each pod gets its own ResourceClaim made from the role's template
@@ -269,7 +329,7 @@ def worker_group(job: RLTrainingJob, role: str, opts: BuildOptions) -> dict[str,
 def head_group(job: RLTrainingJob, opts: BuildOptions) -> dict[str, Any]:
     """The head runs the GCS and the dashboard and no work (num-cpus 0)."""
     name = job.metadata.name
-    volumes, mounts, env = scratch()
+    volumes, mounts, env = pod_files(name, opts)
     return {
         "rayStartParams": {"dashboard-host": "0.0.0.0", "num-cpus": "0"},
         "template": {
@@ -282,11 +342,11 @@ def head_group(job: RLTrainingJob, opts: BuildOptions) -> dict[str, Any]:
                     "name": "ray-head",
                     "image": image_of(job, opts),
                     "imagePullPolicy": opts.pull_policy,
-                    "resources": requests_limits(opts.head, opts.cpu_limits),
+                    "resources": with_storage(requests_limits(opts.head, opts.cpu_limits), volumes),
                     "ports": [{"name": "gcs", "containerPort": names.GCS_PORT},
                               {"name": "dashboard", "containerPort": 8265},
                               {"name": "client", "containerPort": 10001}],
-                    "env": [*ray_auth_env(name), *env],
+                    "env": env,
                     "volumeMounts": mounts,
                     "securityContext": container_security(),
                 }],
@@ -341,14 +401,15 @@ def driver_job(job: RLTrainingJob, opts: BuildOptions) -> dict[str, Any]:
     env = [
         {"name": Env.PROGRESS_CONFIGMAP, "value": names.progress_configmap(name)},
         {"name": Env.NAMESPACE, "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
-        *ray_auth_env(name),
     ]
     image = image_of(job, opts)
-    (volumes, mounts), (tmp_volumes, tmp_mounts, tmp_env) = checkpoint_storage(job), scratch()
+    (volumes, mounts, init), (tmp_volumes, tmp_mounts, tmp_env) = checkpoint_storage(job, opts), pod_files(
+        name, opts)
     volumes, mounts, env = [*tmp_volumes, *volumes], [*tmp_mounts, *mounts], [*env, *tmp_env]
     out = driver_out(job)
     if out == names.OUT_DIR:
-        volumes, mounts = [{"name": "out", "emptyDir": {}}, *volumes], [{"name": "out", "mountPath": out}, *mounts]
+        volumes = [empty_dir("out", opts.scratch["out"]), *volumes]
+        mounts = [{"name": "out", "mountPath": out}, *mounts]
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -371,11 +432,12 @@ def driver_job(job: RLTrainingJob, opts: BuildOptions) -> dict[str, Any]:
                     "serviceAccountName": names.driver(name),  # the one pod with a token: it patches its progress
                     "automountServiceAccountToken": True,
                     "securityContext": pod_security(),
-                    "initContainers": [{
+                    "initContainers": [*init, {
                         "name": "wait-for-ray",
                         "image": image,
                         "imagePullPolicy": opts.pull_policy,
                         "command": ["python", "-c", wait_for_gcs],
+                        "resources": init_resources(),
                         "securityContext": container_security(),
                     }],
                     "containers": [{
@@ -388,7 +450,7 @@ def driver_job(job: RLTrainingJob, opts: BuildOptions) -> dict[str, Any]:
                                  "--metrics-port", str(names.DRIVER_METRICS_PORT), "--metrics-address", "0.0.0.0"],
                         "ports": [{"name": "metrics", "containerPort": names.DRIVER_METRICS_PORT}],
                         "env": env,
-                        "resources": requests_limits(opts.driver, opts.cpu_limits),
+                        "resources": with_storage(requests_limits(opts.driver, opts.cpu_limits), volumes),
                         "volumeMounts": [{"name": "spec", "mountPath": names.SPEC_MOUNT, "readOnly": True}, *mounts],
                         "securityContext": container_security(),
                     }],
@@ -458,20 +520,18 @@ def driver_rbac(job: RLTrainingJob, opts: BuildOptions) -> list[dict[str, Any]]:
     ]
 
 
-def auth_secret(job: RLTrainingJob, token: str | None, opts: BuildOptions) -> dict[str, Any]:
-    """The Ray auth token shared by the head, the workers and the driver. The operator makes the token
-    when it creates the Secret, and keeps it (``ray_token``); without one (`kuberl render`) the Secret
-    carries no value."""
+def auth_secret(job: RLTrainingJob, token: str, opts: BuildOptions) -> dict[str, Any]:
+    """The Ray auth token shared by the head, the workers and the driver: the operator makes the token when it
+    creates the Secret (``ray_token``), and never reads it back."""
     name = job.metadata.name
-    secret = {
+    return {
         "apiVersion": "v1",
         "kind": "Secret",
         "metadata": meta(names.auth_secret(name), opts.namespace, names.labels(name, "ray-auth")),
         "type": "Opaque",
+        "immutable": True,  # Ray reads its token once per process: a changed one would lock later pods out
+        "stringData": {names.AUTH_TOKEN_KEY: token},
     }
-    if token is not None:
-        secret["stringData"] = {names.AUTH_TOKEN_KEY: token}
-    return secret
 
 
 def runtime_objects(job: RLTrainingJob, opts: BuildOptions) -> list[dict[str, Any]]:
@@ -482,10 +542,11 @@ def runtime_objects(job: RLTrainingJob, opts: BuildOptions) -> list[dict[str, An
 
 def all_objects(job: RLTrainingJob, raw_spec: Mapping[str, Any], token: str | None,
                 opts: BuildOptions) -> list[dict[str, Any]]:
-    """Every object of a running job, in creation order (what `kuberl render` prints)."""
+    """Every object of a running job, in creation order; without a token (what `kuberl render` prints) no
+    Secret: the operator makes it, with a token of its own."""
     return [
         *driver_rbac(job, opts),
-        auth_secret(job, token, opts),
+        *([auth_secret(job, token, opts)] if token is not None else []),
         spec_configmap(job, raw_spec, opts),
         progress_configmap(job, opts),
         *runtime_objects(job, opts),

@@ -14,7 +14,7 @@ import yaml
 from kuberl.spec import SpecInvalid, load_manifest, parse_yaml
 from kuberl.spec.quantity import parse_quantity
 
-from . import builders, placement
+from . import builders, names, placement
 from .config import DEFAULT_MAX_GPUS_PER_NODE, OperatorConfig
 
 EPHEMERAL_CHECKPOINTS = ("note: spec.trainer.checkpoint.volumeClaim is not set: checkpoints are written inside the "
@@ -39,7 +39,7 @@ def cmd_render(args: argparse.Namespace) -> int:
         return 1
     namespace = args.namespace or job.metadata.namespace or "default"
     opts = builders.BuildOptions(namespace=namespace, image=args.image, head=args.head_resources,
-                                 driver=args.driver_resources, cpu_limits=args.cpu_limits)
+                                 driver=args.driver_resources, cpu_limits=args.cpu_limits, scratch=args.scratch)
     raw_spec = parse_yaml(Path(args.job).read_text())["spec"]
     objects = builders.all_objects(job, raw_spec, None, opts)  # the operator makes the Ray token; render shows none
     sys.stdout.write(yaml.safe_dump_all(objects, sort_keys=False))
@@ -47,8 +47,9 @@ def cmd_render(args: argparse.Namespace) -> int:
         print(EPHEMERAL_CHECKPOINTS, file=sys.stderr)
         print(EPHEMERAL_ARTEFACTS.format(out=builders.driver_out(job)), file=sys.stderr)
     else:
-        print(f"note: metrics.jsonl and reward_curve.png go to {builders.driver_out(job)} on the checkpoint "
-              f"volume ({job.spec.trainer.checkpoint.volume_claim})", file=sys.stderr)
+        print(f"note: metrics.jsonl and reward_curve.png go to {builders.driver_out(job)}, in folder "
+              f"{names.claim_folder(job.metadata.name)} of the checkpoint volume "
+              f"({job.spec.trainer.checkpoint.volume_claim})", file=sys.stderr)
     return 0
 
 
@@ -71,7 +72,7 @@ def cmd_operator(args: argparse.Namespace) -> int:
     kopf.configure(verbose=args.verbose)
     config = OperatorConfig(image=args.image, metrics_port=args.metrics_port, metrics_address=args.metrics_address,
                             max_gpus_per_node=args.max_gpus_per_node, head=args.head_resources,
-                            driver=args.driver_resources, cpu_limits=args.cpu_limits)
+                            driver=args.driver_resources, cpu_limits=args.cpu_limits, scratch=args.scratch)
     kopf.run(
         standalone=True,
         namespaces=args.namespace,
@@ -82,11 +83,42 @@ def cmd_operator(args: argparse.Namespace) -> int:
     return 0
 
 
+def liveness_url(text: str) -> str:
+    """`http://HOST:PORT/PATH`, with a bare IPv6 HOST (the pod's IP as the downward API gives it) bracketed."""
+    scheme, sep, rest = text.partition("://")
+    netloc, slash, path = rest.partition("/")
+    host, colon, port = netloc.rpartition(":")
+    if not (sep and colon and port.isdigit()):
+        raise argparse.ArgumentTypeError(f"{text!r}: give http://HOST:PORT/PATH, e.g. http://127.0.0.1:8081/healthz")
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    return f"{scheme}://{host}:{port}{slash}{path}"
+
+
 def cpu_memory(text: str) -> dict[str, str]:
     """`cpu=200m,memory=2Gi` -> {"cpu": "200m", "memory": "2Gi"} (both keys, valid quantities)."""
-    pairs = dict(item.partition("=")[::2] for item in text.split(",") if item)
+    pairs = key_values(text)
     if set(pairs) != {"cpu", "memory"}:
         raise argparse.ArgumentTypeError(f"{text!r}: give cpu=<quantity>,memory=<quantity>, e.g. cpu=1,memory=4Gi")
+    return quantities(pairs)
+
+
+def scratch_sizes(text: str) -> dict[str, str]:
+    """`tmp=8Gi,cache=100Gi` -> the emptyDir sizeLimits (builders.SCRATCH), the keys not given at their default."""
+    pairs = key_values(text)
+    if not pairs or set(pairs) - set(builders.SCRATCH):
+        keys = ",".join(f"{k}=<quantity>" for k in builders.SCRATCH)
+        raise argparse.ArgumentTypeError(f"{text!r}: give some of {keys}, e.g. cache=100Gi")
+    return {**builders.SCRATCH, **quantities(pairs)}
+
+
+def key_values(text: str) -> dict[str, str]:
+    """`a=1,b=2` -> {"a": "1", "b": "2"}."""
+    return dict(item.partition("=")[::2] for item in text.split(",") if item)
+
+
+def quantities(pairs: dict[str, str]) -> dict[str, str]:
+    """``pairs`` if every value is a Kubernetes quantity."""
     for key, value in pairs.items():
         try:
             parse_quantity(value)
@@ -102,6 +134,10 @@ def pod_sizes(p: argparse.ArgumentParser) -> None:
         text = ",".join(f"{k}={v}" for k, v in default.items())
         p.add_argument(flag, type=cpu_memory, default=dict(default), metavar="cpu=Q,memory=Q",
                        help=f"requests and limits of {what} (default {text})")
+    text = ",".join(f"{k}={v}" for k, v in builders.SCRATCH.items())
+    p.add_argument("--scratch", type=scratch_sizes, default=dict(builders.SCRATCH), metavar="KEY=Q,...",
+                   help=f"sizeLimit of each job pod's emptyDirs (default {text}); a container's ephemeral-storage "
+                        "limit is their sum and 1Gi for its logs")
     p.add_argument("--no-cpu-limits", dest="cpu_limits", action="store_false",
                    help="give every pod CPU requests but no CPU limit (Burstable: pods may use a node's idle "
                         "cores; a small or shared CPU node). Default: limits equal requests (Guaranteed)")
@@ -117,9 +153,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--metrics-port", type=int, default=env.metrics_port,
                    help="serve Prometheus /metrics on this port (default: off, or $KUBERL_METRICS_PORT)")
     p.add_argument("--metrics-address", default=env.metrics_address,
-                   help="bind address for /metrics (default 127.0.0.1; the Helm chart sets 0.0.0.0 in the pod)")
-    p.add_argument("--liveness", metavar="URL",
-                   help="health endpoint for liveness/readiness probes, e.g. http://0.0.0.0:8081/healthz")
+                   help="bind address for /metrics (default 127.0.0.1; the Helm chart sets the pod's IP)")
+    p.add_argument("--liveness", metavar="URL", type=liveness_url,
+                   help="health endpoint for liveness/readiness probes, e.g. http://127.0.0.1:8081/healthz "
+                        "(an IPv6 host may be written bare, as the pod's IP comes: http://fd00::5:8081/healthz)")
     p.add_argument("--image", default=env.image,
                    help="runtime image for Ray pods and the driver, unless a job sets spec.image "
                         f"(default {env.image})")

@@ -6,7 +6,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from .builders import DEFAULT_IMAGE, DRIVER_RESOURCES, HEAD_RESOURCES
+from .builders import DEFAULT_IMAGE, DRIVER_RESOURCES, HEAD_RESOURCES, SCRATCH
 
 DEFAULT_MAX_GPUS_PER_NODE = 8
 
@@ -20,6 +20,7 @@ class OperatorConfig:
     head: Mapping[str, str] = field(default_factory=lambda: dict(HEAD_RESOURCES))  # each job's Ray head pod
     driver: Mapping[str, str] = field(default_factory=lambda: dict(DRIVER_RESOURCES))  # each job's driver pod
     cpu_limits: bool = True  # CPU limits equal to the requests (Guaranteed pods); off: requests only
+    scratch: Mapping[str, str] = field(default_factory=lambda: dict(SCRATCH))  # the job pods' emptyDir sizeLimits
 
     @classmethod
     def from_env(cls) -> OperatorConfig:

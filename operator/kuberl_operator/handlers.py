@@ -72,8 +72,13 @@ def head_pods(namespace: str, labels: kopf.Labels, body: kopf.Body, **_: Any) ->
 
 
 @kopf.index("configmaps", labels=PROGRESS)
-def progress_reports(namespace: str, labels: kopf.Labels, body: kopf.Body, **_: Any) -> dict:
-    return {(namespace, labels[names.LABEL_JOB]): parse_progress((body.get("data") or {}).get("progress"))}
+def progress_reports(namespace: str, name: str, labels: kopf.Labels, body: kopf.Body, **_: Any) -> dict:
+    """A job's progress report, from its own ConfigMap only: the driver (user code) may patch its ConfigMap,
+    labels included, so a label naming another job is not enough; the name is fixed at creation."""
+    job = labels[names.LABEL_JOB]
+    if name != names.progress_configmap(job):
+        return {}
+    return {(namespace, job): parse_progress((body.get("data") or {}).get("progress"))}
 
 
 @kopf.index("batch", "jobs", labels=DRIVER)

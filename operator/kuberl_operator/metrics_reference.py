@@ -89,9 +89,11 @@ def render() -> str:
         "",
         "The driver serves its families on `spec.trainer.metrics.prometheusPort` (`kuberl run --metrics-port`; on",
         "Kubernetes port 9500 of the driver pod, scraped by the chart's PodMonitor). The operator serves its own on",
-        "`--metrics-port` (the chart's metrics Service, scraped by its ServiceMonitor). Both monitors set",
-        "`honorLabels: true`, so `job` is the RLTrainingJob's name, not the scrape job. `namespace`, `pod` and",
-        "`container` come from the scrape target.",
+        "`--metrics-port` (the chart's metrics Service, scraped by its ServiceMonitor). On both, `job` is",
+        "the RLTrainingJob's name, not the scrape job: the operator's own label (its ServiceMonitor honours it), and",
+        "for a driver the pod's `kuberl.io/job` label (its PodMonitor does not honour the driver's labels, which",
+        "stay as `exported_job`; see [observability](observability.md)). `namespace`, `pod` and `container` come",
+        "from the scrape target.",
         "",
     ]
     for component, title in (("driver", "Driver (`kuberl run`, one per job)"), ("operator", "Operator")):

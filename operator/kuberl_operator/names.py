@@ -24,6 +24,7 @@ OUT_DIR = "/kuberl/out"
 GCS_PORT = 6379
 DRIVER_METRICS_PORT = 9500  # the driver serves /metrics here on the pod IP (the chart's PodMonitor scrapes it)
 AUTH_TOKEN_KEY = "auth_token"
+AUTH_VOLUME, AUTH_DIR = "ray-auth", "/var/run/kuberl/ray-auth"  # the token's file in every pod of a job
 GPU_CLAIM = "gpus"  # the pod's resourceClaims entry (and the template's device request) under DRA
 NODE_NAME_ENV = Env.NODE_NAME  # a worker's Kubernetes node, from the downward API
 CHECKPOINT_VOLUME = "checkpoints"
@@ -31,6 +32,7 @@ TMP_VOLUME, CACHE_VOLUME = "tmp", "cache"  # emptyDirs beside the read-only root
 SHM_VOLUME = "shm"  # a GPU worker's /dev/shm in memory: per-step snapshots, NCCL (a pod's own is 64 MiB)
 CACHE_DIR = "/kuberl/cache"
 DEFAULT_CHECKPOINT_PATH = "/checkpoints"  # where a checkpoint PVC is mounted unless the spec names a path
+CLAIM_MOUNT = "/kuberl/claim"  # the whole checkpoint PVC, in the init container that makes the job's folder
 
 
 def labels(job: str, component: str, role: str | None = None) -> dict[str, str]:
@@ -61,6 +63,11 @@ def spec_configmap(job: str) -> str:
 
 def progress_configmap(job: str) -> str:
     return f"{job}-progress"
+
+
+def claim_folder(job: str) -> str:
+    """The job's folder on its checkpoint PVC (the subPath every pod mounts): no job sees another's."""
+    return f"kuberl/{job}"
 
 
 def auth_secret(job: str) -> str:

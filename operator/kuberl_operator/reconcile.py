@@ -57,6 +57,7 @@ from .status import (
 
 log = logging.getLogger(__name__)
 STATUS_ATTEMPTS = 5
+CREATE_ONLY = frozenset({SECRETS})  # what the operator only creates (`create_once`): it may not read Secrets
 
 
 @dataclass
@@ -67,7 +68,8 @@ class Context:
     config: OperatorConfig
     metrics: Metrics
     locks: dict[tuple[str, str], asyncio.Lock] = field(default_factory=dict)
-    tokens: dict[ray_token.Key, str] = field(default_factory=dict)  # each job's Ray token, as last read
+    tokens: dict[ray_token.Key, str] = field(default_factory=dict)  # the Ray token of each job whose Secret it made
+    refused: dict[tuple[str, str], tuple[str, ...]] = field(default_factory=dict)  # job -> what its report lacked
 
     def lock(self, namespace: str, name: str) -> asyncio.Lock:
         """One status writer per job at a time inside this process."""
@@ -80,6 +82,7 @@ class Context:
             head=self.config.head,
             driver=self.config.driver,
             cpu_limits=self.config.cpu_limits,
+            scratch=self.config.scratch,
         )
 
 
@@ -97,12 +100,14 @@ class Indices:
         return cls(kwargs["worker_pods"], kwargs["progress_reports"], kwargs["driver_jobs"], kwargs["head_pods"])
 
     def observed(self, namespace: str, name: str, cluster_uid: str | None,
-                 applied: Mapping[str, Any] | None = None, groups: Mapping[str, int] | None = None) -> Observed:
+                 applied: Mapping[str, Any] | None = None, groups: Mapping[str, int] | None = None,
+                 given_up: Mapping[str, tuple[str, ...]] | None = None) -> Observed:
         key = (namespace, name)
         return Observed(
             cluster_uid=cluster_uid,
             applied_spec=applied,
             groups=dict(groups or {}),
+            given_up=dict(given_up or {}),
             pods=tuple(self.pods.get(key, ())),
             progress=next(iter(self.progress.get(key, ())), Progress()),
             driver=next(iter(self.drivers.get(key, ())), None),
@@ -147,9 +152,8 @@ def children(name: str) -> list[tuple[Resource, str]]:
     return [
         *runtime_children(name),
         (CONFIGMAPS, names.progress_configmap(name)), (CONFIGMAPS, names.spec_configmap(name)),
-        (SECRETS, names.auth_secret(name)), (ROLEBINDINGS, names.driver(name)), (ROLES, names.driver(name)),
-        (SERVICEACCOUNTS, names.driver(name)),
-    ]
+        (ROLEBINDINGS, names.driver(name)), (ROLES, names.driver(name)), (SERVICEACCOUNTS, names.driver(name)),
+    ]  # not the token's Secret: the operator may not read (nor delete) Secrets; garbage collection removes it
 
 
 def not_served(obj: Mapping[str, Any]) -> str:
@@ -193,6 +197,19 @@ async def ensure(ctx: Context, body: kopf.Body, obj: MutableMapping[str, Any], s
     return False
 
 
+async def create_once(ctx: Context, body: kopf.Body, obj: MutableMapping[str, Any]) -> bool:
+    """Create ``obj``, owned by the job, without reading it first (the operator may not read Secrets): True
+    if made, False if it exists (409)."""
+    kopf.adopt(obj, owner=body)
+    try:
+        await ctx.kube.create(obj)
+    except ApiError as exc:
+        if exc.status == 409:
+            return False
+        raise
+    return True
+
+
 def pending_changes(diff: Sequence[Any], live: frozenset[str] = frozenset()) -> list[str]:
     """Changed spec fields, other than suspend and the ``live`` ones, from kopf's diff of ``spec``."""
     fields = {".".join(("spec", *[str(f) for f in item[1] if f != "spec"][:3])) for item in diff}
@@ -201,8 +218,17 @@ def pending_changes(diff: Sequence[Any], live: frozenset[str] = frozenset()) -> 
 
 def worker_groups(cluster: Mapping[str, Any] | None) -> dict[str, int]:
     """A RayCluster's worker group replicas, by group (role) name."""
-    return {g.get("groupName"): g.get("replicas", 0) for g in ((cluster or {}).get("spec") or {}).get(
-        "workerGroupSpecs") or []}
+    return {g.get("groupName"): g.get("replicas", 0) for g in group_specs(cluster)}
+
+
+def given_up(cluster: Mapping[str, Any] | None) -> dict[str, tuple[str, ...]]:
+    """The pods a RayCluster's worker groups name for KubeRay to delete (scaleStrategy.workersToDelete)."""
+    return {g.get("groupName"): tuple((g.get("scaleStrategy") or {}).get("workersToDelete") or ())
+            for g in group_specs(cluster)}
+
+
+def group_specs(cluster: Mapping[str, Any] | None) -> list[Mapping[str, Any]]:
+    return ((cluster or {}).get("spec") or {}).get("workerGroupSpecs") or []
 
 
 async def ask_driver(ctx: Context, namespace: str, job: RLTrainingJob) -> None:
@@ -229,16 +255,21 @@ async def apply_spec(ctx: Context, body: kopf.Body, patch: kopf.Patch, diff: Seq
     runtime, spec_configmap = runtime_children(name, list(job.spec.roles.extra)), (CONFIGMAPS,
                                                                                    names.spec_configmap(name))
     created = []
-    # `ensure` creates the Secret (with this token) only when it does not exist yet
-    token = await ray_token.token_for(ctx.kube, ctx.tokens, (namespace, name, body.meta.uid),
-                                      body.status.get("rayClusterUID") is not None)
-    if token.event is not None:
-        kopf.event(body, type=token.event[0], reason=token.event[1], message=token.event[2])
+    token_key = (namespace, name, body.meta.uid)
+    token = ray_token.token_for(ctx.tokens, token_key)
     for obj in builders.all_objects(job, body["spec"], token.value, ctx.options(namespace)):
         key = (resource_of(obj), obj["metadata"]["name"])
         if job.spec.suspend and key in runtime:
             continue
-        if await ensure(ctx, body, obj, sync=("data",) if key == spec_configmap else ()):
+        if key[0] in CREATE_ONLY:
+            made = await create_once(ctx, body, obj)
+            event = ray_token.created(ctx.tokens, token_key, token, key[1],
+                                      body.status.get("rayClusterUID") is not None, made)
+            if event is not None:
+                kopf.event(body, type=event[0], reason=event[1], message=event[2])
+        else:
+            made = await ensure(ctx, body, obj, sync=("data",) if key == spec_configmap else ())
+        if made:
             created.append(f"{obj['kind']} {obj['metadata']['name']}")
     if created:
         kopf.event(body, type="Normal", reason="Created", message=f"created {', '.join(created)}")
@@ -268,6 +299,7 @@ async def delete_children(ctx: Context, body: kopf.Body) -> None:
     for res, child in children(body.meta.name):
         await delete_owned(ctx, res, body.meta.namespace, child, body.meta.uid)
     ctx.tokens.pop((body.meta.namespace, body.meta.name, body.meta.uid), None)
+    ctx.refused.pop((body.meta.namespace, body.meta.name), None)
 
 
 async def reconcile_job(ctx: Context, body: kopf.Body, patch: kopf.Patch, diff: Sequence[Any],
@@ -328,7 +360,7 @@ async def reconcile_once(ctx: Context, namespace: str, name: str, indices: Indic
     if placement.static_problems(job, ctx.config.max_gpus_per_node):
         return True  # likewise
     seen = indices.observed(namespace, name, cluster_uid, applied_spec(cluster) if live else None,
-                            worker_groups(cluster) if live else None)
+                            worker_groups(cluster) if live else None, given_up(cluster) if live else None)
     decision = decide(job, body["metadata"].get("generation", 1), old, seen, now())
     patch = merge_diff(old, decision.status)
     if patch is not None:
@@ -341,6 +373,12 @@ async def reconcile_once(ctx: Context, namespace: str, name: str, indices: Indic
                 return False
             raise
     ctx.metrics.observe(namespace, name, decision.status, job.spec)
+    if (refused := seen.progress.refused) and ctx.refused.get((namespace, name)) != refused:
+        more = f" and {len(refused) - 8} more" if len(refused) > 8 else ""
+        kopf.event(body, type="Warning", reason="ProgressRefused",
+                   message=f"the driver's progress report was malformed or past its bounds in "
+                           f"{', '.join(refused[:8])}{more}: that part is ignored, the rest is used")
+    ctx.refused[(namespace, name)] = refused
     for event in decision.events:
         kopf.event(body, type=event.type, reason=event.reason, message=event.message)
     resize = rescale.cluster_patch(cluster, decision.groups, decision.leaving) if live else None

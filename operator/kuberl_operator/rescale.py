@@ -8,7 +8,8 @@ anything else, in two halves that meet in ConfigMap ``<job>-progress``:
 - the operator sizes the role's RayCluster worker group: at once when it grows (the driver's new ranks
   wait for the pods), and, when it shrinks, only once the driver reports (``data.progress``,
   ``roles.<role>.replicas``) that it runs the smaller group, naming the pods that no rank of the role
-  uses in ``scaleStrategy.workersToDelete``; their deletion is then no failure of the role.
+  uses in ``scaleStrategy.workersToDelete``; their deletion is then no failure of the role. KubeRay deletes
+  them, not the operator (`status.role_outcome`): KubeRay deletes a random pod for one it finds gone already.
 """
 
 from __future__ import annotations
@@ -45,14 +46,17 @@ def running_replicas(role: str, progress: Progress, applied: Mapping[str, Any] |
     return built if isinstance(built, int) else None
 
 
-def group_pods(job: RLTrainingJob, role: str, progress: Progress, applied: Mapping[str, Any] | None) -> int:
+def group_pods(job: RLTrainingJob, role: str, progress: Progress, applied: Mapping[str, Any] | None,
+               current: int | None = None) -> int:
     """The pods the role's worker group should have now: the spec's, or while the driver still runs a
-    larger group (a shrink it has not applied yet), that group's, so no rank loses its pod."""
+    larger group (a shrink it has not applied yet), that group's, so no rank loses its pod. Never more
+    than the spec's or the group's ``current`` size: the report is the driver's, where user code runs, and
+    must not grow a group past what admission allowed."""
     want = group_size(job, role)
     running = running_replicas(role, progress, applied)
     if running is None:
         return want
-    return max(want, running + int(job.spec.resilience.standby))
+    return min(max(want, running + int(job.spec.resilience.standby)), max(want, current or 0))
 
 
 def pending(job: RLTrainingJob, role: str, progress: Progress, applied: Mapping[str, Any] | None) -> bool:

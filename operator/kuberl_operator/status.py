@@ -44,6 +44,7 @@ class Observed:
     head: Sequence[PodView] = ()  # the Ray head pod (more than one while KubeRay replaces it)
     applied_spec: Mapping[str, Any] | None = None  # what the live RayCluster was built from (spec_changes)
     groups: Mapping[str, int] = field(default_factory=dict)  # the live RayCluster's worker group replicas, by role
+    given_up: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # its scaleStrategy.workersToDelete
 
 
 @dataclass(frozen=True)
@@ -93,7 +94,7 @@ def role_outcome(role: str, job: RLTrainingJob, old: Mapping[str, Any], seen: Ob
         same_cluster = old.get("rayClusterUID") == seen.cluster_uid
         known = Tracking.from_status(prev) if same_cluster else Tracking()
         live = role in rescale.live_roles(job)
-        keep = rescale.group_pods(job, role, seen.progress, seen.applied_spec) if live else 0
+        keep = rescale.group_pods(job, role, seen.progress, seen.applied_spec, seen.groups.get(role)) if live else 0
         if live and keep < (seen.groups.get(role) or 0):
             gone = rescale.leaving(pods, keep, seen.progress.hosts_of(role))
             leaving = tuple(p.name for p in gone)
@@ -104,6 +105,10 @@ def role_outcome(role: str, job: RLTrainingJob, old: Mapping[str, Any], seen: Ob
         if cluster_restart:
             failures, ready, tracking = (), 0, Tracking({}, frozenset(p.uid for p in pods))
             doomed = tuple(sorted(p.name for p in pods if not p.deleting))
+        # KubeRay deletes what a shrink gives up, never the operator: were the pod gone before KubeRay's
+        # own delete of it, KubeRay would count it still there and delete another pod of the group.
+        kuberay_deletes = {*leaving, *seen.given_up.get(host, ())}
+        doomed = tuple(n for n in doomed if n not in kuberay_deletes)
         if failures:
             pod_restarts += 1
             last_failure = f"{now}: {'; '.join(failures)}"
@@ -247,6 +252,15 @@ def active_phase(job: RLTrainingJob, roles: Mapping[str, RoleOutcome], seen: Obs
     return RUNNING, "AllRolesReady", f"all {len(roles)} roles ready"
 
 
+def restart_note(job: RLTrainingJob, role: str, outcome: RoleOutcome, action: str) -> str:
+    """What a role's newest failure leads to: its restart (n of at most maxRestarts), or the job's end."""
+    budget, restarts = job.spec.roles.get(role).max_restarts, outcome.status["restarts"]
+    if restart_budget_spent(restarts, budget):
+        return f"no restart: failure {restarts} spends spec.{job.spec.roles.path(role)}.maxRestarts ({budget})"
+    host = outcome.status.get("colocatedWith")
+    return f"{shared_action(host) if host else action} (restart {restarts} of at most {budget})"
+
+
 def decide(job: RLTrainingJob, generation: int, old: Mapping[str, Any], seen: Observed, now: str) -> Decision:
     """The next status of a (valid) job and what to do about it."""
     conds: list[dict[str, Any]] = [dict(c) for c in old.get("conditions", [])]
@@ -264,11 +278,8 @@ def decide(job: RLTrainingJob, generation: int, old: Mapping[str, Any], seen: Ob
     events = [Event("Warning", HEAD_FAILED, head_failed_message(head))] if head.failures else []
     action = ("its standby takes the failed pods' place, and a new standby pod is made" if job.spec.resilience.standby
               else "restarting the role's pods")
-    events += [Event("Warning", "RoleRestart",
-                    f"role {r}: {'; '.join(o.failures)}; "
-                    f"{shared_action(host) if (host := o.status.get('colocatedWith')) else action} "
-                    f"(restart {o.status['restarts']} of at most {job.spec.roles.get(r).max_restarts})")
-              for r, o in roles.items() if o.failures]
+    events += [Event("Warning", "RoleRestart", f"role {r}: {'; '.join(o.failures)}; {restart_note(job, r, o, action)}")
+               for r, o in roles.items() if o.failures]
     events += [Event("Warning", ROLE_FAILED, f"role {r} (reported by the driver): {why}")
                for r, o in roles.items()
                if (why := o.status.get("driverFailure")) and why != ((old.get("roles") or {}).get(r) or {}).get(
@@ -319,7 +330,8 @@ def decide(job: RLTrainingJob, generation: int, old: Mapping[str, Any], seen: Ob
     doomed = dict.fromkeys((*head.doomed, *(p for o in roles.values() for p in o.doomed)))
     delete_pods = () if terminal else tuple(doomed)
     groups = {} if terminal or seen.cluster_uid is None else {
-        r: rescale.group_pods(job, r, seen.progress, seen.applied_spec) for r in rescale.live_roles(job) if r in roles}
+        r: rescale.group_pods(job, r, seen.progress, seen.applied_spec, seen.groups.get(r))
+        for r in rescale.live_roles(job) if r in roles}
     leaving = {r: o.leaving for r, o in roles.items() if o.leaving}
     return Decision(status, tuple(events), delete_pods, teardown=terminal and seen.cluster_uid is not None,
                     groups=groups, leaving=leaving)

@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "kuberl"
 RELEASE, NAMESPACE = "kuberl", "kuberl-system"
 # The chart's kubeVersion floor, and the version the operator's tests validate against.
-K8S_VERSIONS = ("1.29.0", "1.33.0")
+K8S_VERSIONS = ("1.30.0", "1.33.0")
 
 
 def find_helm() -> str | None:

@@ -38,7 +38,8 @@ def test_every_rendered_object_validates(helm: Helm, name: str, k8s_version: str
 def test_default_objects(helm: Helm) -> None:
     kinds = sorted(o["kind"] for o in helm.render())
     assert kinds == sorted(["CustomResourceDefinition", "ServiceAccount", "ClusterRole", "ClusterRoleBinding",
-                            "Deployment", "Service", "ConfigMap"])
+                            "Deployment", "Service", "ConfigMap", *["ValidatingAdmissionPolicy"] * 6,
+                            *["ValidatingAdmissionPolicyBinding"] * 6])
 
 
 def test_minimal_renders_only_the_operator(helm: Helm) -> None:
@@ -73,8 +74,10 @@ def test_deployment_is_hardened(helm: Helm, name: str) -> None:
     for probe in ("livenessProbe", "readinessProbe"):
         http = container[probe]["httpGet"]
         assert http["port"] == "health" and "health" in ports
-        assert f"--liveness=http://0.0.0.0:{ports['health']}{http['path']}" in container["args"]
+        assert f"--liveness=http://$(POD_IP):{ports['health']}{http['path']}" in container["args"]
     assert f"--metrics-port={ports['metrics']}" in container["args"]
+    assert "--metrics-address=$(POD_IP)" in container["args"]  # the pod's IP only, never 0.0.0.0
+    assert {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}} in container["env"]
     mounts = {m["mountPath"] for m in container["volumeMounts"]}
     assert "/tmp" in mounts
 
@@ -96,7 +99,10 @@ def test_operator_accepts_the_chart_args(helm: Helm, name: str) -> None:
     values = VALUE_SETS[name]
     assert args.namespace == values.get("watchNamespaces", [])
     assert args.all_namespaces == (not values.get("watchNamespaces"))
-    assert args.liveness.startswith("http://0.0.0.0:")
+    assert args.liveness.startswith("http://$(POD_IP):")
+    from kuberl_operator.builders import SCRATCH
+
+    assert args.scratch == {**SCRATCH, **values.get("jobPods", {}).get("scratch", {})}  # the emptyDirs' sizeLimits
 
 
 def test_default_runtime_image_is_the_operators_default(helm: Helm) -> None:
@@ -104,6 +110,32 @@ def test_default_runtime_image_is_the_operators_default(helm: Helm) -> None:
 
     args = operator_parser().parse_args(operator_container(helm.render())["args"])
     assert args.image == DEFAULT_IMAGE
+
+
+DIGEST = "sha256:" + "ab" * 32
+
+
+def test_images_pinned_by_digest_render_repository_at_digest(helm: Helm) -> None:
+    values = {"image": {"repository": "reg.example.com/kuberl-operator", "digest": DIGEST},
+              "runtimeImage": {"repository": "reg.example.com/kuberl-runtime", "tag": "0.1.0", "digest": DIGEST}}
+    container = operator_container(helm.render(values))
+    assert container["image"] == f"reg.example.com/kuberl-operator@{DIGEST}"
+    args = operator_parser().parse_args(container["args"])
+    assert args.image == f"reg.example.com/kuberl-runtime@{DIGEST}"  # the digest wins over a tag
+    for bad in ({"image": {"repository": "r", "tag": f"@{DIGEST}"}}, {"image": {"repository": "r", "digest": "abc"}}):
+        with pytest.raises(HelmFailed):  # the old `tag: "@sha256:..."` rendered `r:@sha256:...`, which is invalid
+            helm.render(bad)
+
+
+def test_the_job_policy_bounds_config_depth_as_the_spec_model_does(helm: Helm) -> None:
+    from kuberl.spec.model import CONFIG_MAX_DEPTH
+
+    policy = next(o for o in helm.render() if o["kind"] == "ValidatingAdmissionPolicy"
+                  and o["metadata"]["name"].endswith("-jobs"))
+    rule = policy["spec"]["validations"][0]
+    assert f"all(c{CONFIG_MAX_DEPTH}, type(c{CONFIG_MAX_DEPTH}) != map" in rule["expression"]
+    assert f"c{CONFIG_MAX_DEPTH + 1}" not in rule["expression"]
+    assert f"more than {CONFIG_MAX_DEPTH} deep" in rule["message"]
 
 
 def test_chart_version_follows_the_project() -> None:
@@ -290,7 +322,9 @@ def test_podmonitor_driver_endpoint_targets_the_driver_container(helm: Helm) -> 
 
     monitor = one(helm.render({"podMonitor": {"enabled": True, "driver": {"port": 9400}}}), "PodMonitor")
     driver_ep = monitor["spec"]["podMetricsEndpoints"][0]
-    assert driver_ep["honorLabels"] is True  # the runtime's `job` label is the RLTrainingJob's name
+    assert driver_ep["honorLabels"] is False  # user code runs in the driver: its own labels never win
+    assert {"sourceLabels": ["__meta_kubernetes_pod_label_kuberl_io_job"], "targetLabel": "job",
+            "action": "replace"} in driver_ep["relabelings"]  # `job`: the pod's label, which the operator sets
     keeps = {r["sourceLabels"][0]: r["regex"] for r in driver_ep["relabelings"] if r.get("action") == "keep"}
     driver_templates = [t for t in job_pod_templates()
                         if t["metadata"]["labels"].get("app.kubernetes.io/component") == "driver"]

@@ -5,7 +5,8 @@ The needs are derived from operator/kuberl_operator, not written down twice:
   listed and watched; resources with change handlers are patched (finalizer, kopf's annotations,
   status through the status subresource); kopf posts Events;
 - the operator's own API calls (an AST scan of ``ctx.kube.get/create/patch/delete(RESOURCE, ...)``);
-- ``reconcile.ensure`` (get, create, patch) for every object ``builders.all_objects`` makes, and
+- ``reconcile.ensure`` (get, create, patch) for every object ``builders.all_objects`` makes, but
+  ``reconcile.create_once`` (create) for those in ``reconcile.CREATE_ONLY`` (Secrets), and
   ``reconcile.delete_owned`` (get, delete) for every object ``reconcile.children`` names.
 kopf's own cluster-scoped reads (CRDs always; namespaces when it watches a list of them) are fixed.
 """
@@ -22,7 +23,7 @@ from .render import REPO, Helm, by_kind, one
 
 Needs = dict[tuple[str, str], set[str]]
 OPERATOR = REPO / "operator" / "kuberl_operator"
-GENERIC = {"ensure": {"get", "create", "patch"}, "delete_owned": {"get", "delete"}}
+GENERIC = {"ensure": {"get", "create", "patch"}, "create_once": {"create"}, "delete_owned": {"get", "delete"}}
 KOPF_CLUSTER = {("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"}}
 KOPF_NAMESPACES = {("", "namespaces"): {"list", "watch"}}
 
@@ -85,7 +86,7 @@ def api_calls() -> Needs:
         raw = yaml.safe_load((REPO / "examples" / example).read_text())["spec"]
         for obj in builders.all_objects(job, raw, "token", builders.BuildOptions(namespace="ns")):
             res = kube.resource_of(obj)
-            needs[(res.group, res.plural)] |= GENERIC["ensure"]
+            needs[(res.group, res.plural)] |= GENERIC["create_once" if res in reconcile.CREATE_ONLY else "ensure"]
     for res, _ in reconcile.children("job"):
         needs[(res.group, res.plural)] |= GENERIC["delete_owned"]
     return needs

@@ -85,7 +85,8 @@ def describe(api: Api, name: str) -> str:
         )
         for p in api.list(PODS)
     ]
-    evs = [(e["reason"], e.get("message", "")[:160]) for e in api.list(EVENTS)][-15:]
+    when = lambda e: e.get("lastTimestamp") or e.get("eventTime") or e["metadata"]["creationTimestamp"]  # noqa: E731
+    evs = [(e["reason"], e.get("message", "")[:160]) for e in sorted(api.list(EVENTS), key=when)][-15:]  # newest
     roles = {
         r: {k: v for k, v in s.items() if k not in ("members", "handledUIDs")} for r, s in st.get("roles", {}).items()
     }

@@ -88,7 +88,7 @@ def test_a_failure_of_the_colocated_roles_process_restarts_only_it(
     wait_for(lambda: status(ns, job_name).get("phase") == "Running", 90, "phase Running", ctx)
     assert list(groups(ns, job_name)) == ["actor", "critic", "reward"]
     limits = groups(ns, job_name)["actor"]["template"]["spec"]["containers"][0]["resources"]["limits"]
-    assert limits == {"cpu": "750m", "memory": "3Gi"}  # the actor's 500m, 2Gi and the ref's 250m, 1Gi
+    assert (limits["cpu"], limits["memory"]) == ("750m", "3Gi")  # the actor's 500m, 2Gi and the ref's 250m, 1Gi
     before = {r: uids(pods_of(ns, job_name, r)) for r in ("actor", "critic", "reward")}
 
     env = driver_env(cluster, admin, ns.namespace, job_name, tmp_path / "serviceaccount", ctx)

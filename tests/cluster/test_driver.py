@@ -101,8 +101,8 @@ def test_exit_4_and_eviction_are_retried_within_the_backoff_limit(
 
 
 def test_every_pod_of_a_job_shares_one_ray_token(ns: Api, operator: OperatorProcess, job_name: str) -> None:
-    """Fact: head, workers and driver read RAY_AUTH_TOKEN from the job's one Secret, which KubeRay
-    passes through untouched and which survives a role restart."""
+    """Fact: head, workers and driver read the Ray token from the job's one Secret, mounted as a file
+    (RAY_AUTH_TOKEN_PATH), which KubeRay passes through untouched and which survives a role restart."""
     ns.create(RLTJ, manifest(job_name))
     ctx = lambda: describe(ns, job_name) + operator.tail(30)  # noqa: E731
     wait_for(lambda: status(ns, job_name).get("phase") == "Running", 90, "phase Running", ctx)
@@ -113,13 +113,13 @@ def test_every_pod_of_a_job_shares_one_ray_token(ns: Api, operator: OperatorProc
     for pod in pods:
         containers = [c for c in pod["spec"]["containers"] if c["name"] in ("ray-head", "ray-worker", "driver")]
         assert containers, pod["metadata"]["name"]
+        (volume,) = [v for v in pod["spec"]["volumes"] if "secret" in v]
+        assert volume["secret"]["secretName"] == f"{job_name}-ray-auth", pod["metadata"]["name"]
         for c in containers:
             env = {e["name"]: e for e in c.get("env", [])}
             assert env["RAY_AUTH_MODE"]["value"] == "token", pod["metadata"]["name"]
-            assert env["RAY_AUTH_TOKEN"]["valueFrom"]["secretKeyRef"] == {
-                "name": f"{job_name}-ray-auth",
-                "key": "auth_token",
-            }
+            assert env["RAY_AUTH_TOKEN_PATH"]["value"].startswith(
+                next(m["mountPath"] for m in c["volumeMounts"] if m["name"] == volume["name"]))
     from .faults import fail_pod
 
     fail_pod(ns, pods_of(ns, job_name, "actor")[0]["metadata"]["name"], "oom")

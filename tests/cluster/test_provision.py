@@ -96,15 +96,20 @@ def test_the_gpu_example_is_provisioned_on_gpu_nodes(ns: Api, operator: Operator
     assert kubectl("get", "rltj", name, "-n", ns.namespace, "-o", "jsonpath={.status.roles.actor.ready}").stdout == "2"
 
 
+def scheduled(pods: list[dict], count: int) -> list[dict]:
+    """``pods`` once there are ``count`` of them and each has a node; else empty."""
+    return pods if len(pods) == count and all(p["spec"].get("nodeName") for p in pods) else []
+
+
 def test_kuberay_passes_the_role_resources_to_ray_start(ns: Api, operator: OperatorProcess, job_name: str) -> None:
     """Fact: KubeRay keeps the single-quoted rayStartParams.resources as one shell word of `ray start`."""
     from .jobs import manifest
 
     ns.create(RLTJ, manifest(job_name))
     pods = wait_for(
-        lambda: len(pods_of(ns, job_name, "critic")) == 2 and pods_of(ns, job_name, "critic"),
+        lambda: scheduled(pods_of(ns, job_name, "critic"), 2),
         60,
-        "the critic pods",
+        "the critic pods, scheduled",
         lambda: describe(ns, job_name),
     )
     for pod in pods:

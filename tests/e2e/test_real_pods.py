@@ -45,7 +45,19 @@ def running(pod: dict[str, Any]) -> bool:
 
 
 def describe(k: Kubectl, job: str) -> str:
-    return "\n" + k("get", "pods,rltj", "-o", "wide") + "\n" + k("get", "events", "--sort-by=.lastTimestamp")[-3000:]
+    """The namespace's pods, jobs and last events, and with a job named, the tail of its driver pods' logs."""
+    logs = ""
+    if job:
+        out = subprocess.run([*k.base, "-n", k.namespace, "logs", "--prefix", "--tail=40", "-l",
+                              f"{names.LABEL_JOB}={job},{names.LABEL_COMPONENT}=driver"],
+                             capture_output=True, text=True, timeout=60)
+        logs = "\n" + (out.stdout + out.stderr)[-4000:]
+    pods = k("get", "pods,rltj", "-o", "wide")
+    unscheduled = k("get", "events", "--field-selector=reason=FailedScheduling")[-1500:]  # else cut off by the tail
+    node = k("describe", "node", "node-0")
+    allocated = node[node.find("Non-terminated Pods"):][:3000]  # what holds the node's CPU and memory
+    return ("\n" + pods + "\n" + unscheduled + "\n" + allocated + "\n"
+            + k("get", "events", "--sort-by=.lastTimestamp")[-3000:] + logs)
 
 
 def test_the_operator_runs_as_a_pod_of_the_local_image(installed: Kubectl) -> None:

@@ -225,8 +225,11 @@ def test_images_install_their_lock_with_hashes(image: str) -> None:
     args = build_args(DOCKERFILES[image])
     copies = [expand(i.args, args) for i in instructions(DOCKERFILES[image]) if i.keyword == "COPY"]
     assert f"images/{image}/requirements.txt /tmp/requirements.txt" in copies
-    # kuberl itself comes without its dependencies: everything it needs is in the lock.
-    assert re.search(r'pip install (?:"\$@" )?--no-deps /src(\s|$)', text)
+    # kuberl itself comes without its dependencies: everything it needs is in the lock; its build system is locked
+    # too, and no build isolation fetches an unpinned setuptools or wheel.
+    assert re.search(r'pip install (?:"\$@" )?--no-deps --no-build-isolation /src(\s|$)', text)
+    assert "--require-hashes --no-deps -r /tmp/build-system.txt" in text
+    assert "images/build-system.txt /tmp/build-system.txt" in copies
     assert not re.search(r"\[(?:[^\]]*,)?\s*(runtime|operator|dev)\b", text), "an extra would resolve outside the lock"
 
 

@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from kuberl.spec import load_manifest, validate_manifest
+from kuberl.spec.quantity import parse_quantity
 from kuberl_operator import builders, names
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -70,8 +71,11 @@ def test_worker_group_settings() -> None:
     assert (actor["replicas"], actor["minReplicas"], actor["maxReplicas"]) == (2, 2, 2)
     pod = actor["template"]["spec"]
     container = pod["containers"][0]
-    assert container["resources"]["limits"] == {"cpu": "16", "memory": "64Gi", "nvidia.com/gpu": 4}
-    assert container["resources"]["requests"] == container["resources"]["limits"]
+    # ephemeral storage: tmp 16Gi + cache 32Gi + checkpoints 64Gi (no claim) + 1Gi of logs; shm is memory
+    assert container["resources"]["limits"] == {"cpu": "16", "memory": "64Gi", "nvidia.com/gpu": 4,
+                                                "ephemeral-storage": "113Gi"}
+    assert container["resources"]["requests"] == {"cpu": "16", "memory": "64Gi", "nvidia.com/gpu": 4,
+                                                  "ephemeral-storage": "1Gi"}  # Guaranteed: cpu, memory
     assert pod["restartPolicy"] == "Never"
     assert pod["tolerations"][0]["key"] == "nvidia.com/gpu"
     assert pod["securityContext"]["runAsNonRoot"] is True
@@ -100,13 +104,24 @@ def test_head_does_no_work_and_everything_shares_the_ray_token() -> None:
     head = objs["RayCluster"]["spec"]["headGroupSpec"]
     assert head["rayStartParams"]["num-cpus"] == "0"
     secret = objs["Secret"]
-    assert secret["stringData"] == {"auth_token": "s3cret"}
-    containers = [head["template"]["spec"]["containers"][0], objs["Job"]["spec"]["template"]["spec"]["containers"][0],
-                  *(g["template"]["spec"]["containers"][0] for g in objs["RayCluster"]["spec"]["workerGroupSpecs"])]
-    for c in containers:
+    assert secret["stringData"] == {"auth_token": "s3cret"} and secret["immutable"] is True
+    pods = [head["template"]["spec"], objs["Job"]["spec"]["template"]["spec"],
+            *(g["template"]["spec"] for g in objs["RayCluster"]["spec"]["workerGroupSpecs"])]
+    for pod in pods:
+        volume = next(v for v in pod["volumes"] if "secret" in v)
+        assert volume["secret"]["secretName"] == secret["metadata"]["name"]
+        c = pod["containers"][0]
         env = {e["name"]: e for e in c["env"]}
-        assert env["RAY_AUTH_MODE"]["value"] == "token"
-        assert env["RAY_AUTH_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == secret["metadata"]["name"]
+        mount = next(m for m in c["volumeMounts"] if m["name"] == volume["name"])
+        assert mount["readOnly"] and env["RAY_AUTH_MODE"]["value"] == "token"
+        # a file, never an environment variable that child processes and crash reports would carry
+        assert env["RAY_AUTH_TOKEN_PATH"]["value"] == f"{mount['mountPath']}/{volume['secret']['items'][0]['path']}"
+        assert "RAY_AUTH_TOKEN" not in env
+
+
+def test_render_prints_no_secret() -> None:
+    """Without a token (`kuberl render`) there is no Secret: the operator makes it, with a token of its own."""
+    assert "Secret" not in by_kind(builders.all_objects(job(), {}, None, OPTS))
 
 
 def test_driver_job_runs_kuberl_against_the_head_with_the_spec_mounted() -> None:
@@ -124,7 +139,7 @@ def test_driver_job_runs_kuberl_against_the_head_with_the_spec_mounted() -> None
     assert env["KUBERL_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
     assert {"name": "spec", "configMap": {"name": "j-spec"}} in pod["volumes"]
     # No checkpoint PVC: metrics.jsonl and the reward curve go to an emptyDir of the driver pod.
-    assert {"name": "out", "emptyDir": {}} in pod["volumes"]
+    assert {"name": "out", "emptyDir": {"sizeLimit": "1Gi"}} in pod["volumes"]
     assert {"name": "out", "mountPath": "/kuberl/out"} in driver["volumeMounts"]
     assert pod["serviceAccountName"] == "j-driver" and pod["restartPolicy"] == "Never"
     assert "j-head-svc" in pod["initContainers"][0]["command"][-1]
@@ -181,7 +196,9 @@ def test_gpu_workers_get_host_memory_at_dev_shm_for_their_snapshots(validator) -
         shm = {v["name"]: v for v in pod["volumes"]}.get("shm")
         mounts = {m["mountPath"]: m["name"] for m in pod["containers"][0]["volumeMounts"]}
         if group["groupName"] in ("actor", "critic"):
-            assert shm == {"name": "shm", "emptyDir": {"medium": "Memory"}} and mounts["/dev/shm"] == "shm"
+            memory = pod["containers"][0]["resources"]["limits"]["memory"]  # what a memory emptyDir counts against
+            assert shm == {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": memory}}
+            assert mounts["/dev/shm"] == "shm"
         else:
             assert shm is None and "/dev/shm" not in mounts
     assert validator(cluster) == []
@@ -213,7 +230,9 @@ def test_dra_gives_each_gpu_role_a_claim_template_instead_of_device_plugin_gpus(
         assert pod["resourceClaims"] == [{"name": "gpus", "resourceClaimTemplateName": f"j-{role}-gpus"}]
         assert container["resources"]["claims"] == [{"name": "gpus"}]
         assert "nvidia.com/gpu" not in container["resources"]["limits"]
-        assert container["resources"]["limits"] == container["resources"]["requests"]
+        limits, requests = container["resources"]["limits"], container["resources"]["requests"]
+        assert {k: v for k, v in limits.items() if k != "ephemeral-storage"} == {
+            k: v for k, v in requests.items() if k != "ephemeral-storage"}
         assert groups[role]["rayStartParams"]["num-gpus"] == str(getattr(spec.spec.roles,
                                                                          role).gpus)  # KubeRay cannot infer it
     assert "resourceClaims" not in groups["reward"]["template"]["spec"]
@@ -244,19 +263,27 @@ def test_the_jobs_own_image_overrides_the_operators() -> None:
 
 
 def test_a_checkpoint_pvc_is_mounted_in_the_driver_and_every_worker(validator) -> None:
+    """Each pod mounts the job's own folder of the PVC (a subPath), made first by an init container that sees the
+    whole PVC and runs a fixed command, as the pods' user."""
     raw = {"data": {"task": "repeat-letter"}, "reward": {"function": "kuberl.rewards.builtin:repeat_letter"},
            "trainer": {"checkpoint": {"volumeClaim": "ckpt"}}}
     made = builders.all_objects(job(**raw), raw, "t", OPTS)
     objs = by_kind(made)
     volume = {"name": "checkpoints", "persistentVolumeClaim": {"claimName": "ckpt"}}
-    mount = {"name": "checkpoints", "mountPath": "/checkpoints"}
+    mount = {"name": "checkpoints", "mountPath": "/checkpoints", "subPath": "kuberl/j"}
     driver = objs["Job"]["spec"]["template"]["spec"]
     pods = [driver, *(g["template"]["spec"] for g in objs["RayCluster"]["spec"]["workerGroupSpecs"])]
     assert len(pods) == 5
     for pod in pods:
         assert volume in pod["volumes"] and mount in pod["containers"][0]["volumeMounts"]
+        init = pod["initContainers"][0]
+        assert init["name"] == "checkpoint-folder" and init["image"] == pod["containers"][0]["image"]
+        assert init["volumeMounts"] == [{"name": "checkpoints", "mountPath": "/kuberl/claim"}]
+        assert init["command"][-1] == "import os; os.makedirs('/kuberl/claim/kuberl/j', exist_ok=True)"
+        assert init["securityContext"]["readOnlyRootFilesystem"] and pod["securityContext"]["runAsNonRoot"]
+    assert [c["name"] for c in driver["initContainers"]] == ["checkpoint-folder", "wait-for-ray"]
     head = objs["RayCluster"]["spec"]["headGroupSpec"]["template"]["spec"]
-    assert {v["name"] for v in head["volumes"]} == {"tmp", "cache"}  # the head does no work: no checkpoints
+    assert {v["name"] for v in head["volumes"]} == {"tmp", "cache", "ray-auth"}  # it does no work: no checkpoints
     # The driver reads the path from its spec: the mount point, since the manifest named none.
     assert spec_of(made)["spec"]["trainer"]["checkpoint"] == {"volumeClaim": "ckpt", "path": "/checkpoints"}
     assert validate_manifest(spec_of(made)).spec.trainer.checkpoint.path == "/checkpoints"
@@ -268,7 +295,7 @@ def test_a_checkpoint_pvc_is_mounted_in_the_driver_and_every_worker(validator) -
     raw["trainer"]["checkpoint"]["path"] = "/mnt/ckpt"
     made = builders.all_objects(job(**raw), raw, "t", OPTS)
     driver = by_kind(made)["Job"]["spec"]["template"]["spec"]["containers"][0]
-    assert {"name": "checkpoints", "mountPath": "/mnt/ckpt"} in driver["volumeMounts"]
+    assert {"name": "checkpoints", "mountPath": "/mnt/ckpt", "subPath": "kuberl/j"} in driver["volumeMounts"]
     assert spec_of(made)["spec"]["trainer"]["checkpoint"]["path"] == "/mnt/ckpt"
 
 
@@ -289,7 +316,8 @@ def test_without_a_checkpoint_pvc_every_pod_gets_a_writable_emptydir() -> None:
     """Workers write DCP shards at the checkpoint path: it must exist and be writable in every pod."""
     made = builders.all_objects(job(), {"trainer": {"steps": 3}}, "t", OPTS)
     objs = by_kind(made)
-    volume, mount = {"name": "checkpoints", "emptyDir": {}}, {"name": "checkpoints", "mountPath": "/checkpoints"}
+    volume = {"name": "checkpoints", "emptyDir": {"sizeLimit": "64Gi"}}
+    mount = {"name": "checkpoints", "mountPath": "/checkpoints"}
     driver = objs["Job"]["spec"]["template"]["spec"]
     assert volume in driver["volumes"] and mount in driver["containers"][0]["volumeMounts"]
     for group in objs["RayCluster"]["spec"]["workerGroupSpecs"]:
@@ -310,6 +338,28 @@ def test_pods_mount_no_api_token_but_the_drivers_and_every_root_filesystem_is_re
         main = pod["containers"][0]
         mounts = {m["mountPath"]: m["name"] for m in main["volumeMounts"]}
         assert mounts["/tmp"] == "tmp" and mounts["/kuberl/cache"] == "cache"  # Ray's /tmp/ray; caches
-        assert {v["name"]: v for v in pod["volumes"]}["tmp"] == {"name": "tmp", "emptyDir": {}}
+        assert {v["name"]: v for v in pod["volumes"]}["tmp"] == {"name": "tmp", "emptyDir": {"sizeLimit": "16Gi"}}
         env = {e["name"]: e.get("value") for e in main["env"]}
         assert env["XDG_CACHE_HOME"].startswith("/kuberl/cache") and env["HF_HOME"] == "/kuberl/cache/huggingface"
+
+
+def test_every_emptydir_is_sized_and_every_container_limits_its_ephemeral_storage() -> None:
+    """The kubelet evicts a pod whose emptyDir passes its sizeLimit, or whose ephemeral storage passes the sum
+    of its containers' limits: a runaway spill or download cannot fill the node's disk (docs/security.md)."""
+    for raw in ({}, {"trainer": {"checkpoint": {"volumeClaim": "ckpt"}}}):
+        opts = builders.BuildOptions(namespace="ns", scratch={"tmp": "2Gi", "cache": "3Gi", "checkpoints": "5Gi",
+                                                               "out": "512Mi"})
+        objs = by_kind(builders.all_objects(job(roles={"actor": {"gpus": 1}}, **raw), {}, "t", opts))
+        rc, driver = objs["RayCluster"]["spec"], objs["Job"]["spec"]["template"]["spec"]
+        for pod in [rc["headGroupSpec"]["template"]["spec"], *(g["template"]["spec"] for g in rc["workerGroupSpecs"]),
+                    driver]:
+            dirs = {v["name"]: v["emptyDir"] for v in pod["volumes"] if "emptyDir" in v}
+            assert dirs and all("sizeLimit" in d for d in dirs.values()), dirs
+            disk = sum(parse_quantity(d["sizeLimit"]) for d in dirs.values() if d.get("medium") != "Memory")
+            main = pod["containers"][0]["resources"]
+            assert parse_quantity(main["limits"]["ephemeral-storage"]) == disk + 2**30  # and 1Gi of logs
+            assert main["requests"]["ephemeral-storage"] == "1Gi"
+            for init in pod.get("initContainers", []):
+                assert init["resources"] == {"requests": {"ephemeral-storage": "1Gi"},
+                                             "limits": {"ephemeral-storage": "1Gi"}}, init["name"]
+        assert {v["name"]: v["emptyDir"] for v in driver["volumes"] if "emptyDir" in v}["tmp"] == {"sizeLimit": "2Gi"}

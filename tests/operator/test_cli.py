@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import subprocess
 import sys
 from pathlib import Path
@@ -18,12 +19,12 @@ DRA_EXAMPLE = EXAMPLE.with_name("ppo-gpu-dra.yaml")
 def test_render_prints_a_valid_yaml_stream(capsys: pytest.CaptureFixture[str], validator) -> None:
     assert main(["render", str(EXAMPLE), "--namespace", "ml", "--image", "runtime:2"]) == 0
     objs = list(yaml.safe_load_all(capsys.readouterr().out))
-    assert [o["kind"] for o in objs] == ["ServiceAccount", "Role", "RoleBinding", "Secret", "ConfigMap",
-                                         "ConfigMap", "RayCluster", "Job"]
+    assert [o["kind"] for o in objs] == ["ServiceAccount", "Role", "RoleBinding", "ConfigMap", "ConfigMap",
+                                         "RayCluster", "Job"]
     for obj in objs:
         assert validator(obj) == [], obj["kind"]
         assert obj["metadata"]["namespace"] == "ml"
-    cluster = objs[6]
+    cluster = objs[5]
     assert [g["groupName"] for g in cluster["spec"]["workerGroupSpecs"]] == ["actor", "critic", "ref", "reward"]
     assert cluster["spec"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]["image"] == "runtime:2"
     assert capsys.readouterr().err == ""
@@ -37,7 +38,8 @@ def test_render_says_when_checkpoints_do_not_survive_a_restart(capsys: pytest.Ca
     assert main(["render", str(DRA_EXAMPLE)]) == 0  # has one
     err = capsys.readouterr().err
     assert "do not survive" not in err and "vanishes" not in err
-    assert "metrics.jsonl and reward_curve.png go to /checkpoints/runs/ppo-gpu-dra on the checkpoint volume" in err
+    assert ("metrics.jsonl and reward_curve.png go to /checkpoints/runs/ppo-gpu-dra, in folder kuberl/ppo-gpu-dra of "
+            "the checkpoint volume") in err
 
 
 def test_render_of_a_dra_job_has_claim_templates_the_workers_use(capsys: pytest.CaptureFixture[str], validator) -> None:
@@ -99,15 +101,14 @@ def test_operator_command_refuses_two_scopes(capsys: pytest.CaptureFixture[str])
     assert "error:" in capsys.readouterr().err
 
 
-def test_render_is_deterministic_and_prints_no_secret_value(capsys: pytest.CaptureFixture[str]) -> None:
-    """Two renders of one file are identical: the Ray token is made by the operator when it creates the Secret."""
+def test_render_is_deterministic_and_prints_no_secret(capsys: pytest.CaptureFixture[str]) -> None:
+    """Two renders of one file are identical: the operator makes the Ray token's Secret, with a token of its own."""
     outs = []
     for _ in range(2):
         assert main(["render", str(EXAMPLE)]) == 0
         outs.append(capsys.readouterr().out)
     assert outs[0] == outs[1]
-    (secret,) = [o for o in yaml.safe_load_all(outs[0]) if o["kind"] == "Secret"]
-    assert "data" not in secret and "stringData" not in secret
+    assert "Secret" not in [o["kind"] for o in yaml.safe_load_all(outs[0])]
 
 
 def test_head_and_driver_pod_sizes_are_operator_settings(capsys: pytest.CaptureFixture[str]) -> None:
@@ -115,10 +116,11 @@ def test_head_and_driver_pod_sizes_are_operator_settings(capsys: pytest.CaptureF
     assert main(["render", str(EXAMPLE), "--head-resources", "cpu=200m,memory=2Gi",
                  "--driver-resources", "cpu=250m,memory=1Gi"]) == 0
     objs = list(yaml.safe_load_all(capsys.readouterr().out))
-    head = objs[6]["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0]["resources"]
-    driver = objs[7]["spec"]["template"]["spec"]["containers"][0]["resources"]
-    assert head == {"requests": {"cpu": "200m", "memory": "2Gi"}, "limits": {"cpu": "200m", "memory": "2Gi"}}
-    assert driver["requests"] == driver["limits"] == {"cpu": "250m", "memory": "1Gi"}
+    head = objs[5]["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0]["resources"]
+    driver = objs[6]["spec"]["template"]["spec"]["containers"][0]["resources"]
+    for pod, (cpu, memory) in ((head, ("200m", "2Gi")), (driver, ("250m", "1Gi"))):
+        for quantities in (pod["requests"], pod["limits"]):
+            assert (quantities["cpu"], quantities["memory"]) == (cpu, memory) and len(quantities) == 3
 
 
 @pytest.mark.parametrize("value", ["cpu=1", "cpu=1,memory=lots", "memory=1Gi,cpu=1,gpu=1"])
@@ -126,3 +128,25 @@ def test_a_bad_pod_size_is_one_line_naming_the_flag(value: str) -> None:
     proc = subprocess.run([sys.executable, "-m", "kuberl.cli", "render", str(EXAMPLE), "--head-resources", value],
                           capture_output=True, text=True)
     assert proc.returncode == 2 and "--head-resources" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_the_liveness_url_takes_the_pods_ip_as_the_downward_api_gives_it() -> None:
+    from kuberl_operator.cli import liveness_url
+
+    assert liveness_url("http://10.244.0.7:8081/healthz") == "http://10.244.0.7:8081/healthz"
+    assert liveness_url("http://fd00:10:244::7:8081/healthz") == "http://[fd00:10:244::7]:8081/healthz"
+    assert liveness_url("http://[fd00::7]:8081/healthz") == "http://[fd00::7]:8081/healthz"
+    with pytest.raises(argparse.ArgumentTypeError, match="give http://HOST:PORT/PATH"):
+        liveness_url("10.244.0.7")
+
+
+def test_scratch_sizes_are_an_operator_setting(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["render", str(EXAMPLE), "--scratch", "cache=100Gi"]) == 0
+    objs = list(yaml.safe_load_all(capsys.readouterr().out))
+    head = objs[5]["spec"]["headGroupSpec"]["template"]["spec"]
+    assert {v["name"]: v["emptyDir"]["sizeLimit"] for v in head["volumes"] if "emptyDir" in v} == {
+        "tmp": "16Gi", "cache": "100Gi"}  # the rest at their defaults
+    assert head["containers"][0]["resources"]["limits"]["ephemeral-storage"] == "117Gi"  # 16 + 100 + 1 (logs)
+    with pytest.raises(SystemExit):
+        main(["render", str(EXAMPLE), "--scratch", "disk=1Gi"])
+    assert "give some of tmp=<quantity>,cache=<quantity>" in capsys.readouterr().err

@@ -37,6 +37,11 @@ def groups_of(j) -> dict[str, dict[str, Any]]:
     return {g["groupName"]: g for g in builders.ray_cluster(j, OPTS)["spec"]["workerGroupSpecs"]}
 
 
+def compute(quantities: dict[str, Any]) -> dict[str, Any]:
+    """Requests or limits without the ephemeral storage (the pod's scratch dirs: test_builders.py)."""
+    return {k: v for k, v in quantities.items() if k != "ephemeral-storage"}
+
+
 def ray_resources(group: dict[str, Any]) -> dict[str, int]:
     return json.loads(group["rayStartParams"]["resources"].strip("'"))
 
@@ -65,8 +70,8 @@ def test_a_colocated_role_has_no_worker_group_and_runs_in_its_hosts(validator) -
     assert ray_resources(groups["critic"]) == {"kuberl_role_critic": 1, "kuberl_node_$(KUBERL_NODE_NAME)": 1}
     # GPUs once per pod (the host's), CPU and memory for both roles' processes.
     container = actor["template"]["spec"]["containers"][0]
-    assert container["resources"]["limits"] == {"cpu": "4500m", "memory": "48Gi", "nvidia.com/gpu": 1}
-    assert container["resources"]["requests"] == container["resources"]["limits"]
+    assert compute(container["resources"]["limits"]) == {"cpu": "4500m", "memory": "48Gi", "nvidia.com/gpu": 1}
+    assert compute(container["resources"]["requests"]) == compute(container["resources"]["limits"])
     assert actor["rayStartParams"]["num-gpus"] == "1"
     assert actor["template"]["metadata"]["labels"]["kuberl.io/role"] == "actor"
     total = sum(g["replicas"] * g["template"]["spec"]["containers"][0]["resources"]["limits"].get("nvidia.com/gpu", 0)
@@ -87,7 +92,7 @@ def test_the_colocated_example_needs_two_gpus_where_the_plain_one_needs_five() -
             "nvidia.com/gpu", 0) for g in found.values())
     assert gpus == {"ppo-gpu.yaml": 5, "ppo-gpu-colocated.yaml": 2}
     assert list(found) == ["actor", "reward"]
-    assert found["actor"]["template"]["spec"]["containers"][0]["resources"]["limits"] == {
+    assert compute(found["actor"]["template"]["spec"]["containers"][0]["resources"]["limits"]) == {
         "cpu": "20", "memory": "128Gi", "nvidia.com/gpu": 1}
 
 
@@ -102,7 +107,7 @@ def test_two_guests_share_the_hosts_gpus_and_sum_their_resources() -> None:
     assert ray_resources(actor) == {"kuberl_role_actor": 4, "kuberl_role_critic": 4, "kuberl_role_ref": 4,
                                     "kuberl_node_$(KUBERL_NODE_NAME)": 4}
     limits = actor["template"]["spec"]["containers"][0]["resources"]["limits"]
-    assert limits == {"cpu": "2250m", "memory": "2560Mi", "nvidia.com/gpu": 4}
+    assert compute(limits) == {"cpu": "2250m", "memory": "2560Mi", "nvidia.com/gpu": 4}
     assert actor["rayStartParams"]["num-gpus"] == "4"
     assert parse_quantity(limits["memory"]) == parse_quantity("1Gi") * 2 + parse_quantity("512Mi")
 
@@ -115,7 +120,7 @@ def test_a_cpu_role_colocated_with_another_cpu_role() -> None:
     assert ray_resources(groups["ref"]) == {"kuberl_role_ref": 1, "kuberl_role_reward": 1,
                                             "kuberl_node_$(KUBERL_NODE_NAME)": 1}
     limits = groups["ref"]["template"]["spec"]["containers"][0]["resources"]["limits"]
-    assert limits == {"cpu": "1250m", "memory": "3Gi"} and groups["ref"]["rayStartParams"]["num-gpus"] == "0"
+    assert compute(limits) == {"cpu": "1250m", "memory": "3Gi"} and groups["ref"]["rayStartParams"]["num-gpus"] == "0"
 
 
 def test_under_dra_a_colocated_role_gets_no_claim_template_of_its_own(validator) -> None:

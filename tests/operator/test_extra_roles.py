@@ -26,7 +26,9 @@ def test_the_extra_role_has_its_own_worker_group():
     assert rules["replicas"] == rules["minReplicas"] == rules["maxReplicas"] == 2
     assert '"kuberl_role_rules":1' in rules["rayStartParams"]["resources"]
     assert rules["template"]["metadata"]["labels"]["kuberl.io/role"] == "rules"
-    assert rules["template"]["spec"]["containers"][0]["resources"]["limits"] == {"cpu": "250m", "memory": "1Gi"}
+    limits = rules["template"]["spec"]["containers"][0]["resources"]["limits"]
+    assert {k: limits[k] for k in ("cpu", "memory")} == {"cpu": "250m", "memory": "1Gi"}
+    assert "nvidia.com/gpu" not in limits
 
 
 def test_the_extra_role_has_status_and_its_own_restart_budget():

@@ -63,10 +63,19 @@ def test_a_grow_sizes_the_group_at_once_and_a_shrink_waits_for_the_driver() -> N
     assert rescale.pending(job(reward=4), "reward", ProgressDocument(), built)  # the driver still runs 1
     assert not rescale.pending(job(reward=4), "reward", reports(4, ["w0", "w1", "w2", "w3"]), built)
     # shrink 4 -> 1: the group keeps 4 pods while the driver reports 4, and gives them up once it reports 1
-    assert rescale.group_pods(job(reward=1), "reward", reports(4, ["w0", "w1", "w2", "w3"]), built) == 4
-    assert rescale.group_pods(job(reward=1), "reward", reports(1, ["w1"]), built) == 1
+    assert rescale.group_pods(job(reward=1), "reward", reports(4, ["w0", "w1", "w2", "w3"]), built, 4) == 4
+    assert rescale.group_pods(job(reward=1), "reward", reports(1, ["w1"]), built, 4) == 1
     # with a standby, its pod comes on top
     assert rescale.group_pods(job(reward=2, resilience={"standby": True}), "reward", reports(1, ["w0"]), built) == 3
+
+
+def test_a_drivers_report_never_grows_a_group_past_the_spec() -> None:
+    """User code runs in the driver: a report of more replicas than any spec asked (the spec's now, or the group's
+    size, which an earlier spec made) does not grow the RayCluster."""
+    built = applied_spec(builders.ray_cluster(job(reward=2), builders.BuildOptions(namespace="ns")))
+    many = reports(500, [f"w{i}" for i in range(500)])
+    assert rescale.group_pods(job(reward=2), "reward", many, built, 2) == 2
+    assert rescale.group_pods(job(reward=1), "reward", many, built, 3) == 3  # a pending shrink 3 -> 1 keeps 3
 
 
 def test_a_shrink_gives_up_the_pods_no_rank_runs_on() -> None:
@@ -116,9 +125,15 @@ def test_status_follows_a_shrink_and_counts_no_failure() -> None:
     applied = Observed("rc", two, reports(1, ["w1"]), applied_spec=built, groups=seen.groups)
     shrink = decide(job(reward=1), 2, waiting.status, applied, T1)
     assert shrink.groups["reward"] == 1 and shrink.leaving == {"reward": ("w0",)}
+    assert shrink.delete_pods == ()  # KubeRay deletes w0 (workersToDelete): gone first, it would delete w1 too
     assert not [e for e in shrink.events if e.reason == "RoleRestart"]
     assert shrink.status["roles"]["reward"]["restarts"] == 0
     assert "pendingChanges" not in shrink.status and shrink.status["roles"]["reward"]["members"] == {"u-w1": "w1"}
+    # the group is at 1, naming w0, which KubeRay has yet to delete: the operator still leaves it to KubeRay
+    named = Observed("rc", two, reports(1, ["w1"]), applied_spec=built, groups={**seen.groups, "reward": 1},
+                     given_up={"reward": ("w0",)})
+    pending = decide(job(reward=1), 2, shrink.status, named, T1)
+    assert pending.delete_pods == () and pending.status["roles"]["reward"]["restarts"] == 0
     # KubeRay deletes them (the group is at 1 now): still no failure, the role stays Running
     gone = Observed("rc", pods(["w0", "w1"], deleting=frozenset({"w0"})), reports(1, ["w1"]),
                     applied_spec=built, groups={**seen.groups, "reward": 1})

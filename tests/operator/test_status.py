@@ -94,6 +94,8 @@ def test_the_budget_is_the_number_of_restarts_allowed() -> None:
     assert "spec.roles.critic.maxRestarts (1)" in cond(decision.status, "Failed")["message"]
     assert decision.teardown and decision.delete_pods == ()
     assert "ReachedMaxRestarts" in [e.reason for e in decision.events]
+    restart = next(e.message for e in decision.events if e.reason == "RoleRestart")
+    assert "no restart: failure 2 spends spec.roles.critic.maxRestarts (1)" in restart, restart
 
 
 def test_terminal_conditions_are_sticky() -> None:
@@ -192,11 +194,12 @@ def test_merge_diff() -> None:
 
 
 def test_progress_parsing_is_tolerant() -> None:
-    assert parse_progress(None) == Progress() and parse_progress("not json") == Progress()
-    assert parse_progress("[1]") == Progress()
+    assert parse_progress(None) == Progress()
+    assert parse_progress("not json") == parse_progress("[1]") == Progress(refused=("progress",))
     got = parse_progress('{"step": 4, "totalSteps": "x", "tokensPerSec": 10, "phase": 3, "reason": "not a reason!", '
                          '"roles": {"ref": {"restarts": 2, "worstLink": "PIX"}, "x": 1}}')
-    assert got == Progress(step=4, tokens_per_sec=10.0, roles={"ref": RoleProgress(restarts=2, worst_link="PIX")})
+    assert got == Progress(step=4, tokens_per_sec=10.0, roles={"ref": RoleProgress(restarts=2, worst_link="PIX")},
+                           refused=("totalSteps", "phase", "reason", "roles.x"))
     assert parse_progress('{"phase": "Failed", "reason": "ReachedMaxRestarts"}').reason == "ReachedMaxRestarts"
 
 

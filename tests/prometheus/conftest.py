@@ -23,7 +23,7 @@ from .server import Pod, Prometheus, free_port, http_get, missing_binaries, pod_
 REPO = Path(__file__).resolve().parents[2]
 ALERTS = REPO / "charts" / "kuberl" / "files" / "alerts.yaml"
 NAMESPACE = "team-a"  # where the job's pods would run; the PodMonitor's discovery labels say so
-STEPS, FAULT = 6, "critic:2"
+STEPS, FAULT = 20, "critic:2"  # steps after the recovery last seconds: a 1 s scrape sees them (6 was seen to miss)
 SCRAPE = "1s"
 
 

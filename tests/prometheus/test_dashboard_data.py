@@ -48,7 +48,8 @@ def test_restart_and_recovery_panels_show_the_injected_fault(quickstart_scrape: 
 
 
 def test_prometheus_scraped_the_driver_through_the_pod_monitor(quickstart_scrape: Scrape) -> None:
-    """The PodMonitor's relabelling kept the driver target, and honorLabels kept the job's own name."""
+    """The PodMonitor's relabelling kept the driver target and named it for the pod's job; the runtime's
+    own `job` label is kept beside it as exported_job."""
     s = quickstart_scrape
     up = s.prom.query_range("up", s.start, s.end, STEP_S)
     assert len(up) == 1, up
@@ -56,7 +57,7 @@ def test_prometheus_scraped_the_driver_through_the_pod_monitor(quickstart_scrape
     assert healthy >= 5, f"only {healthy} successful scrapes of the driver: {up}"
     labels = s.prom.query_range(f'kuberl_step{{namespace="{s.namespace}"}}', s.start, s.end, STEP_S)[0]["metric"]
     assert labels["job"] == s.job and labels["kuberl_io_job"] == s.job and labels["container"] == "driver", labels
-    assert "exported_job" not in labels, labels
+    assert labels["exported_job"] == s.job, labels
     steps = by_label(s.prom.query_range(f'kuberl_step{{job="{s.job}"}}', s.start, s.end, STEP_S), "job")
     assert steps[s.job] >= int(FAULT.split(":")[1]) + 1, steps  # it saw steps completed after the recovery
 

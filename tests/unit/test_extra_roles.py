@@ -43,6 +43,27 @@ def test_bad_extra_roles_name_the_field(extra, field, words):
     assert hit and words in hit[0], errs
 
 
+def deep(depth):
+    config = {"leaf": 1}
+    for _ in range(depth - 1):
+        config = {"a": config}
+    return config
+
+
+def test_a_config_is_bounded_in_depth_and_keys():
+    """What the chart's job policy and the CRD refuse on a cluster, `kuberl validate` refuses here, with the field
+    named; counting is iterative, so even a config deeper than the stack is one line."""
+    from kuberl.spec.model import CONFIG_MAX_DEPTH, CONFIG_MAX_KEYS, nesting
+
+    assert nesting(deep(CONFIG_MAX_DEPTH)) == CONFIG_MAX_DEPTH and nesting(1) == 0 and nesting({"r": [{}]}) == 3
+    job({"rules": {**RULES, "config": deep(CONFIG_MAX_DEPTH)}})
+    for config, words in ((deep(CONFIG_MAX_DEPTH + 1), f"more than {CONFIG_MAX_DEPTH}"), (deep(5000), "deep"),
+                          ({f"k{i}": i for i in range(CONFIG_MAX_KEYS + 1)}, f"more than {CONFIG_MAX_KEYS}")):
+        (hit,) = [e for e in errors({"rules": {**RULES, "config": config}}) if e.startswith(
+            "spec.roles.extra.rules.config:")]
+        assert words in hit
+
+
 def test_a_fault_for_a_role_the_job_lacks_is_refused():
     errs = errors({}, resilience={"faults": [{"role": "rules", "step": 1}]})
     assert any(e.startswith("spec.resilience.faults[0].role: role rules is not running") for e in errs), errs

@@ -46,12 +46,22 @@ app.kubernetes.io/part-of: kuberl
 {{- end -}}
 {{- end -}}
 
+{{/* An image reference: repository@digest when a digest is given (the tag is then left out), else
+repository:tag, the tag defaulting to the chart's appVersion. */}}
+{{- define "kuberl.imageRef" -}}
+{{- if .image.digest -}}
+{{- printf "%s@%s" .image.repository .image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" .image.repository (default .appVersion .image.tag) -}}
+{{- end -}}
+{{- end -}}
+
 {{- define "kuberl.image" -}}
-{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- include "kuberl.imageRef" (dict "image" .Values.image "appVersion" .Chart.AppVersion) -}}
 {{- end -}}
 
 {{- define "kuberl.runtimeImage" -}}
-{{- printf "%s:%s" .Values.runtimeImage.repository (default .Chart.AppVersion .Values.runtimeImage.tag) -}}
+{{- include "kuberl.imageRef" (dict "image" .Values.runtimeImage "appVersion" .Chart.AppVersion) -}}
 {{- end -}}
 
 {{/* Labels a prometheus-operator monitor needs: kube-prometheus-stack's `release` plus any extra. */}}
@@ -71,9 +81,11 @@ derives them from operator/kuberl_operator and fails on any difference).
     operator reads one (get) and writes status through the status subresource (patch).
   - pods, configmaps, batch jobs: kopf indexes and watches them (list, watch, label-selected);
     worker pods of a failed role are deleted so the role restarts as a gang.
-  - what a job owns (ServiceAccount, Role, RoleBinding, Secret, ConfigMaps, RayCluster, Job):
+  - what a job owns (ServiceAccount, Role, RoleBinding, ConfigMaps, RayCluster, Job):
     get before create (adopt, never duplicate), create, patch (owner references, spec ConfigMap),
     delete (suspend, deletion).
+  - secrets: create only. The operator makes each job's Ray token Secret and never reads, changes or
+    deletes one (garbage collection removes it with its job), so it cannot read any Secret of the cluster.
   - events: kopf and the operator post Events (create).
 Creating the driver's Role needs no escalate/bind: the operator holds what it grants (configmaps get, patch).
 */}}
@@ -91,7 +103,10 @@ Creating the driver's Role needs no escalate/bind: the operator holds what it gr
   resources: [configmaps]
   verbs: [get, list, watch, create, patch, delete]
 - apiGroups: [""]
-  resources: [secrets, serviceaccounts]
+  resources: [secrets]
+  verbs: [create]
+- apiGroups: [""]
+  resources: [serviceaccounts]
   verbs: [get, create, patch, delete]
 - apiGroups: [batch]
   resources: [jobs]
@@ -123,4 +138,33 @@ watches a list of namespaces, namespaces (to notice them appear).
   resources: [namespaces]
   verbs: [list, watch]
 {{- end }}
+{{- end -}}
+
+{{/*
+The operator policies' rules on the pods a Job or RayCluster it makes would run: CEL over
+variables.specs (the pod specs) and variables.containers (their containers and init containers).
+*/}}
+{{- define "kuberl.podSpecRules" -}}
+- expression: >-
+    variables.specs.all(s, !(has(s.hostNetwork) && s.hostNetwork) && !(has(s.hostPID) && s.hostPID) &&
+    !(has(s.hostIPC) && s.hostIPC))
+  message: the kuberl operator's pods do not share the host's network, PID or IPC namespace
+  reason: Forbidden
+- expression: >-
+    variables.specs.all(s, !has(s.volumes) || s.volumes.all(v, !has(v.hostPath) && !has(v.projected) &&
+    (!has(v.secret) || v.secret.secretName == variables.token)))
+  messageExpression: "'the kuberl operator\\'s pods mount no host path, projected volume or Secret but ' + variables.token"
+  reason: Forbidden
+- expression: >-
+    variables.containers.all(c, !(has(c.securityContext) && has(c.securityContext.privileged) &&
+    c.securityContext.privileged) && (!has(c.env) || c.env.all(e, !has(e.valueFrom) ||
+    !has(e.valueFrom.secretKeyRef) || e.valueFrom.secretKeyRef.name == variables.token)) &&
+    (!has(c.envFrom) || c.envFrom.all(e, !has(e.secretRef))))
+  messageExpression: "'the kuberl operator\\'s containers are not privileged and read no Secret but ' + variables.token"
+  reason: Forbidden
+{{- end -}}
+
+{{/* A list of strings as a CEL list literal: ['a', 'b']. */}}
+{{- define "kuberl.celList" -}}
+[{{ range $i, $v := . }}{{ if $i }}, {{ end }}'{{ $v }}'{{ end }}]
 {{- end -}}

@@ -407,6 +407,25 @@ class RoleSpec(Scheduling):
                                "cache (activations, temporaries), the weights stay on the GPU.")
 
 
+# An extra role's config is free-form JSON, which every watcher of RLTrainingJobs parses: a deep one would make a
+# parser recurse until it fails (Python's json at about 1000 levels). The API server cannot bound a free-form
+# field's depth in the CRD (its CEL sees no unknown fields), so the chart's job policy does, with these numbers.
+CONFIG_MAX_KEYS, CONFIG_MAX_DEPTH, EXTRA_MAX_ROLES = 64, 8, 16
+
+
+def nesting(value: Any) -> int:
+    """How deep maps and lists nest in ``value``: 0 for a scalar, 1 for a map or list of scalars (or an empty
+    one). Level by level, so a deep value cannot exhaust the stack here; it stops one past CONFIG_MAX_DEPTH."""
+    depth, level = 0, [value]
+    while depth <= CONFIG_MAX_DEPTH:
+        containers = [v for v in level if isinstance(v, (dict, list))]
+        if not containers:
+            break
+        depth += 1
+        level = [c for v in containers for c in (v.values() if isinstance(v, dict) else v)]
+    return depth
+
+
 class ExtraRoleSpec(RoleSpec):
     """A role of one's own: a worker class, run like the built-in roles (its own WorkerGroup, placement
     group, restarts and status; on Kubernetes its own worker group) and called from a program."""
@@ -414,8 +433,21 @@ class ExtraRoleSpec(RoleSpec):
     worker: str = Field(..., json_schema_extra={"pattern": IMPORT_PATH.pattern},
                         description="Import path package.module:Class of the worker class (a kuberl.workers.Worker).")
     config: dict[str, Any] = Field(default_factory=dict,
-                                   json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
-                                   description="Settings for the worker, as it defines them (self.role_spec.config).")
+                                   json_schema_extra={"x-kubernetes-preserve-unknown-fields": True,
+                                                      "maxProperties": CONFIG_MAX_KEYS},
+                                   description=f"Settings for the worker, as it defines them (self.role_spec.config): "
+                                               f"at most {CONFIG_MAX_KEYS} keys, values nested at most "
+                                               f"{CONFIG_MAX_DEPTH} deep.")
+
+    @field_validator("config")
+    @classmethod
+    def _bounded(cls, v: dict[str, Any]) -> dict[str, Any]:
+        if len(v) > CONFIG_MAX_KEYS:
+            raise ValueError(f"has {len(v)} keys, more than {CONFIG_MAX_KEYS}")
+        if (depth := nesting(v)) > CONFIG_MAX_DEPTH:
+            raise ValueError(f"is nested {depth} deep, more than {CONFIG_MAX_DEPTH}: flatten it, or give the worker "
+                             f"a file to read")
+        return v
 
     @field_validator("worker")
     @classmethod
@@ -431,7 +463,9 @@ class RolesSpec(Section):
     ref: RoleSpec = Field(default_factory=RoleSpec)
     reward: RoleSpec = Field(default_factory=RoleSpec)
     extra: dict[str, ExtraRoleSpec] = Field(
-        default_factory=dict, description="Roles of one's own, by name (lowercase letters, digits, '-'; at most 20).")
+        default_factory=dict, json_schema_extra={"maxProperties": EXTRA_MAX_ROLES},
+        description=f"Roles of one's own, by name (lowercase letters, digits, '-'; at most 20), at most "
+                    f"{EXTRA_MAX_ROLES}.")
 
     @field_validator("extra")
     @classmethod
