@@ -122,11 +122,13 @@ chart: venv helm ## lint and package the Helm chart, and render it with default 
 	@echo "out/chart/kuberl-$(VERSION).tgz, out/chart/$(RELEASE).yaml"
 
 # `make images`: BuildKit (built from cluster/gomod/buildkit) on Debian bases made with debootstrap, no Docker engine
-# and no registry; IMAGES picks from pause, operator, runtime-cpu (the default) and runtime (CUDA: needs Docker Hub).
+# and no registry; IMAGES picks from pause, operator, runtime-cpu (the default) and runtime (CUDA: needs Docker Hub,
+# and CUDA_BASE, its nvidia/cuda base pinned by digest).
 IMAGES ?=
+CUDA_BASE ?=
 images: node-deps cluster-build ## build the pause, operator and CPU runtime images with BuildKit into OCI tars (load them if a node runs)
 	@if [ "$$(id -u)" = 0 ] && { command -v go >/dev/null 2>&1 || ls $(HOME)/.cache/kuberl-cluster/*/bin/buildctl \
-		>/dev/null 2>&1; }; then $(CLUSTER) images --registry $(REGISTRY) $(IMAGES); \
+		>/dev/null 2>&1; }; then $(CLUSTER) images --registry $(REGISTRY) --cuda-base "$(CUDA_BASE)" $(IMAGES); \
 	else echo "note: no Go toolchain (or not root): images not built; the real-pod tests will skip (make cluster)"; fi
 
 e2e: venv helm cluster-build images ## the real-pod suite alone (tests/e2e): the chart, the quickstart and failures on the real node

@@ -95,7 +95,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 def cmd_images(args: argparse.Namespace) -> int:
     from . import images
 
-    return images.main(args.images, Path(args.state).resolve(), args.registry)
+    return images.main(args.images, Path(args.state).resolve(), args.registry, args.cuda_base)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -113,6 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     i = sub.add_parser("images", help="build images/ with BuildKit (no Docker, no registry); load them if a node runs")
     i.add_argument("images", nargs="*", help="pause, operator, runtime-cpu (the default three), runtime (CUDA)")
     i.add_argument("--registry", default="ghcr.io/kuberl", help="registry part of the kuberl image names")
+    i.add_argument("--cuda-base", default="", metavar="REF@sha256:DIGEST",
+                   help="the CUDA runtime's base, pinned by digest (the Dockerfile refuses a tag)")
     i.set_defaults(func=cmd_images)
     args = parser.parse_args(argv)
     return args.func(args)

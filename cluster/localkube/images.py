@@ -88,8 +88,8 @@ def version() -> str:
     return re.search(r'^version = "(.+)"', (REPO / "pyproject.toml").read_text(), re.M).group(1)
 
 
-def catalogue(registry: str = REGISTRY) -> dict[str, Image]:
-    """Every image ``make images`` can build, by key."""
+def catalogue(registry: str = REGISTRY, cuda_base: str = "") -> dict[str, Image]:
+    """Every image ``make images`` can build, by key; the CUDA runtime on ``cuda_base`` (a digest) when given."""
     v = version()
     return {
         "pause": Image("pause", PAUSE_IMAGE, "images/pause/Dockerfile"),
@@ -98,7 +98,8 @@ def catalogue(registry: str = REGISTRY) -> dict[str, Image]:
         "runtime-cpu": Image("runtime-cpu", f"{registry}/kuberl-runtime:{v}-cpu", "images/runtime/Dockerfile", DEBIAN,
                              {"FLAVOR": "cpu", "LOCK": "requirements-cpu.txt"}, "images/runtime/requirements-cpu.txt"),
         "runtime": Image("runtime", f"{registry}/kuberl-runtime:{v}", "images/runtime/Dockerfile",
-                         lock="images/runtime/requirements.txt", python="3.12"),
+                         args={"BASE_IMAGE": cuda_base} if cuda_base else {}, lock="images/runtime/requirements.txt",
+                         python="3.12"),
     }
 
 
@@ -380,12 +381,16 @@ def load(tar: Path, address: Path) -> bool:
     return True
 
 
-def main(keys: list[str], state: Path, registry: str = REGISTRY, log: Log = print) -> int:
+def main(keys: list[str], state: Path, registry: str = REGISTRY, cuda_base: str = "", log: Log = print) -> int:
     """Build ``keys`` (default: DEFAULT), then load them into the local node's containerd if it runs."""
-    images = catalogue(registry)
+    images = catalogue(registry, cuda_base)
     unknown = [k for k in keys if k not in images]
     if unknown:
         print(f"error: unknown image {unknown}; choose from {', '.join(images)}", file=sys.stderr)
+        return 2
+    if "runtime" in keys and "@sha256:" not in cuda_base:
+        print("error: the CUDA runtime is built on nvidia/cuda pinned by digest: give CUDA_BASE="
+              "nvidia/cuda:13.0.2-runtime-ubuntu24.04@sha256:<digest> (images/README.md)", file=sys.stderr)
         return 2
     start = time.monotonic()
     try:

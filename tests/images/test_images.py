@@ -7,6 +7,7 @@ import fnmatch
 import json
 import re
 import shlex
+import subprocess
 import sys
 import tarfile
 from dataclasses import dataclass
@@ -139,7 +140,8 @@ def build_args(dockerfile: Path) -> dict[str, str | None]:
     for inst in instructions(dockerfile):
         if inst.keyword == "ARG":
             name, eq, default = inst.args.partition("=")
-            args[name.strip()] = default.strip().strip('"') if eq else None
+            if eq or name.strip() not in args:  # a stage's bare `ARG NAME` takes the global default
+                args[name.strip()] = default.strip().strip('"') if eq else None
     return args
 
 
@@ -323,8 +325,28 @@ def test_image_names_agree_with_the_chart_and_the_operator() -> None:
     assert built["operator"].name == f"{values['image']['repository']}:{version}"
     assert built["runtime-cpu"].name == f"{builders.DEFAULT_IMAGE}-cpu"
     assert built["pause"].name == "localhost/kuberl/pause:3.10"
-    assert "$(CLUSTER) images --registry $(REGISTRY) $(IMAGES)" in (REPO / "Makefile").read_text()
+    assert '$(CLUSTER) images --registry $(REGISTRY) --cuda-base "$(CUDA_BASE)" $(IMAGES)' in (
+        REPO / "Makefile").read_text()
     assert values["image"]["repository"].endswith("/kuberl-operator")
+
+
+@pytest.mark.parametrize("image", ["operator", "runtime"])
+def test_a_base_image_by_tag_is_refused(image: str) -> None:
+    """Each Dockerfile's first step after FROM runs its BASE_IMAGE check: a tag fails the build, naming the fix; a
+    digest, or make images's own base (a named context pinned by digest), passes. Run here with sh, as BuildKit
+    runs it."""
+    steps = instructions(DOCKERFILES[image])
+    first = next(i for i, s in enumerate(steps) if s.keyword == "FROM" and "BASE_IMAGE" in s.args)
+    check = next(s for s in steps[first + 1:] if s.keyword == "RUN")
+    assert "BASE_IMAGE" in check.args, f"{image}: the first RUN after FROM ${{BASE_IMAGE}} is not the check"
+    default = build_args(DOCKERFILES[image])["BASE_IMAGE"]
+    for base, ok in ((default, False), ("python:3.12", False), (f"{default}@sha256:{'0' * 64}", True),
+                     ("localhost/kuberl/debian:bookworm", True)):
+        run = subprocess.run(["sh", "-c", check.args], env={"BASE_IMAGE": base}, capture_output=True, text=True)
+        assert (run.returncode == 0) == ok, (base, run.stderr)
+        if not ok:
+            assert f"BASE_IMAGE={base} is a tag: pin it by digest" in run.stderr, run.stderr
+    assert local.main(["runtime"], Path("/nonexistent"), cuda_base="nvidia/cuda:13.0.2-runtime-ubuntu24.04") == 2
 
 
 def test_operator_entrypoint_exists() -> None:
@@ -341,6 +363,8 @@ def test_make_images_builds_the_local_flavours_on_debian() -> None:
     assert built["operator"].base == local.DEBIAN_PYTHON and "python3-venv" in local.DEBIAN_PYTHON.packages
     assert built["runtime-cpu"].base == local.DEBIAN and built["runtime-cpu"].args["FLAVOR"] == "cpu"
     assert built["runtime"].base is None and built["runtime"].args == {}
+    pinned = f"nvidia/cuda:13.0.2-runtime-ubuntu24.04@sha256:{'0' * 64}"
+    assert local.catalogue(cuda_base=pinned)["runtime"].args == {"BASE_IMAGE": pinned}
     for image in built.values():
         if image.lock:
             assert (REPO / image.lock).is_file() and image.lock.endswith(image.args.get("LOCK", "requirements.txt"))
