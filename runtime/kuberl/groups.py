@@ -46,9 +46,20 @@ class RoleError(RuntimeError):
 
     reason = Reason.ROLE_ERROR
 
-    def __init__(self, role: str, error: str):
+    def __init__(self, role: str, error: str, public: str | None = None):
         super().__init__(f"role {role} raised {error}")
         self.role = role
+        self.public = f"role {role} raised {public or error}"  # for the status: no sample text (error_text)
+
+
+def error_text(cause: BaseException) -> str:
+    """A rank's exception in one line for the job's status and Events: its own ``public`` text when it has one
+    (a reward function's error leaves out the sample and its message), else its last line."""
+    public = getattr(cause, "public", None)
+    if isinstance(public, str):
+        return public
+    text = str(cause).strip()
+    return text.splitlines()[-1] if text else ""
 
 
 def world_size(spec: JobSpec, role: str) -> int:
@@ -306,7 +317,7 @@ class RayWorkerGroup(WorkerGroup):
             return ray.get(refs)
         except ray.exceptions.RayTaskError as exc:
             cause = exc.cause if getattr(exc, "cause", None) is not None else exc
-            text = str(cause).strip().splitlines()[-1] if str(cause).strip() else ""
+            text = error_text(cause)
             error = f"{type(cause).__name__}: {text}"
             if not self._all_alive():
                 raise WorkerFailure(self.role, Reason.WORKER_DIED, f"a rank died ({type(cause).__name__} on a peer: "
@@ -315,7 +326,8 @@ class RayWorkerGroup(WorkerGroup):
                 summary = self.diagnose()
                 raise WorkerFailure(self.role, Reason.WORKER_HUNG, f"a collective failed ({error}); {summary}",
                                     summary, error) from None
-            raise RoleError(self.role, error) from None
+            log_text = str(cause).strip().splitlines()[-1] if str(cause).strip() else ""
+            raise RoleError(self.role, f"{type(cause).__name__}: {log_text}", error) from None
         except ray.exceptions.OutOfMemoryError as exc:  # Ray's memory monitor killed the rank near its memory limit
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise WorkerFailure(self.role, Reason.WORKER_DIED, f"worker killed for memory ({first}); if it recurs, "

@@ -141,7 +141,9 @@ def test_bad_jobs_fail_in_about_a_second_before_ray(netns, tmp_path: Path, chang
 
 def test_byo_reward_next_to_manifest_gets_the_row_and_its_errors_name_the_line(netns, tmp_path: Path) -> None:
     """`kuberl run` on Ray from another folder: the manifest's folder is importable (by the Ray workers
-    too), the reward sees the row's extra fields, and a raise in it names the user's file, line and sample."""
+    too), the reward sees the row's extra fields, and a raise in it names the user's file, line and sample.
+    The driver's report for the job's status (its progress file, as in a driver pod) names the same file, line
+    and sample, but holds neither the exception's message nor any prompt or response text."""
     job_dir = tmp_path / "myjob"
     job_dir.mkdir()
     (job_dir / "myreward.py").write_text(
@@ -158,12 +160,21 @@ def test_byo_reward_next_to_manifest_gets_the_row_and_its_errors_name_the_line(n
         spec__reward={"function": "myreward:score"},
         spec__trainer={"steps": 2, "miniBatchSize": 4, "microBatchSize": 4},
     )
-    proc = kuberl("run", str(job), "--no-progress", "--out", str(tmp_path / "out"))  # from the repository root
+    reports = tmp_path / "progress"
+    reports.mkdir()
+    proc = kuberl("run", str(job), "--no-progress", "--out", str(tmp_path / "out"),  # from the repository root
+                  env={"KUBERL_PROGRESS_DIR": str(reports)})
     assert proc.returncode == 3, proc.stderr
     assert [r["step"] for r in read_jsonl(tmp_path / "out" / "metrics.jsonl")] == [1]  # step 1 scored every row
     (line,) = [ln for ln in proc.stderr.splitlines() if ln.startswith("error: ")]
     assert "myreward:score raised KeyError: 'no judge for boom'" in line and "Traceback" not in proc.stderr
     assert f"at {job_dir / 'myreward.py'}:3 (in score)" in line and f"on sample {job_dir / 'train.jsonl'}:7" in line
+    assert "Say " in line  # the log shows the sample
+    report = json.loads((reports / "progress.json").read_text())
+    assert report["phase"] == "Failed" and report["reason"] == "RoleError", report
+    public = report["message"]
+    assert "myreward:score raised KeyError" in public and f"on sample {job_dir / 'train.jsonl'}:7" in public, public
+    assert "no judge" not in public and "Say " not in public and "boom" not in public, public
 
 
 def actor_logits(state: dict[str, torch.Tensor], ids: torch.Tensor) -> torch.Tensor:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import pickle
 import sys
 from pathlib import Path
 
@@ -167,6 +168,11 @@ def test_reward_exception_reports_user_file_line_and_sample(user_modules, tmp_pa
     assert "\n" not in msg and msg.startswith(f"spec.reward.function {name}:score raised ValueError: math domain error")
     assert f"at {tmp_path / (name + '.py')}:4 (in score)" in msg
     assert "on sample train.jsonl:7" in msg and "'say a:'" in msg
+    # What goes into the job's status: where, but no sample text and not the exception's own message.
+    public = pickle.loads(pickle.dumps(info.value)).public  # as Ray carries it from the reward role
+    assert public.startswith(f"spec.reward.function {name}:score raised ValueError at {tmp_path / (name + '.py')}:4")
+    assert "on sample train.jsonl:7" in public and "say a" not in public and "aaa" not in public
+    assert "math domain" not in public
     with pytest.raises(RewardFunctionError, match="raised TypeError"):  # a non-number return
         load_reward_fn(user_modules("kuberl_test_reward_str", "def score(p, r, a):\n    return None\n") + ":score"
                        ).score("p", "r", None, {}, "x:1")

@@ -41,7 +41,16 @@ REWARD_FUNCTIONS.lazy("gsm8k", "kuberl.rewards.builtin:gsm8k")
 
 class RewardFunctionError(RuntimeError):
     """The user's reward function raised (or returned a non-number) on one sample; the message gives the
-    user's file and line, the exception and the sample, on one line."""
+    user's file and line, the exception and the sample, on one line, for the driver's log. ``public`` leaves out
+    the exception's message and the sample (either may hold prompt or response text): it is what goes into the
+    job's status and Events."""
+
+    def __init__(self, message: str, public: str):
+        super().__init__(message)
+        self.public = public
+
+    def __reduce__(self):  # Ray pickles it from the worker to the driver: both texts travel
+        return type(self), (str(self), self.public)
 
 
 def add_import_dir(folder: Path) -> None:
@@ -76,9 +85,10 @@ class RewardCall:
             value = self(prompt, response, answer, row)
             return float(value)
         except Exception as exc:  # the user's code: report it, whatever it raised
-            raise RewardFunctionError(self._describe(exc, origin, prompt, response)) from None
+            raise RewardFunctionError(*self._describe(exc, origin, prompt, response)) from None
 
-    def _describe(self, exc: Exception, origin: str, prompt: str, response: str) -> str:
+    def _describe(self, exc: Exception, origin: str, prompt: str, response: str) -> tuple[str, str]:
+        """(the message for the log, the one for the status)."""
         try:
             user_file = os.path.realpath(inspect.getsourcefile(self.fn) or "")
         except TypeError:  # a builtin
@@ -89,7 +99,9 @@ class RewardCall:
         where = f" at {frame.filename}:{frame.lineno} (in {frame.name})" if frame is not None else ""
         text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         return (f"{FIELD} {self.path} raised {type(exc).__name__}: {text}{where}, on sample {origin} "
-                f"(prompt {prompt[:60]!r}, response {response[:60]!r})")
+                f"(prompt {prompt[:60]!r}, response {response[:60]!r})",
+                f"{FIELD} {self.path} raised {type(exc).__name__}{where}, on sample {origin} (its message and the "
+                f"sample: the driver's log)")
 
 
 def load_reward_fn(path: str) -> RewardCall:
