@@ -33,6 +33,9 @@ SHM_VOLUME = "shm"  # a GPU worker's /dev/shm in memory: per-step snapshots, NCC
 CACHE_DIR = "/kuberl/cache"
 DEFAULT_CHECKPOINT_PATH = "/checkpoints"  # where a checkpoint PVC is mounted unless the spec names a path
 CLAIM_MOUNT = "/kuberl/claim"  # the whole checkpoint PVC, in the init container that makes the job's folder
+PROGRESS_VOLUME, PROGRESS_MOUNT = "progress", "/run/kuberl/progress"  # the driver's reports, its reporter's replicas
+API_TOKEN_VOLUME = "api-token"  # the ServiceAccount token: in the driver pod's reporter sidecar only
+SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"  # where a client looks for it (kuberl.progress.SA_DIR)
 
 
 def labels(job: str, component: str, role: str | None = None) -> dict[str, str]:

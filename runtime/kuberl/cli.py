@@ -125,6 +125,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .elastic import add_scale_parser
 
     add_scale_parser(sub)
+    from .reporter import add_report_parser
+
+    add_report_parser(sub)
     for register in _plugins():
         register(sub)
     return parser

@@ -1,9 +1,12 @@
-"""Report the driver's progress to the operator by patching ConfigMap `<job>-progress` (in-cluster only),
-and read from the same ConfigMap the replicas the operator asks for (`data.replicas`, kuberl.elastic).
+"""Report the driver's progress to the operator through ConfigMap `<job>-progress` (in-cluster only), and read
+from the same ConfigMap the replicas the operator asks for (`data.replicas`, kuberl.elastic).
 
-The operator mirrors `data.progress` into the RLTrainingJob status (step, tokens/s, per-role restarts).
-Plain HTTPS from the standard library, with the pod's service-account token: the runtime image needs no
-Kubernetes client, and the driver's Role allows only get/patch on that one ConfigMap. The transport does
+The operator mirrors `data.progress` into the RLTrainingJob status (step, tokens/s, per-role restarts). User code
+runs in the driver (the reward module, estimators), so the driver holds no API token: it writes each document to
+a file (`ProgressFiles`, in the folder Env.PROGRESS_DIR) and reads the replicas from another, and the pod's
+reporter sidecar (kuberl.reporter), the one container with the ServiceAccount token, relays them with
+`ProgressReporter`: plain HTTPS from the standard library, so the runtime image needs no Kubernetes client, and
+the driver's Role allows only get/patch on that one ConfigMap. The transport does
 what the client's in-cluster configuration would: an IPv6-safe URL, the token re-read for each request
 (projected tokens rotate), and bounded retries with backoff on connection errors, 5xx and 429 (honouring
 Retry-After up to a bound). The final report, whose reason the operator relies on, is retried longer than
@@ -23,11 +26,14 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass
+from pathlib import Path
 
 from .record import StepRecord
 from .spec.contract import (
     MESSAGE_MAX,
+    PROGRESS_FILE,
     PROGRESS_KEY,
+    REPLICAS_FILE,
     REPLICAS_KEY,
     Env,
     ProgressDocument,
@@ -90,7 +96,8 @@ class ProgressReporter:
 
     @classmethod
     def from_env(cls) -> ProgressReporter | None:
-        """In a driver pod the operator sets Env.PROGRESS_CONFIGMAP and Env.NAMESPACE; else None."""
+        """In the driver pod's reporter sidecar the operator sets Env.PROGRESS_CONFIGMAP and Env.NAMESPACE and
+        mounts the token; else None."""
         name = os.environ.get(Env.PROGRESS_CONFIGMAP)
         if not name:
             return None
@@ -167,6 +174,37 @@ class ProgressReporter:
         """Seconds before the next attempt: the server's Retry-After, else exponential backoff; both capped."""
         asked = retry_after_s(error.headers.get("Retry-After")) if isinstance(error, urllib.error.HTTPError) else None
         return min(self.max_wait_s, asked if asked is not None else self.backoff_s * 2 ** (attempt - 1))
+
+
+@dataclass
+class ProgressFiles:
+    """The driver's side of the reporter sidecar: documents as files in a folder the two containers share."""
+
+    folder: Path
+
+    @classmethod
+    def from_env(cls) -> ProgressFiles | None:
+        """In a driver pod the operator sets Env.PROGRESS_DIR; else (a local run) None."""
+        folder = os.environ.get(Env.PROGRESS_DIR)
+        return cls(Path(folder)) if folder else None
+
+    def report(self, progress: ProgressDocument) -> bool:
+        """Replace the progress file in one step (the reporter never reads half a document)."""
+        part = self.folder / f".{PROGRESS_FILE}.part"
+        try:
+            part.write_text(progress.to_json())
+            os.replace(part, self.folder / PROGRESS_FILE)
+        except OSError as exc:
+            print(f"warning: writing the progress report to {self.folder} failed: {exc}", file=sys.stderr)
+            return False
+        return True
+
+    def desired_replicas(self) -> ReplicasDocument | None:
+        """The operator's `data.replicas` as the reporter last read it; None before its first read."""
+        try:
+            return ReplicasDocument.parse((self.folder / REPLICAS_FILE).read_text())
+        except OSError:
+            return None
 
 
 def progress_of(rec: StepRecord | None, total_steps: int, phase: str = "Running", message: str = "",

@@ -137,8 +137,9 @@ def test_every_pod_of_a_job_shares_one_ray_token(ns: Api, operator: OperatorProc
 def test_a_real_driver_reports_progress_that_the_status_mirrors(
     cluster: Cluster, ns: Api, admin: Api, operator: OperatorProcess, kubectl, tmp_path: Path
 ) -> None:
-    """`kuberl run` on this machine, with the environment and the ServiceAccount token its Job's pod
-    would have, patches `<job>-progress`; the operator mirrors step, tokens/s and restarts."""
+    """`kuberl run` on this machine, with the environment its Job's pod would have and the pod's reporter
+    sidecar (the one with the ServiceAccount token), patches `<job>-progress`; the operator mirrors step, tokens/s
+    and restarts."""
     name = "quickstart"
     kubectl(
         "apply",
@@ -170,5 +171,5 @@ def test_a_real_driver_reports_progress_that_the_status_mirrors(
     assert st["roles"]["critic"]["restarts"] == 1 and st["restarts"] >= 1  # the driver's own count of the killed critic
     assert len({s for s in seen_status if s}) >= 2, seen_status  # it moved while the driver ran
     assert len(seen_table - {""}) >= 2, seen_table
-    log = (tmp_path / "driver.log").read_text()
+    log = (tmp_path / "driver.reporter.log").read_text()
     assert "progress report" not in log, log[-2000:]  # no failed report (403, TLS, ...)

@@ -17,6 +17,8 @@ import pytest
 from localkube.api import CONFIGMAPS, JOBS, RLTJ, ROLEBINDINGS, ROLES, SECRETS, Api, ApiError
 from localkube.stack import Cluster
 
+from kuberl_operator import builders
+
 from .conftest import OPERATOR_NAMESPACE
 from .jobs import manifest
 from .rbac import ATTACKER_AGENT
@@ -84,7 +86,16 @@ def test_the_operator_cannot_run_a_job_as_another_service_account(ns: Api, as_op
     # Nor, as its own driver, read another Secret, mount the host, or join its network.
     ns.create(SECRETS, {"metadata": {"name": "db-password"}, "stringData": {"password": "hunter2"}})
     mounts_secret = driver_job("mounts", owned, volumes=[{"name": "s", "secret": {"secretName": "db-password"}}])
-    assert "no host path, projected volume or Secret" in refused(op.create, JOBS, mounts_secret)
+    assert "no host path, no Secret but" in refused(op.create, JOBS, mounts_secret)
+    # A projected volume may hold the pod's own API token (the reporter's), but no Secret, nor a token for
+    # another audience.
+    token = builders.api_token_volume()
+    for source in ({"secret": {"name": "db-password"}},
+                   {"serviceAccountToken": {"path": "t", "audience": "https://vault.example.com"}}):
+        bad = copy.deepcopy(token)
+        bad["projected"]["sources"].append(source)
+        assert "projected volume but the pod's own API token" in refused(
+            op.create, JOBS, driver_job("projects", owned, volumes=[bad]))
     env = [{"name": "P", "valueFrom": {"secretKeyRef": {"name": "db-password", "key": "password"}}}]
     reads_secret = driver_job("reads", owned)
     reads_secret["spec"]["template"]["spec"]["containers"][0]["env"] = env
@@ -95,8 +106,8 @@ def test_the_operator_cannot_run_a_job_as_another_service_account(ns: Api, as_op
     # Unlabelled, or labelled for a job that does not own it, it is refused before any of that.
     unowned = {"labels": owned["labels"]}
     assert "owned by the RLTrainingJob" in refused(op.create, JOBS, driver_job("unowned", unowned))
-    # The job's own driver, as the operator makes it, passes.
-    op.create(JOBS, driver_job("fine", owned))
+    # The job's own driver, as the operator makes it, passes: its reporter's API token included.
+    op.create(JOBS, driver_job("fine", owned, volumes=[token]))
 
 
 def test_the_operator_cannot_patch_a_configmap_it_does_not_own(ns: Api, admin: Api, as_operator: Api,

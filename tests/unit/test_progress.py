@@ -18,14 +18,23 @@ from kuberl.spec.contract import ProgressDocument
 
 
 class ScriptedServer:
-    """A real HTTP server that answers PATCHes with the scripted statuses, then 200; it records each request."""
+    """A real HTTP server that answers PATCHes with the scripted statuses, then 200, and GETs with a ConfigMap
+    whose `data.replicas` is ``replicas``; it records each request."""
 
     def __init__(self, statuses: tuple[int, ...] = (), retry_after: str | None = None, host: str = "127.0.0.1",
                  port: int = 0):
-        self.statuses, self.seen = list(statuses), []
+        self.statuses, self.seen, self.gets, self.replicas = list(statuses), [], 0, '{"roles": {}}'
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):
+                outer.gets += 1
+                body = json.dumps({"data": {"replicas": outer.replicas}}).encode()
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
             def do_PATCH(self):
                 body = self.rfile.read(int(self.headers["Content-Length"]))
                 outer.seen.append({"t": time.monotonic(), "path": self.path, "type": self.headers["Content-Type"],

@@ -54,7 +54,8 @@ class Env:
     PROGRESS_CONFIGMAP = "KUBERL_PROGRESS_CONFIGMAP"  # the driver's progress ConfigMap; unset: no reports
     NAMESPACE = "KUBERL_NAMESPACE"  # the job's namespace (downward API)
     API_URL = "KUBERL_API_URL"  # the API server, when not the in-cluster service
-    SA_DIR = "KUBERL_SA_DIR"  # where the service-account token and ca.crt are (a driver outside its pod)
+    SA_DIR = "KUBERL_SA_DIR"  # where the service-account token and ca.crt are (the reporter outside its pod)
+    PROGRESS_DIR = "KUBERL_PROGRESS_DIR"  # the folder the driver and its reporter share (PROGRESS_FILE, REPLICAS_FILE)
     NODE_NAME = "KUBERL_NODE_NAME"  # a worker pod's Kubernetes node (downward API): its topology domain
     NODE_IP = "KUBERL_NODE_IP"  # the address a role's rank 0 offers for the torch.distributed rendezvous
     COMPILE = "KUBERL_COMPILE"  # "0": no torch.compile of training kernels on CUDA
@@ -192,6 +193,9 @@ class ReplicasDocument(_Doc):
 LIVE_RESIZED = ("actor", "critic", "ref", "reward")
 PROGRESS_KEY = "progress"  # ConfigMap <job>-progress: the driver's ProgressDocument (driver -> operator)
 REPLICAS_KEY = "replicas"  # ConfigMap <job>-progress: the spec's ReplicasDocument (operator -> driver)
+# The same two documents as files in Env.PROGRESS_DIR, between the driver (which holds no API token) and the
+# reporter beside it, which alone patches and reads the ConfigMap (kuberl.reporter)
+PROGRESS_FILE, REPLICAS_FILE = "progress.json", "replicas.json"
 
 
 def _valid_fields(model: type[BaseModel], data: dict[str, Any], refused: list[str], skip: set[str] = frozenset(),
