@@ -27,6 +27,9 @@ from .spec_changes import applied_annotation
 DEFAULT_IMAGE = "ghcr.io/kuberl/kuberl-runtime:0.1.0"
 HEAD_RESOURCES = {"cpu": "1", "memory": "4Gi"}
 DRIVER_RESOURCES = {"cpu": "1", "memory": "4Gi"}
+REPORTER_RESOURCES = {"cpu": "100m", "memory": "128Mi"}  # the driver pod's reporter sidecar (kuberl.reporter)
+PROGRESS_SIZE = "16Mi"  # the reports' folder: two documents of at most 256 KiB
+REPORTER_GRACE_S = 60  # the driver pod's: room for the reporter's final report, retried up to 35.5 s
 # sizeLimit of each emptyDir of a job's pods: Ray's session dir and spill files (tmp), the libraries' caches with
 # the hub's downloads (cache), a role's checkpoints without a claim, the driver's --out without one (out).
 SCRATCH = {"tmp": "16Gi", "cache": "32Gi", "checkpoints": "64Gi", "out": "1Gi"}
@@ -296,7 +299,7 @@ def worker_group(job: RLTrainingJob, role: str, opts: BuildOptions) -> dict[str,
         "imagePullPolicy": opts.pull_policy,
         "resources": with_storage(quantities(job.spec, role, device_plugin=not dra, cpu_limit=opts.cpu_limits),
                                   volumes),
-        "env": [*topology_env(), *tmp_env],
+        "env": [*topology_env(), *tmp_env, *job.spec.credentials.env(driver=False)],
         "securityContext": container_security(),
     }
     if mounts:
@@ -381,6 +384,35 @@ def join_ray(head: str) -> str:
             f"|| {{ cat {log}; exit {ExitCode.NO_CAPACITY.value}; }}; exec \"$@\"")
 
 
+def api_token_volume() -> dict[str, Any]:
+    """What the kubelet's automount would give, as a volume that only the reporter mounts: a rotated
+    ServiceAccount token, the cluster's CA and the namespace."""
+    return {"name": names.API_TOKEN_VOLUME, "projected": {"sources": [
+        {"serviceAccountToken": {"path": "token", "expirationSeconds": 3607}},
+        {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+        {"downwardAPI": {"items": [{"path": "namespace", "fieldRef": {"fieldPath": "metadata.namespace"}}]}},
+    ]}}
+
+
+def reporter(job: RLTrainingJob, opts: BuildOptions) -> dict[str, Any]:
+    """The driver pod's reporter, a native sidecar (an init container that keeps running, stopped after the
+    driver): it alone holds the API token, and relays the driver's reports to ConfigMap <job>-progress and the
+    operator's replicas back (kuberl.reporter), so that no user code in the driver can reach the API."""
+    return {
+        "name": "reporter",
+        "image": image_of(job, opts),
+        "imagePullPolicy": opts.pull_policy,
+        "restartPolicy": "Always",
+        "command": ["kuberl", "report-progress", "--dir", names.PROGRESS_MOUNT],
+        "env": [{"name": Env.PROGRESS_CONFIGMAP, "value": names.progress_configmap(job.metadata.name)},
+                {"name": Env.NAMESPACE, "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}],
+        "resources": with_storage(requests_limits(REPORTER_RESOURCES, opts.cpu_limits), []),
+        "volumeMounts": [{"name": names.PROGRESS_VOLUME, "mountPath": names.PROGRESS_MOUNT},
+                         {"name": names.API_TOKEN_VOLUME, "mountPath": names.SA_DIR, "readOnly": True}],
+        "securityContext": container_security(),
+    }
+
+
 def driver_job(job: RLTrainingJob, opts: BuildOptions) -> dict[str, Any]:
     """The driver (single controller) as a batch/v1 Job, like KubeRay's RayJob submitter. It runs with
     ``--no-export``: exporting loads the whole policy into the driver's process, which a driver sized for
@@ -398,14 +430,13 @@ def driver_job(job: RLTrainingJob, opts: BuildOptions) -> dict[str, Any]:
         f"            sys.exit('the Ray head did not answer within {GCS_WAIT_S}s')\n"
         "        time.sleep(2)\n"
     )
-    env = [
-        {"name": Env.PROGRESS_CONFIGMAP, "value": names.progress_configmap(name)},
-        {"name": Env.NAMESPACE, "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
-    ]
+    env = [{"name": Env.PROGRESS_DIR, "value": names.PROGRESS_MOUNT}]
     image = image_of(job, opts)
     (volumes, mounts, init), (tmp_volumes, tmp_mounts, tmp_env) = checkpoint_storage(job, opts), pod_files(
         name, opts)
-    volumes, mounts, env = [*tmp_volumes, *volumes], [*tmp_mounts, *mounts], [*env, *tmp_env]
+    volumes = [*tmp_volumes, *volumes, empty_dir(names.PROGRESS_VOLUME, PROGRESS_SIZE)]
+    mounts = [*tmp_mounts, *mounts, {"name": names.PROGRESS_VOLUME, "mountPath": names.PROGRESS_MOUNT}]
+    env = [*env, *tmp_env, *job.spec.credentials.env(driver=True)]
     out = driver_out(job)
     if out == names.OUT_DIR:
         volumes = [empty_dir("out", opts.scratch["out"]), *volumes]
@@ -429,8 +460,9 @@ def driver_job(job: RLTrainingJob, opts: BuildOptions) -> dict[str, Any]:
                 "metadata": {"labels": names.labels(name, "driver")},
                 "spec": {
                     "restartPolicy": "Never",
-                    "serviceAccountName": names.driver(name),  # the one pod with a token: it patches its progress
-                    "automountServiceAccountToken": True,
+                    "serviceAccountName": names.driver(name),  # its token: in the reporter sidecar only
+                    "automountServiceAccountToken": False,
+                    "terminationGracePeriodSeconds": REPORTER_GRACE_S,
                     "securityContext": pod_security(),
                     "initContainers": [*init, {
                         "name": "wait-for-ray",
@@ -439,7 +471,7 @@ def driver_job(job: RLTrainingJob, opts: BuildOptions) -> dict[str, Any]:
                         "command": ["python", "-c", wait_for_gcs],
                         "resources": init_resources(),
                         "securityContext": container_security(),
-                    }],
+                    }, reporter(job, opts)],
                     "containers": [{
                         "name": "driver",
                         "image": image,
@@ -454,7 +486,8 @@ def driver_job(job: RLTrainingJob, opts: BuildOptions) -> dict[str, Any]:
                         "volumeMounts": [{"name": "spec", "mountPath": names.SPEC_MOUNT, "readOnly": True}, *mounts],
                         "securityContext": container_security(),
                     }],
-                    "volumes": [{"name": "spec", "configMap": {"name": names.spec_configmap(name)}}, *volumes],
+                    "volumes": [{"name": "spec", "configMap": {"name": names.spec_configmap(name)}}, *volumes,
+                                api_token_volume()],
                 },
             },
         },

@@ -14,7 +14,7 @@ import yaml
 from kuberl.spec import SpecInvalid, load_manifest, parse_yaml
 from kuberl.spec.quantity import parse_quantity
 
-from . import builders, names, placement
+from . import builders, job_policy, names, placement
 from .config import DEFAULT_MAX_GPUS_PER_NODE, OperatorConfig
 
 EPHEMERAL_CHECKPOINTS = ("note: spec.trainer.checkpoint.volumeClaim is not set: checkpoints are written inside the "
@@ -32,8 +32,8 @@ def cmd_render(args: argparse.Namespace) -> int:
         job = load_manifest(args.job)
     except SpecInvalid as exc:
         return exc.report()
-    problems = placement.static_problems(job, args.max_gpus_per_node)
-    if problems:  # the operator would fail the job (PlacementDegraded) and create nothing
+    problems = job_policy.violations(job, args.job_policy) or placement.static_problems(job, args.max_gpus_per_node)
+    if problems:  # the operator would fail the job (PolicyDenied or PlacementDegraded) and create nothing
         for problem in problems:
             print(f"error: {problem}", file=sys.stderr)
         return 1
@@ -72,7 +72,8 @@ def cmd_operator(args: argparse.Namespace) -> int:
     kopf.configure(verbose=args.verbose)
     config = OperatorConfig(image=args.image, metrics_port=args.metrics_port, metrics_address=args.metrics_address,
                             max_gpus_per_node=args.max_gpus_per_node, head=args.head_resources,
-                            driver=args.driver_resources, cpu_limits=args.cpu_limits, scratch=args.scratch)
+                            driver=args.driver_resources, cpu_limits=args.cpu_limits, scratch=args.scratch,
+                            job_policy=args.job_policy)
     kopf.run(
         standalone=True,
         namespaces=args.namespace,
@@ -127,8 +128,15 @@ def quantities(pairs: dict[str, str]) -> dict[str, str]:
     return pairs
 
 
-def pod_sizes(p: argparse.ArgumentParser) -> None:
-    """--head-resources and --driver-resources: the two pods every job has beside its roles."""
+def policy(text: str) -> job_policy.JobPolicy:
+    try:
+        return job_policy.parse(text)
+    except job_policy.PolicyInvalid as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def job_options(p: argparse.ArgumentParser) -> None:
+    """What `operator` and `render` both take: the head and driver pods' sizes, scratch, CPU limits, the job policy."""
     for flag, default, what in (("--head-resources", builders.HEAD_RESOURCES, "each job's Ray head pod (GCS only)"),
                                 ("--driver-resources", builders.DRIVER_RESOURCES, "each job's driver pod")):
         text = ",".join(f"{k}={v}" for k, v in default.items())
@@ -141,6 +149,11 @@ def pod_sizes(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-cpu-limits", dest="cpu_limits", action="store_false",
                    help="give every pod CPU requests but no CPU limit (Burstable: pods may use a node's idle "
                         "cores; a small or shared CPU node). Default: limits equal requests (Guaranteed)")
+    p.add_argument("--job-policy", type=policy, default=job_policy.JobPolicy(), metavar="JSON",
+                   help="what a job's author may choose, as the chart's jobPolicy in JSON (allowedImages, "
+                        "allowedVolumeClaims, forbiddenMountPaths, allowed*Classes, allowWildcardTolerations); a job "
+                        "that breaks it fails with reason PolicyDenied. Default: system mount paths forbidden, no "
+                        "wildcard tolerations, anything else allowed")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -163,7 +176,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--max-gpus-per-node", type=positive, default=env.max_gpus_per_node,
                    help="the most GPUs any node has: under placement policy required, a role needing more per "
                         f"replica fails at once (default {DEFAULT_MAX_GPUS_PER_NODE}, or $KUBERL_MAX_GPUS_PER_NODE)")
-    pod_sizes(p)
+    job_options(p)
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     p.set_defaults(func=cmd_operator)
 
@@ -174,7 +187,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help=f"runtime image unless the job sets spec.image (default {env.image})")
     p.add_argument("--max-gpus-per-node", type=positive, default=env.max_gpus_per_node,
                    help=f"as for `kuberl operator` (default {env.max_gpus_per_node})")
-    pod_sizes(p)
+    job_options(p)
     p.set_defaults(func=cmd_render)
 
 

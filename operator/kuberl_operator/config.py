@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from .builders import DEFAULT_IMAGE, DRIVER_RESOURCES, HEAD_RESOURCES, SCRATCH
+from .job_policy import JobPolicy
 
 DEFAULT_MAX_GPUS_PER_NODE = 8
 
@@ -21,6 +22,7 @@ class OperatorConfig:
     driver: Mapping[str, str] = field(default_factory=lambda: dict(DRIVER_RESOURCES))  # each job's driver pod
     cpu_limits: bool = True  # CPU limits equal to the requests (Guaranteed pods); off: requests only
     scratch: Mapping[str, str] = field(default_factory=lambda: dict(SCRATCH))  # the job pods' emptyDir sizeLimits
+    job_policy: JobPolicy = field(default_factory=JobPolicy)  # what a job's author may choose (the chart's jobPolicy)
 
     @classmethod
     def from_env(cls) -> OperatorConfig:

@@ -24,7 +24,7 @@ from kuberl.spec import ROLES as JOB_ROLES
 from kuberl.spec import RLTrainingJob, SpecInvalid, validate_manifest
 from kuberl.spec.contract import REPLICAS_KEY
 
-from . import builders, conditions, names, placement, ray_token, rescale
+from . import builders, conditions, job_policy, names, placement, ray_token, rescale
 from .config import OperatorConfig
 from .kube import (
     CONFIGMAPS,
@@ -47,12 +47,14 @@ from .progress import Progress
 from .spec_changes import applied_spec
 from .status import (
     PLACEMENT_DEGRADED,
+    POLICY_DENIED,
     TIME_FORMAT,
     Observed,
     decide,
     infeasible_status,
     invalid_spec_status,
     merge_diff,
+    policy_denied_status,
 )
 
 log = logging.getLogger(__name__)
@@ -128,6 +130,16 @@ def validated(body: kopf.Body, patch: kopf.Patch) -> RLTrainingJob:
         patch.status.update(invalid_spec_status(body.status, body.meta.get("generation", 1), message, now()))
         kopf.event(body, type="Warning", reason="InvalidSpec", message=message)
         raise kopf.PermanentError(f"invalid spec: {message}") from None
+
+
+def permitted(ctx: Context, body: kopf.Body, patch: kopf.Patch, job: RLTrainingJob) -> None:
+    """A job that breaks the platform's job policy fails before anything is created (as at admission)."""
+    problems = job_policy.violations(job, ctx.config.job_policy)
+    if problems:
+        message = "; ".join(problems)
+        patch.status.update(policy_denied_status(body.status, body.meta.get("generation", 1), message, now()))
+        kopf.event(body, type="Warning", reason=POLICY_DENIED, message=message)
+        raise kopf.PermanentError(f"job policy: {message}")
 
 
 def feasible(ctx: Context, body: kopf.Body, patch: kopf.Patch, job: RLTrainingJob) -> None:
@@ -251,6 +263,7 @@ async def apply_spec(ctx: Context, body: kopf.Body, patch: kopf.Patch, diff: Seq
     if conditions.terminal(body.status.get("conditions", [])):
         return
     job = validated(body, patch)
+    permitted(ctx, body, patch, job)
     feasible(ctx, body, patch, job)
     runtime, spec_configmap = runtime_children(name, list(job.spec.roles.extra)), (CONFIGMAPS,
                                                                                    names.spec_configmap(name))

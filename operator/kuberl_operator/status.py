@@ -28,6 +28,7 @@ ROLE_RESTARTING = "RoleRestarting"
 HEAD_FAILED = "RayHeadFailed"  # the Ray head pod failed: the whole Ray cluster restarts
 ROLE_FAILED = "RoleFailed"  # the driver reported a role's failure (a hang's diagnosis, a process that died)
 UNSCHEDULABLE = "RoleUnschedulable"  # no node satisfies a role's constraints (the scheduler says why)
+POLICY_DENIED = "PolicyDenied"  # the job breaks the platform's job policy (job_policy.py): nothing is made
 IMAGE_PULL_FAILED = "ImagePullFailed"  # a role's container cannot start from its image (not loaded, wrong name)
 TIME_FORMAT = "%Y-%m-%dT%H:%M:%SZ"  # every time in status (reconcile.now)
 PLACEMENT_DEGRADED = Reason.PLACEMENT_DEGRADED.value  # the driver refused GPUs linked below spec.placement.minLink
@@ -345,11 +346,21 @@ def live_pending(job: RLTrainingJob, seen: Observed) -> list[str]:
     return sorted({f for f in pending_changes(seen.applied_spec, job) if f not in live} | waiting)
 
 
+def refused_status(old: Mapping[str, Any], generation: int, reason: str, message: str, now: str) -> dict[str, Any]:
+    """Status of a job refused before anything was made: Failed for ``reason``, naming the fields."""
+    conds = cond.set_condition(old.get("conditions", []), cond.FAILED, True, reason, message, generation, now)
+    conds = cond.set_condition(conds, cond.READY, False, reason, message, generation, now)
+    return {"phase": FAILED, "message": message, "conditions": conds, "observedGeneration": generation}
+
+
 def invalid_spec_status(old: Mapping[str, Any], generation: int, message: str, now: str) -> dict[str, Any]:
     """Status of a job whose spec does not validate: Failed, reason InvalidSpec, naming the fields."""
-    conds = cond.set_condition(old.get("conditions", []), cond.FAILED, True, "InvalidSpec", message, generation, now)
-    conds = cond.set_condition(conds, cond.READY, False, "InvalidSpec", message, generation, now)
-    return {"phase": FAILED, "message": message, "conditions": conds, "observedGeneration": generation}
+    return refused_status(old, generation, "InvalidSpec", message, now)
+
+
+def policy_denied_status(old: Mapping[str, Any], generation: int, message: str, now: str) -> dict[str, Any]:
+    """Status of a job that breaks the operator's job policy (--job-policy): Failed, reason PolicyDenied."""
+    return refused_status(old, generation, POLICY_DENIED, message, now)
 
 
 def infeasible_status(old: Mapping[str, Any], generation: int, message: str, now: str) -> dict[str, Any]:

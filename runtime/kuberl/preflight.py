@@ -12,6 +12,7 @@ all of them are reported, not only the first.
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -229,6 +230,17 @@ def warn_unknown_characters(spec: JobSpec, rows: list[dict[str, Any]]) -> None:
             f"({shown}{more}); they become <unk> (it covers printable ASCII, newline and tab)",
             file=sys.stderr,
         )
+
+
+def ignored_credentials(spec: JobSpec) -> str | None:
+    """The note of a run on this machine for spec.credentials: Secrets of a namespace; here, the environment."""
+    from .spec.model import CREDENTIALS
+
+    named = [var for attr, (var, _) in CREDENTIALS.items() if getattr(spec.credentials, attr) is not None]
+    if not named or all(os.environ.get(v) for v in named):
+        return None
+    return (f"note: spec.credentials names Kubernetes Secrets; on this machine {', '.join(named)} come from the "
+            f"environment (export them to use them here)")
 
 
 def ignored_placement(spec: JobSpec) -> str | None:

@@ -130,10 +130,10 @@ def run_job(job: RLTrainingJob, out: Path, backend: str = "ray", device: str = "
             start_local_ray(job.spec)
     from .driver import JobFailed
     from .groups import RoleError, WorkerFailure
-    from .progress import ProgressReporter, progress_of
+    from .progress import ProgressFiles, progress_of
 
     driver = build_driver(job, out, backend, device, list(faults), progress)
-    reporter = ProgressReporter.from_env()
+    reporter = ProgressFiles.from_env()
     total = job.spec.trainer.steps
     last: list[StepRecord] = []
     if reporter is not None:
@@ -148,7 +148,8 @@ def run_job(job: RLTrainingJob, out: Path, backend: str = "ray", device: str = "
     except (JobFailed, RoleError, WorkerFailure) as exc:
         if reporter is not None:
             reason = Reason.WORKER_FAILURE if isinstance(exc, WorkerFailure) else exc.reason
-            reporter.report(progress_of(last[-1] if last else None, total, "Failed", str(exc), reason,
+            public = getattr(exc, "public", str(exc))  # no prompt or response text in the status
+            reporter.report(progress_of(last[-1] if last else None, total, "Failed", public, reason,
                                         driver.worst_links))
         raise
     finally:
@@ -220,6 +221,7 @@ def prepare(args: argparse.Namespace) -> tuple[RLTrainingJob | None, Path]:
         PreflightFailed,
         check_job,
         gpu_problems,
+        ignored_credentials,
         ignored_placement,
         local_gpu_count,
         output_problems,
@@ -250,8 +252,9 @@ def prepare(args: argparse.Namespace) -> tuple[RLTrainingJob | None, Path]:
               f"(to train further raise trainer.steps, e.g. --steps {done + total}; to start over pass --restart)")
         return None, out
     warn_unknown_characters(job.spec, rows)
-    if not args.ray_address and (ignored := ignored_placement(job.spec)):
-        print(ignored, file=sys.stderr)  # on Kubernetes (the driver joins the job's RayCluster) they apply
+    if not args.ray_address:  # on Kubernetes (the driver joins the job's RayCluster) they apply
+        for ignored in filter(None, (ignored_placement(job.spec), ignored_credentials(job.spec))):
+            print(ignored, file=sys.stderr)
     if done:
         print(f"[{name}] resuming from step {done} ({checkpoint.step_dir(root, done)})", flush=True)
     mine.write(root)

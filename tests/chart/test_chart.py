@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.policy_cases import DEFAULT_REFUSED, STRICT, STRICT_REFUSED
+
 from .render import CHART, K8S_VERSIONS, NAMESPACE, REPO, Helm, HelmFailed, by_kind, one, validate
 from .values_sets import MINIMAL, NON_DEFAULT, VALUE_SETS
 
@@ -136,6 +138,26 @@ def test_the_job_policy_bounds_config_depth_as_the_spec_model_does(helm: Helm) -
     assert f"all(c{CONFIG_MAX_DEPTH}, type(c{CONFIG_MAX_DEPTH}) != map" in rule["expression"]
     assert f"c{CONFIG_MAX_DEPTH + 1}" not in rule["expression"]
     assert f"more than {CONFIG_MAX_DEPTH} deep" in rule["message"]
+
+
+@pytest.mark.parametrize("values, cases", [({}, DEFAULT_REFUSED), (STRICT, STRICT_REFUSED)],
+                         ids=["default", "allow-lists"])
+def test_the_operator_checks_the_admission_policys_rules_with_its_words(helm: Helm, values: dict,
+                                                                       cases: list) -> None:
+    """The operator gets the chart's jobPolicy (--job-policy), and refuses each job the rendered admission policy
+    refuses with one of that policy's messages, word for word."""
+    from kuberl_operator.job_policy import parse, violations
+    from tests.operator.test_job_policy import job
+
+    objects = helm.render(values)
+    policy = next(o for o in objects if o["kind"] == "ValidatingAdmissionPolicy"
+                  and o["metadata"]["name"].endswith("-jobs"))
+    messages = {" ".join(v["message"].split()) for v in policy["spec"]["validations"]}
+    args = one(objects, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+    flag = parse(next(a for a in args if a.startswith("--job-policy=")).removeprefix("--job-policy="))
+    for spec, words in cases:
+        problems = violations(job(**spec), flag)
+        assert problems and set(problems) <= messages and any(words in p for p in problems), (spec, problems)
 
 
 def test_chart_version_follows_the_project() -> None:

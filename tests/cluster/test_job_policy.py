@@ -9,15 +9,19 @@ here by unbinding it) must be deleted by hand, and the operator's log names the 
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import json
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from localkube.api import NAMESPACES, RLTJ, Api, ApiError
+from localkube.api import EVENTS, JOBS, NAMESPACES, RAYCLUSTERS, RLTJ, SECRETS, Api, ApiError
 
 from kuberl.spec.model import CONFIG_MAX_DEPTH
 from tests.chart.render import Helm
+from tests.policy_cases import DEFAULT_ALLOWED, DEFAULT_REFUSED, STRICT, STRICT_ALLOWED, STRICT_REFUSED
 
 from .conftest import RELEASE
 from .jobs import describe, manifest, status
@@ -68,15 +72,9 @@ def test_a_job_the_watch_cannot_parse_ends_the_operator_until_deleted(ns: Api, a
     """Made while the policy is unbound (as before the chart had it), a deep job fails kopf's watch, and kopf ends
     the operator (exit 1, the watch and the RecursionError in its log); once it is deleted, a new operator process
     runs jobs again."""
-    binding = admin.get(BINDINGS, JOB_POLICY, namespace=None)
-    assert binding is not None, f"the chart's {JOB_POLICY} binding is missing"
-    admin.delete(BINDINGS, JOB_POLICY, namespace=None)
-    try:
+    with unbound(admin, ns):
         deep = with_config(f"{job_name}-deep", 3000)
         wait_for(lambda: try_create(ns, deep), 30, "the deep job made, the policy unbound")
-    finally:
-        admin.create(BINDINGS, {"metadata": {"name": JOB_POLICY, "labels": binding["metadata"].get("labels", {})},
-                                "spec": binding["spec"]}, namespace=None)
     try:
         proc = operator.proc
         assert proc is not None
@@ -90,6 +88,41 @@ def test_a_job_the_watch_cannot_parse_ends_the_operator_until_deleted(ns: Api, a
     ns.create(RLTJ, manifest(job_name))
     wait_for(lambda: status(ns, job_name).get("phase") == "Running", 90, "a job Running under the new operator",
              lambda: describe(ns, job_name) + operator.tail(30))
+
+
+@contextlib.contextmanager
+def unbound(admin: Api, ns: Api) -> Iterator[None]:
+    """The chart's job policy out of force (its binding deleted) inside the block, as on a cluster without it;
+    back in force (a job it refuses is refused in ``ns`` again) after."""
+    binding = admin.get(BINDINGS, JOB_POLICY, namespace=None)
+    assert binding is not None, f"the chart's {JOB_POLICY} binding is missing"
+    admin.delete(BINDINGS, JOB_POLICY, namespace=None)
+    try:
+        yield
+    finally:
+        admin.create(BINDINGS, {"metadata": {"name": JOB_POLICY, "labels": binding["metadata"].get("labels", {})},
+                                "spec": binding["spec"]}, namespace=None)
+        probe = json.dumps(manifest("policy-probe", suspend=True, **copy.deepcopy(DEFAULT_REFUSED[0][0])))
+        wait_for(lambda: refused_now(ns, probe), 30, "the job policy in force again")
+
+
+@pytest.mark.parametrize("spec, words", DEFAULT_REFUSED[:1] + DEFAULT_REFUSED[3:4])
+def test_without_the_admission_policy_the_operator_refuses_the_job_itself(
+        ns: Api, admin: Api, release: str, operator: OperatorProcess, job_name: str, spec: dict[str, Any],
+        words: str) -> None:
+    """With the policy unbound (jobPolicy.enabled false, or a Kubernetes before 1.30), a job that breaks the rules
+    gets in, and the operator fails it itself: reason PolicyDenied, an Event, and nothing made for it."""
+    with unbound(admin, ns):
+        text = json.dumps(manifest(job_name, **copy.deepcopy(spec)))
+        wait_for(lambda: try_create(ns, text), 30, "the job made, the policy unbound")
+    failed = wait_for(lambda: next((c for c in status(ns, job_name).get("conditions", [])
+                                    if c["type"] == "Failed" and c["status"] == "True"), None), 60,
+                      "the job Failed by the operator", lambda: describe(ns, job_name) + operator.tail(30))
+    assert failed["reason"] == "PolicyDenied" and words in failed["message"], failed
+    events = ns.list(EVENTS)
+    assert [e for e in events if e.get("reason") == "PolicyDenied" and words in e.get("message", "")], events
+    made = {res: [o["metadata"]["name"] for o in ns.list(res)] for res in (RAYCLUSTERS, JOBS, SECRETS)}
+    assert not any(made.values()), f"the operator made objects for a refused job: {made}"
 
 
 def try_create(ns: Api, text: str) -> bool:
@@ -106,13 +139,7 @@ def try_create(ns: Api, text: str) -> bool:
     return True
 
 
-@pytest.mark.parametrize("spec, words", [
-    ({"trainer": {"checkpoint": {"volumeClaim": "ckpt", "path": "/opt/kuberl"}}}, "must not be, or lie under"),
-    ({"trainer": {"checkpoint": {"volumeClaim": "ckpt", "path": "/etc"}}}, "must not be, or lie under"),
-    ({"trainer": {"checkpoint": {"volumeClaim": "ckpt", "path": "/mnt/../etc"}}}, "nor contain '..'"),
-    ({"roles": {"critic": {"tolerations": [{"operator": "Exists"}]}}}, "tolerates every taint"),
-    ({"roles": {"ref": {"nodeSelector": {"node-role.kubernetes.io/control-plane": ""}}}}, "control plane"),
-])
+@pytest.mark.parametrize("spec, words", DEFAULT_REFUSED)
 def test_what_a_jobs_author_may_not_choose_is_refused(ns: Api, release: str, job_name: str, spec: dict[str, Any],
                                                       words: str) -> None:
     """The chart's defaults: a checkpoint claim mounted over the image's or the system's directories, a toleration
@@ -121,19 +148,11 @@ def test_what_a_jobs_author_may_not_choose_is_refused(ns: Api, release: str, job
 
 
 def test_a_job_within_the_policy_is_admitted(ns: Api, release: str, job_name: str) -> None:
-    body = manifest(job_name, suspend=True, trainer={"checkpoint": {"volumeClaim": "ckpt", "path": "/mnt/ckpt"}},
-                    roles={"critic": {"tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}],
-                                      "priorityClassName": "batch", "runtimeClassName": "nvidia"},
-                           "extra": {"rules": {"worker": "examples.rule_engine:RuleEngineWorker"}}},
-                    placement={"mode": "dra", "deviceClass": "gpu.example.com"}, image="reg.example.com/kuberl:1")
+    body = manifest(job_name, suspend=True, **copy.deepcopy(DEFAULT_ALLOWED))
     ns.create(RLTJ, body)
 
 
 POLICIES = "admissionregistration.k8s.io/v1/validatingadmissionpolicies"
-STRICT = {"jobPolicy": {"enabled": True, "allowedImages": ["reg.example.com/ml/"], "allowedVolumeClaims": ["ckpt"],
-                        "forbiddenMountPaths": ["/opt"], "allowedPriorityClasses": ["batch"],
-                        "allowedRuntimeClasses": ["nvidia"], "allowedDeviceClasses": ["gpu.nvidia.com"],
-                        "allowWildcardTolerations": False}}
 
 
 @pytest.fixture
@@ -155,19 +174,10 @@ def strict_policy(admin: Api, helm: Helm, ns: Api) -> Any:
     admin.delete(POLICIES, name, namespace=None)
 
 
-@pytest.mark.parametrize("spec, words", [
-    ({"image": "docker.io/evil/miner:1"}, "spec.image must start with one of reg.example.com/ml/"),
-    ({"trainer": {"checkpoint": {"volumeClaim": "team-b-data"}}}, "volumeClaim must be one of ckpt"),
-    ({"trainer": {"checkpoint": {"volumeClaim": "ckpt", "path": "/opt/x"}}}, "must not be, or lie under"),
-    ({"roles": {"actor": {"priorityClassName": "system-cluster-critical"}}}, "priorityClassName must be one of"),
-    ({"roles": {"extra": {"rules": {"worker": "examples.rule_engine:RuleEngineWorker", "runtimeClassName": "x"}}}},
-     "runtimeClassName must be one of"),
-    ({"placement": {"mode": "dra", "deviceClass": "any.example.com"}}, "deviceClass must be one of"),
-])
+@pytest.mark.parametrize("spec, words", STRICT_REFUSED)
 def test_a_platforms_allow_lists_are_enforced(ns: Api, release: str, strict_policy: Any, job_name: str,
                                               spec: dict[str, Any], words: str) -> None:
-    allowed = manifest(f"{job_name}-ok", suspend=True, image="reg.example.com/ml/kuberl:1",
-                       trainer={"checkpoint": {"volumeClaim": "ckpt", "path": "/checkpoints"}})
+    allowed = manifest(f"{job_name}-ok", suspend=True, **copy.deepcopy(STRICT_ALLOWED))
     wait_for(lambda: try_create(ns, json.dumps(allowed)), 10, "an allowed job admitted")
     text = json.dumps(manifest(job_name, suspend=True, **spec))
     assert words in wait_for(lambda: refused_now(ns, text), 10, "the strict policy to apply")
@@ -183,3 +193,24 @@ def refused_now(ns: Api, text: str) -> str | None:
     ns.delete(RLTJ, json.loads(text)["metadata"]["name"])
     time.sleep(0.5)
     return None
+
+
+def test_credentials_reach_the_pods_as_secret_references_through_the_operator_policy(
+        ns: Api, release: str, operator: OperatorProcess, job_name: str) -> None:
+    """A job naming its hub and W&B tokens: the operator's policy lets it make a RayCluster and a driver Job that
+    read them (secretKeyRef, by name) and a driver pod whose reporter mounts its API token; no value anywhere."""
+    from kuberl_operator import names
+
+    ns.create(SECRETS, {"metadata": {"name": "hf"}, "stringData": {"token": "hf_s3cr3t_value"}})
+    creds = {"huggingFace": {"name": "hf", "key": "token"}, "wandb": {"name": "hf", "key": "token"}}
+    ns.create(RLTJ, manifest(job_name, credentials=creds))
+    ctx = lambda: describe(ns, job_name) + operator.tail(30)  # noqa: E731
+    driver = wait_for(lambda: ns.get(JOBS, names.driver(job_name)), 90, "the driver Job made", ctx)
+    cluster = ns.get(RAYCLUSTERS, names.cluster(job_name))
+    env = {e["name"]: e for e in driver["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["HF_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": "hf", "key": "token"}
+    assert env["WANDB_API_KEY"]["valueFrom"]["secretKeyRef"] == {"name": "hf", "key": "token"}
+    worker = cluster["spec"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]
+    assert [e["name"] for e in worker["env"] if "secretKeyRef" in e.get("valueFrom", {})] == ["HF_TOKEN"]
+    seen = json.dumps([driver, cluster, ns.get(RLTJ, job_name), ns.list(EVENTS)])
+    assert "hf_s3cr3t_value" not in seen

@@ -42,3 +42,16 @@ def test_no_warning_without_placement_and_gpu_product_is_named() -> None:
     assert ignored_placement(validate_manifest(base).spec) is None
     gpu = {**base, "spec": {**base["spec"], "roles": {"ref": {"gpus": 1, "gpuProduct": "NVIDIA-L4"}}}}
     assert ignored_placement(validate_manifest(gpu).spec).startswith("warning: spec.roles.ref (gpuProduct): ")
+
+
+def test_a_local_run_says_where_its_credentials_come_from(monkeypatch) -> None:
+    from kuberl.preflight import ignored_credentials
+
+    base = {"apiVersion": "kuberl.io/v1alpha1", "kind": "RLTrainingJob", "metadata": {"name": "j"},
+            "spec": {"data": {"task": "repeat-letter"}, "reward": {"function": "m.n:f"},
+                     "credentials": {"wandb": {"name": "wb", "key": "k"}}}}
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    note = ignored_credentials(validate_manifest(base).spec)
+    assert note.startswith("note: spec.credentials names Kubernetes Secrets") and "WANDB_API_KEY" in note, note
+    monkeypatch.setenv("WANDB_API_KEY", "x")
+    assert ignored_credentials(validate_manifest(base).spec) is None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 from pathlib import Path
@@ -135,8 +136,17 @@ def test_driver_job_runs_kuberl_against_the_head_with_the_spec_mounted() -> None
     assert driver["command"][:2] == ["sh", "-c"] and "ray start --address=j-head-svc:6379 --num-cpus=0" in (
         driver["command"][2]) and driver["command"][2].endswith('exec "$@"')
     env = {e["name"]: e for e in driver["env"]}
+    assert env["KUBERL_PROGRESS_DIR"]["value"] == "/run/kuberl/progress" and "KUBERL_PROGRESS_CONFIGMAP" not in env
+    assert {"name": "progress", "mountPath": "/run/kuberl/progress"} in driver["volumeMounts"]
+    # The reporter sidecar relays the driver's reports from that folder to the ConfigMap, with the token.
+    reporter = pod["initContainers"][-1]
+    assert reporter["name"] == "reporter" and reporter["restartPolicy"] == "Always"  # a native sidecar
+    assert reporter["command"] == ["kuberl", "report-progress", "--dir", "/run/kuberl/progress"]
+    assert reporter["image"] == driver["image"]
+    env = {e["name"]: e for e in reporter["env"]}
     assert env["KUBERL_PROGRESS_CONFIGMAP"]["value"] == "j-progress"
     assert env["KUBERL_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
+    assert pod["terminationGracePeriodSeconds"] >= 36  # the final report's retries fit before the kill
     assert {"name": "spec", "configMap": {"name": "j-spec"}} in pod["volumes"]
     # No checkpoint PVC: metrics.jsonl and the reward curve go to an emptyDir of the driver pod.
     assert {"name": "out", "emptyDir": {"sizeLimit": "1Gi"}} in pod["volumes"]
@@ -281,7 +291,7 @@ def test_a_checkpoint_pvc_is_mounted_in_the_driver_and_every_worker(validator) -
         assert init["volumeMounts"] == [{"name": "checkpoints", "mountPath": "/kuberl/claim"}]
         assert init["command"][-1] == "import os; os.makedirs('/kuberl/claim/kuberl/j', exist_ok=True)"
         assert init["securityContext"]["readOnlyRootFilesystem"] and pod["securityContext"]["runAsNonRoot"]
-    assert [c["name"] for c in driver["initContainers"]] == ["checkpoint-folder", "wait-for-ray"]
+    assert [c["name"] for c in driver["initContainers"]] == ["checkpoint-folder", "wait-for-ray", "reporter"]
     head = objs["RayCluster"]["spec"]["headGroupSpec"]["template"]["spec"]
     assert {v["name"] for v in head["volumes"]} == {"tmp", "cache", "ray-auth"}  # it does no work: no checkpoints
     # The driver reads the path from its spec: the mount point, since the manifest named none.
@@ -309,7 +319,8 @@ def test_with_a_checkpoint_pvc_the_driver_writes_its_artefacts_there(path, out) 
     assert command[command.index("--out") + 1] == out == builders.driver_out(job(**raw))
     assert {"name": "checkpoints", "persistentVolumeClaim": {"claimName": "ckpt"}} in pod["volumes"]
     assert "out" not in {v["name"] for v in pod["volumes"]}  # no emptyDir left to lose them in
-    assert out.startswith(pod["containers"][0]["volumeMounts"][-1]["mountPath"].rstrip("/") + "/runs/")
+    claim = next(m for m in pod["containers"][0]["volumeMounts"] if m["name"] == "checkpoints")
+    assert out.startswith(claim["mountPath"].rstrip("/") + "/runs/")
 
 
 def test_without_a_checkpoint_pvc_every_pod_gets_a_writable_emptydir() -> None:
@@ -326,12 +337,21 @@ def test_without_a_checkpoint_pvc_every_pod_gets_a_writable_emptydir() -> None:
     assert spec_of(made)["spec"] == {"trainer": {"steps": 3, "checkpoint": {"path": "/checkpoints"}}}
 
 
-def test_pods_mount_no_api_token_but_the_drivers_and_every_root_filesystem_is_read_only() -> None:
+def test_only_the_reporter_mounts_an_api_token_and_every_root_filesystem_is_read_only() -> None:
+    """User code runs in every Ray pod and in the driver container: none of them has an API token; the driver
+    pod's reporter sidecar alone mounts its ServiceAccount's, as a projected volume."""
     objs = by_kind(builders.all_objects(job(), {}, "t", OPTS))
     rc, driver = objs["RayCluster"]["spec"], objs["Job"]["spec"]["template"]["spec"]
     ray_pods = [rc["headGroupSpec"]["template"]["spec"], *(g["template"]["spec"] for g in rc["workerGroupSpecs"])]
-    assert all(p["automountServiceAccountToken"] is False for p in ray_pods)  # user reward code runs there
-    assert driver["automountServiceAccountToken"] is True and driver["serviceAccountName"] == "j-driver"
+    assert all(p["automountServiceAccountToken"] is False for p in [*ray_pods, driver])
+    assert driver["serviceAccountName"] == "j-driver"
+    token = {v["name"]: v for v in driver["volumes"]}["api-token"]["projected"]["sources"]
+    assert token[0]["serviceAccountToken"]["expirationSeconds"] <= 3607
+    users = [c["name"] for p in [*ray_pods, driver] for c in [*p["containers"], *p.get("initContainers", [])]
+             if any(m["name"] == "api-token" for m in c.get("volumeMounts", []))]
+    assert users == ["reporter"], users
+    assert {"name": "api-token", "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount", "readOnly": True} in (
+        driver["initContainers"][-1]["volumeMounts"])
     for pod in [*ray_pods, driver]:
         for c in [*pod["containers"], *pod.get("initContainers", [])]:
             assert c["securityContext"]["readOnlyRootFilesystem"] is True, c["name"]
@@ -360,6 +380,31 @@ def test_every_emptydir_is_sized_and_every_container_limits_its_ephemeral_storag
             assert parse_quantity(main["limits"]["ephemeral-storage"]) == disk + 2**30  # and 1Gi of logs
             assert main["requests"]["ephemeral-storage"] == "1Gi"
             for init in pod.get("initContainers", []):
-                assert init["resources"] == {"requests": {"ephemeral-storage": "1Gi"},
-                                             "limits": {"ephemeral-storage": "1Gi"}}, init["name"]
+                storage = {k: {"ephemeral-storage": v.pop("ephemeral-storage")} for k, v in
+                           copy.deepcopy(init["resources"]).items()}
+                assert storage == {"requests": {"ephemeral-storage": "1Gi"}, "limits": {"ephemeral-storage": "1Gi"}}
         assert {v["name"]: v["emptyDir"] for v in driver["volumes"] if "emptyDir" in v}["tmp"] == {"sizeLimit": "2Gi"}
+
+
+def test_credentials_are_secret_references_in_the_pods_that_use_them() -> None:
+    """spec.credentials names Secrets: the hub token reaches the driver and every Ray pod (they load models), the
+    trackers' the driver alone, each as valueFrom.secretKeyRef; no value is in any object rendered."""
+    creds = {"huggingFace": {"name": "hf", "key": "token"}, "wandb": {"name": "wb", "key": "api-key"},
+             "mlflow": {"name": "ml", "key": "t"}}
+    objs = by_kind(builders.all_objects(job(credentials=creds), {"credentials": creds}, "t", OPTS))
+    rc, driver = objs["RayCluster"]["spec"], objs["Job"]["spec"]["template"]["spec"]
+
+    def refs(pod_or_container: dict) -> dict[str, dict]:
+        container = pod_or_container["containers"][0] if "containers" in pod_or_container else pod_or_container
+        return {e["name"]: e["valueFrom"]["secretKeyRef"] for e in container.get("env", [])
+                if "secretKeyRef" in e.get("valueFrom", {})}
+
+    assert refs(driver) == {"HF_TOKEN": {"name": "hf", "key": "token"},
+                            "WANDB_API_KEY": {"name": "wb", "key": "api-key"},
+                            "MLFLOW_TRACKING_TOKEN": {"name": "ml", "key": "t"}}
+    for group in rc["workerGroupSpecs"]:
+        assert refs(group["template"]["spec"]) == {"HF_TOKEN": {"name": "hf", "key": "token"}}
+    assert refs(rc["headGroupSpec"]["template"]["spec"]) == {}  # it loads no model
+    assert refs(driver["initContainers"][-1]) == {}  # the reporter: only its API token
+    assert not [e for pod in [driver] for e in pod["containers"][0]["env"] if "value" in e and e["name"] in
+                ("HF_TOKEN", "WANDB_API_KEY", "MLFLOW_TRACKING_TOKEN")]

@@ -151,16 +151,25 @@ variables.specs (the pod specs) and variables.containers (their containers and i
   message: the kuberl operator's pods do not share the host's network, PID or IPC namespace
   reason: Forbidden
 - expression: >-
-    variables.specs.all(s, !has(s.volumes) || s.volumes.all(v, !has(v.hostPath) && !has(v.projected) &&
+    variables.specs.all(s, !has(s.volumes) || s.volumes.all(v, !has(v.hostPath) &&
+    (!has(v.projected) || (variables.apiToken && v.projected.sources.all(p,
+    (has(p.serviceAccountToken) && !has(p.serviceAccountToken.audience)) ||
+    (has(p.configMap) && p.configMap.name == 'kube-root-ca.crt') || has(p.downwardAPI)))) &&
     (!has(v.secret) || v.secret.secretName == variables.token)))
-  messageExpression: "'the kuberl operator\\'s pods mount no host path, projected volume or Secret but ' + variables.token"
+  messageExpression: >-
+    'the kuberl operator\'s pods mount no host path, no Secret but ' + variables.token + ', and no projected volume' +
+    (variables.apiToken ? ' but the pod\'s own API token (its ServiceAccount token, the cluster CA, the namespace)' : '')
   reason: Forbidden
 - expression: >-
     variables.containers.all(c, !(has(c.securityContext) && has(c.securityContext.privileged) &&
     c.securityContext.privileged) && (!has(c.env) || c.env.all(e, !has(e.valueFrom) ||
-    !has(e.valueFrom.secretKeyRef) || e.valueFrom.secretKeyRef.name == variables.token)) &&
+    !has(e.valueFrom.secretKeyRef) || e.valueFrom.secretKeyRef.name == variables.token ||
+    (e.name in ['HF_TOKEN', 'WANDB_API_KEY', 'MLFLOW_TRACKING_TOKEN']
+    {{- with .Values.jobPolicy.allowedCredentialSecrets }} && e.valueFrom.secretKeyRef.name in {{ include "kuberl.celList" . }}{{ end }}))) &&
     (!has(c.envFrom) || c.envFrom.all(e, !has(e.secretRef))))
-  messageExpression: "'the kuberl operator\\'s containers are not privileged and read no Secret but ' + variables.token"
+  messageExpression: >-
+    'the kuberl operator\'s containers are not privileged and read no Secret but ' + variables.token +
+    ' and the job\'s credentials (HF_TOKEN, WANDB_API_KEY, MLFLOW_TRACKING_TOKEN{{ with .Values.jobPolicy.allowedCredentialSecrets }} from {{ join ", " . }}{{ end }})'
   reason: Forbidden
 {{- end -}}
 

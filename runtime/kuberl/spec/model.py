@@ -291,6 +291,40 @@ class WandbSpec(Section):
                                                description="offline writes runs under <out>/wandb for `wandb sync`.")
 
 
+class SecretKey(Section):
+    """One key of a Secret in the job's namespace."""
+
+    name: str = Field(..., max_length=253, pattern=DNS_SUBDOMAIN, description="The Secret's name.")
+    key: str = Field(..., min_length=1, max_length=253, pattern=r"^[-._a-zA-Z0-9]+$", description="Its key.")
+
+
+# Each credential, the environment variable its library reads, and whether the Ray pods need it too (the hub
+# token: they load the models) or the driver alone (tracking: the driver logs)
+CREDENTIALS = {"hugging_face": ("HF_TOKEN", True), "wandb": ("WANDB_API_KEY", False),
+               "mlflow": ("MLFLOW_TRACKING_TOKEN", False)}
+
+
+class CredentialsSpec(Section):
+    """Kubernetes: tokens for the hub and the trackers, as references to Secrets of the job's namespace, never
+    values. Each becomes an environment variable (valueFrom.secretKeyRef) of the pods that use it, so it appears
+    in no manifest, status or log. A run on this machine takes the same variables from its environment."""
+
+    hugging_face: SecretKey | None = Field(None, description="HF_TOKEN, for a private or gated spec.model.hub, in "
+                                                             "the driver and every Ray pod.")
+    wandb: SecretKey | None = Field(None, description="WANDB_API_KEY (spec.tracking.wandb), in the driver.")
+    mlflow: SecretKey | None = Field(None, description="MLFLOW_TRACKING_TOKEN (spec.tracking.mlflow), in the driver.")
+
+    def env(self, driver: bool) -> list[dict[str, Any]]:
+        """The env entries of a pod: the driver's (``driver``), or a Ray pod's (the hub token only)."""
+        return [{"name": var, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}
+                for attr, (var, ray) in CREDENTIALS.items()
+                if (ref := getattr(self, attr)) is not None and (driver or ray)]
+
+    def secrets(self) -> list[str]:
+        """The Secrets named (the job policy's allowedCredentialSecrets bounds them)."""
+        return [ref.name for attr in CREDENTIALS if (ref := getattr(self, attr)) is not None]
+
+
 class TrackingSpec(Section):
     """Experiment tracking: every scalar of metrics.jsonl, per step."""
 
@@ -546,6 +580,7 @@ class JobSpec(Section):
     resilience: ResilienceSpec = Field(default_factory=ResilienceSpec)
     placement: PlacementSpec = Field(default_factory=PlacementSpec)
     tracking: TrackingSpec = Field(default_factory=TrackingSpec)
+    credentials: CredentialsSpec = Field(default_factory=CredentialsSpec)
     image: str | None = Field(
         None, min_length=1,
         description="Kubernetes: runtime image of the Ray pods and the driver; defaults to the operator's --image.",
