@@ -27,7 +27,7 @@ from .spec_changes import applied_annotation
 DEFAULT_IMAGE = "ghcr.io/kuberl/kuberl-runtime:0.1.0"
 HEAD_RESOURCES = {"cpu": "1", "memory": "4Gi"}
 DRIVER_RESOURCES = {"cpu": "1", "memory": "4Gi"}
-REPORTER_RESOURCES = {"cpu": "100m", "memory": "128Mi"}  # the driver pod's reporter sidecar (kuberl.reporter)
+REPORTER_RESOURCES = {"cpu": "20m", "memory": "64Mi"}  # the reporter sidecar: 35 MB, 0.3 s of CPU to start
 PROGRESS_SIZE = "16Mi"  # the reports' folder: two documents of at most 256 KiB
 REPORTER_GRACE_S = 60  # the driver pod's: room for the reporter's final report, retried up to 35.5 s
 # sizeLimit of each emptyDir of a job's pods: Ray's session dir and spill files (tmp), the libraries' caches with
