@@ -36,7 +36,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable
 ROLL = [PY, "bench/rollout.py"]
-PPO = [PY, "bench/ppo_step.py", "--no-train-bench", "--steps", "3"]
+PPO = [PY, "bench/ppo_step.py", "--no-train-bench", "--steps", "8"]  # 5+ steady steps: bench/ppo_step.py
 
 
 @dataclass
@@ -60,7 +60,7 @@ def roll(*a: str) -> list[str]:
 FULL = ["--batch", "256,1024", "--top-p", "1.0,0.9"]
 UNITS: list[Unit] = [
     # -- hf part: our fast path, transformers' own paths, the GPU tests, PPO with hf ----------------------
-    Unit("gpu-tests", "hf", 80, [PY, "-m", "pytest", "-q", "-rs", "-m", "gpu", "tests/gpu", "-s"], "tests"),
+    Unit("gpu-tests", "hf", 150, [PY, "-m", "pytest", "-q", "-rs", "-m", "gpu", "tests/gpu", "-s"], "tests"),
     Unit("hf-0.5b", "hf", 80, roll("--engine", "hf", "--model", "qwen2-0.5b", *FULL, "--variants", "fast",
                                    "--profile")),
     Unit("tf-0.5b-cb", "hf", 60, roll("--engine", "hf", "--model", "qwen2-0.5b", "--batch", "256",
@@ -73,23 +73,23 @@ UNITS: list[Unit] = [
                                    "--profile")),
     Unit("hf-0.5b-graphs", "hf", 30, roll("--engine", "hf", "--model", "qwen2-0.5b", "--batch", "256",
                                           "--top-p", "1.0", "--variants", "graphs", "--profile")),
-    Unit("ppo-hf-0.5b", "hf", 70, [*PPO, "--model", "qwen2-0.5b", "--engine", "hf"], "ppo"),
+    Unit("ppo-hf-0.5b", "hf", 100, [*PPO, "--model", "qwen2-0.5b", "--engine", "hf"], "ppo"),
     Unit("tf-0.5b-cb-b1024", "hf", 50, roll("--engine", "hf", "--model", "qwen2-0.5b", "--batch", "1024",
                                             "--top-p", "1.0,0.9", "--variants", "cb", "--repeats", "2")),
     Unit("tf-1.5b-cb", "hf", 80, roll("--engine", "hf", "--model", "qwen2-1.5b", *FULL, "--variants", "cb",
                                       "--repeats", "2")),
     Unit("tf-1.5b-static", "hf", 100, roll("--engine", "hf", "--model", "qwen2-1.5b", "--batch", "256",
                                            "--top-p", "1.0,0.9", "--variants", "generate-static", "--repeats", "1")),
-    Unit("ppo-hf-1.5b", "hf", 110, [*PPO, "--model", "qwen2-1.5b", "--engine", "hf"], "ppo"),
+    Unit("ppo-hf-1.5b", "hf", 160, [*PPO, "--model", "qwen2-1.5b", "--engine", "hf"], "ppo"),
     # -- vllm part -----------------------------------------------------------------------------------
-    Unit("vllm-tests", "vllm", 75, [PY, "-m", "pytest", "-q", "-rs", "tests/unit/test_vllm_engine.py"], "tests"),
+    Unit("vllm-tests", "vllm", 150, [PY, "-m", "pytest", "-q", "-rs", "tests/unit/test_vllm_engine.py"], "tests"),
     Unit("vllm-0.5b", "vllm", 130, roll("--engine", "vllm", "--model", "qwen2-0.5b", *FULL, "--repeats", "2",
                                         "--sync", "--checks", "--sleep")),
-    Unit("ppo-vllm-0.5b", "vllm", 100, [*PPO, "--model", "qwen2-0.5b", "--engine", "vllm"], "ppo"),
+    Unit("ppo-vllm-0.5b", "vllm", 150, [*PPO, "--model", "qwen2-0.5b", "--engine", "vllm"], "ppo"),
     Unit("vllm-1.5b", "vllm", 150, roll("--engine", "vllm", "--model", "qwen2-1.5b", *FULL, "--repeats", "2",
                                         "--sync", "--sleep")),
-    Unit("ppo-vllm-1.5b", "vllm", 150, [*PPO, "--model", "qwen2-1.5b", "--engine", "vllm"], "ppo"),
-    Unit("ppo-vllm-0.5b-nosleep", "vllm", 100, [*PPO, "--model", "qwen2-0.5b", "--engine", "vllm", "--no-sleep"],
+    Unit("ppo-vllm-1.5b", "vllm", 220, [*PPO, "--model", "qwen2-1.5b", "--engine", "vllm"], "ppo"),
+    Unit("ppo-vllm-0.5b-nosleep", "vllm", 150, [*PPO, "--model", "qwen2-0.5b", "--engine", "vllm", "--no-sleep"],
          "ppo"),
 ]
 QUICK: list[Unit] = [

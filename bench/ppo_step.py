@@ -18,8 +18,11 @@ driver's 6·N·tokens estimate and a stricter count of the FLOPs actually done),
 matmul peak measured in this run (printed), and peak GPU memory. Then, unless --no-train-bench, a
 plain actor training step on one micro-batch-sized mini-batch (default 16 x 512 tokens: forward,
 backward, clip, fused AdamW step), timed over --train-reps repetitions.
-The first step includes torch.compile and CUDA-graph capture; the summary is the median of the
-later steps (with --asynchronous, less the last step, which sends no early rollout: use --steps >= 4).
+The first step includes torch.compile and CUDA-graph capture; the summary is the median of the steady
+steps: not the first, not a step that saved a checkpoint (the last one does), and with --asynchronous not the
+last step, which sends no early rollout; 8 steps by default, so that at least 5 remain. Each step's total is
+printed, the checkpoint's cost per save on its own line, and every step after the first that took more than
+10 % over the steady median is named as a stall.
 """
 
 from __future__ import annotations
@@ -165,7 +168,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="qwen2-0.5b", choices=["tiny", "qwen2-0.5b", "qwen2-1.5b"])
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
-    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=8, help="steps (at least 4: the steady median needs two)")
     ap.add_argument("--batch", type=int, default=64, help="prompts (= sequences) per step")
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--response-len", type=int, default=384)
@@ -220,18 +223,23 @@ def main() -> None:
     cfg = builtin_config(args.model)
     seq = args.prompt_len + args.response_len
     upd_flops = model_flops(cfg, args.batch, seq, args.response_len)["total"]
-    later = recs[1:] if len(recs) > 1 else recs
-    if args.asynchronous and len(later) > 1:
+    saves = [r for r in recs if r.get("time_checkpoint_s")]
+    later = [r for r in recs[1:] if not r.get("time_checkpoint_s")] or recs[-1:]
+    if args.asynchronous and len(later) > 1 and later[-1] is recs[-1]:
         # in-process the early rollout of step k+1 runs inside step k, and the last step sends none:
         # its wall clock holds no rollout, so it is left out of the median
         later = later[:-1]
     med = lambda key: statistics.median(r.get(key, 0.0) for r in later)  # noqa: E731
+    stalls = [r["step"] for r in recs[1:] if r["time_step_s"] > 1.1 * med("time_step_s")]
     gpu_peak = torch.cuda.max_memory_allocated() / 2**30 if args.device == "cuda" else 0.0
     summary = {
         "steps_in_median": [r["step"] for r in later],
         "phases_s": {p: med(f"time_{p}_s") for p in PHASES},
         "step_s": med("time_step_s"),
         "first_step_s": recs[0]["time_step_s"],
+        "steps_s": {r["step"]: r["time_step_s"] for r in recs},
+        "checkpoint_s": {r["step"]: r["time_checkpoint_s"] for r in saves},
+        "stalls": stalls,
         "rollout_tokens_per_s": med("rollout_tokens_per_s"),
         "train_tokens_per_s": med("train_tokens_per_s"),
         "mfu_update_actor_6nt": med("mfu"),
@@ -255,6 +263,10 @@ def main() -> None:
         print(f"| {p_} | {s:.3f} |")
     print(f"| **step total** | {summary['step_s']:.3f} (first step, with compile/capture: "
           f"{summary['first_step_s']:.1f}) |")
+    print("each step, s: " + ", ".join(f"{k}: {v:.2f}" for k, v in summary["steps_s"].items()))
+    print("checkpoint per save, s (its step's training path): "
+          + (", ".join(f"step {k}: {v:.2f}" for k, v in summary["checkpoint_s"].items()) or "no save"))
+    print(f"stalls (a step after the first over 1.1 x the steady median): {stalls or 'none'}")
     print(f"rollout tokens/s: {summary['rollout_tokens_per_s']:,.0f}   "
           f"training tokens/s (actor update): {summary['train_tokens_per_s']:,.0f}")
     print(f"actor update MFU: {summary['mfu_update_actor_6nt']:.1%} (6·N·T, N={driver.n_params / 1e6:.0f}M)   "
