@@ -29,7 +29,7 @@ LOCK = $(BIN)/uv pip compile --quiet --no-progress --generate-hashes --python-pl
 VLLM_VERSION = $(shell sed -n 's/^ARG VLLM_VERSION=//p' images/runtime/Dockerfile)
 
 .DEFAULT_GOAL := help
-.PHONY: help venv helm install demo demo-grpo demo-fault test test-all lint crds locks chart images e2e bench clean \
+.PHONY: help venv helm install demo demo-grpo demo-fault test test-all lint crds locks chart images e2e bench gpu-check clean \
 	cluster cluster-build cluster-down node-deps bench-load
 
 help: ## list the targets
@@ -146,6 +146,13 @@ bench-load: venv helm cluster-build ## the operator under load: 50 jobs at once 
 
 bench: venv ## CPU benchmark of one PPO step through the real code path
 	$(BIN)/python bench/ppo_step.py --model tiny --device cpu
+
+# On a GPU machine (the device: its python3 has torch, with PYTHONPATH giving runtime/ and the carried wheels):
+# the GPU tests and the key figures, held to bench/gpu_baseline.json (about 12 minutes on a fresh H200: more than
+# one device call; bench/gpu_check.py says how to split it with --units and --table).
+GPU_OUT ?= out/gpu-check
+gpu-check: ## GPU tests and key GPU figures against bench/gpu_baseline.json (fails if one is >10% worse)
+	KUBERL_NO_NETNS=1 $(PY) bench/gpu_check.py --out $(GPU_OUT) $(GPU_CHECK_ARGS)
 
 clean: ## remove the virtualenv and run outputs
 	rm -rf $(VENV) runs

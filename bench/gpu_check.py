@@ -1,0 +1,188 @@
+"""`make gpu-check`: the GPU tests and the key GPU figures, held to the baseline kept in the repository
+(bench/gpu_baseline.json). On a fresh H200 the four units take about 730 s, more than one device call's 600:
+until the PPO steps' stalls and checkpoints shrink (issue 27), run it as two calls (`--units`) and read both
+results (`--table A B`); a unit that does not fit the budget is skipped, and its figures then fail the check.
+
+    python3 bench/gpu_check.py --out $OUT                      # on the device: run, compare, print the table
+    python3 bench/gpu_check.py --out $OUT --update-baseline --reason "why the figures moved"
+    python3 bench/gpu_check.py --table $OUT/results.jsonl      # the table again, from a run's results
+
+The units (bench/compare_rollout.py's runner: each a subprocess with its own timeout):
+  - `pytest -m gpu tests/gpu`: every GPU test must pass;
+  - the hf fast path at 0.5B, B=256, top_p 1.0 and 0.9 (bench/rollout.py);
+  - the PPO step at 0.5B and at 1.5B (bench/ppo_step.py, 8 steps, 64 x (128 + 384) tokens): its steady median,
+    the checkpoint's cost per save, and the actor's train step as the runtime runs it (MFU, 6NT).
+
+A figure more than 10 % worse than its baseline fails the check (exit 1), as does a failed GPU test or a figure
+that was not measured. The baseline changes only with --update-baseline and a reason, both kept in the file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from compare_rollout import PPO, PY, REPO, Runner, Unit, load, roll  # noqa: E402
+
+BASELINE = REPO / "bench" / "gpu_baseline.json"
+TOLERANCE = 0.10  # worse by more than this fraction of the baseline: a regression
+BUDGET_S = 540  # one device call is at most 10 minutes: the rest is the machine's start and the transfers
+TRAIN = ["--train-reps", "5", "--no-ab"]  # the actor's train step as the runtime runs it, median of 5
+
+UNITS = [
+    Unit("gpu-tests", "hf", 250, [PY, "-m", "pytest", "-q", "-rs", "-m", "gpu", "tests/gpu", "-s",
+                                  "-p", "no:cacheprovider"], "tests"),
+    Unit("hf-0.5b", "hf", 45, roll("--engine", "hf", "--model", "qwen2-0.5b", "--batch", "256", "--top-p", "1.0,0.9",
+                                   "--variants", "fast")),
+    Unit("ppo-0.5b", "hf", 155, [*[a for a in PPO if a != "--no-train-bench"], *TRAIN, "--model", "qwen2-0.5b"], "ppo"),
+    Unit("ppo-1.5b", "hf", 290, [*[a for a in PPO if a != "--no-train-bench"], *TRAIN, "--model", "qwen2-1.5b"], "ppo"),
+]
+
+
+@dataclass(frozen=True)
+class Figure:
+    name: str
+    unit: str  # its unit of measure, for the table
+    higher_is_better: bool
+    read: Callable[[list[dict]], float | None]  # from the run's result rows
+
+
+def _throughput(model: str, batch: int, top_p: float) -> Callable[[list[dict]], float | None]:
+    def read(rows: list[dict]) -> float | None:
+        found = [r["tokens_per_s"] for r in rows if r.get("kind") == "throughput" and r.get("variant") == "fast"
+                 and r.get("model") == model and r.get("batch") == batch and float(r.get("top_p", -1)) == top_p]
+        return found[-1] if found else None
+    return read
+
+
+def _ppo(model: str, pick: Callable[[dict], float | None]) -> Callable[[list[dict]], float | None]:
+    def read(rows: list[dict]) -> float | None:
+        found = [r["summary"] for r in rows if r.get("kind") == "ppo" and r.get("args", {}).get("model") == model]
+        return pick(found[-1]) if found else None
+    return read
+
+
+def _mfu(summary: dict) -> float | None:
+    runtime = (summary.get("train_step") or {}).get("runtime")
+    return runtime["mfu_6nt"] if runtime else None
+
+
+def _checkpoint(summary: dict) -> float | None:
+    saves = list((summary.get("checkpoint_s") or {}).values())
+    return max(saves) if saves else None
+
+
+FIGURES = [
+    Figure("hf fast path 0.5B B=256 top_p 1.0", "tokens/s", True, _throughput("qwen2-0.5b", 256, 1.0)),
+    Figure("hf fast path 0.5B B=256 top_p 0.9", "tokens/s", True, _throughput("qwen2-0.5b", 256, 0.9)),
+    Figure("train-step MFU 0.5B (6NT)", "fraction", True, _ppo("qwen2-0.5b", _mfu)),
+    Figure("train-step MFU 1.5B (6NT)", "fraction", True, _ppo("qwen2-1.5b", _mfu)),
+    Figure("PPO steady step 0.5B", "s", False, _ppo("qwen2-0.5b", lambda s: s.get("step_s"))),
+    Figure("PPO steady step 1.5B", "s", False, _ppo("qwen2-1.5b", lambda s: s.get("step_s"))),
+    Figure("checkpoint per save 0.5B", "s", False, _ppo("qwen2-0.5b", _checkpoint)),
+    Figure("checkpoint per save 1.5B", "s", False, _ppo("qwen2-1.5b", _checkpoint)),
+]
+
+
+def measured(rows: list[dict]) -> dict[str, float | None]:
+    return {f.name: f.read(rows) for f in FIGURES}
+
+
+def change(figure: Figure, value: float, base: float) -> float:
+    """How much worse ``value`` is than ``base``, as a fraction of it (negative: better)."""
+    return (base - value) / base if figure.higher_is_better else (value - base) / base
+
+
+def tests_outcome(rows: list[dict]) -> tuple[bool, str]:
+    """(passed, pytest's summary line) of the GPU tests' unit."""
+    unit = [r for r in rows if r.get("kind") == "unit" and r.get("unit") == "gpu-tests"]
+    if not unit:
+        return False, "not run"
+    last = unit[-1]
+    return last["rc"] == 0 and not last["timed_out"], last.get("summary") or f"rc {last['rc']}"
+
+
+def verdicts(values: dict[str, float | None], baseline: dict[str, float]) -> list[tuple[Figure, str]]:
+    out = []
+    for f in FIGURES:
+        value, base = values.get(f.name), baseline.get(f.name)
+        if value is None:
+            out.append((f, "FAIL: not measured"))
+        elif base is None:
+            out.append((f, "no baseline"))
+        else:
+            worse = change(f, value, base)
+            out.append((f, f"FAIL: {worse:.0%} worse" if worse > TOLERANCE else "ok"))
+    return out
+
+
+def table(rows: list[dict], baseline: dict[str, float]) -> tuple[str, bool]:
+    """The markdown table of a run against ``baseline``, and whether the check passes."""
+    values = measured(rows)
+    passed, summary = tests_outcome(rows)
+    lines = ["| figure | measured | baseline | change | verdict |", "| --- | --- | --- | --- | --- |",
+             f"| `pytest -m gpu tests/gpu` | {summary} | all pass | | {'ok' if passed else 'FAIL'} |"]
+    ok = passed
+    for f, verdict in verdicts(values, baseline):
+        value, base = values[f.name], baseline.get(f.name)
+        fmt = (lambda x: f"{x:.1%}") if f.unit == "fraction" else (lambda x: f"{x:,.0f}" if x > 100 else f"{x:.3f}")
+        shown = fmt(value) if value is not None else "–"
+        delta = f"{-change(f, value, base):+.1%}" if value is not None and base else ""
+        lines.append(f"| {f.name} ({f.unit}) | {shown} | {fmt(base) if base else '–'} | {delta} | {verdict} |")
+        ok = ok and not verdict.startswith("FAIL")
+    return "\n".join(lines), ok
+
+
+def read_baseline(path: Path = BASELINE) -> dict:
+    return json.loads(path.read_text()) if path.exists() else {"figures": {}}
+
+
+def write_baseline(rows: list[dict], reason: str, device: str, path: Path = BASELINE) -> dict:
+    values = {k: v for k, v in measured(rows).items() if v is not None}
+    doc = {"measured": datetime.date.today().isoformat(), "device": device, "reason": reason, "figures": values}
+    path.write_text(json.dumps(doc, indent=1) + "\n")
+    return doc
+
+
+def device_name(rows: Iterable[dict]) -> str:
+    return next((r["device"] for r in rows if r.get("device")), "unknown")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default="out/gpu-check", help="folder for results.jsonl and log.txt")
+    ap.add_argument("--table", metavar="RESULTS", nargs="+",
+                    help="print the table of earlier runs' results.jsonl (the last measurement of a figure counts)")
+    ap.add_argument("--units", default="", help=f"run only these, comma-separated: {', '.join(u.name for u in UNITS)}")
+    ap.add_argument("--update-baseline", action="store_true", help="write this run's figures as the baseline")
+    ap.add_argument("--reason", default="", help="why the baseline changes (required with --update-baseline)")
+    args = ap.parse_args(argv)
+    if args.update_baseline and not args.reason:
+        print("error: --update-baseline needs --reason: say why the figures moved", file=sys.stderr)
+        return 2
+    if args.table:
+        rows = load([Path(p) for p in args.table])
+    else:
+        runner = Runner(Path(args.out), BUDGET_S)
+        for unit in (u for u in UNITS if not args.units or u.name in args.units.split(",")):
+            runner.run(unit, vllm_ok=False)
+        rows = load([runner.results])
+    baseline = read_baseline()
+    text, ok = table(rows, baseline.get("figures", {}))
+    print(f"\ngpu-check on {device_name(rows)}, baseline of {baseline.get('measured', 'none')} "
+          f"({baseline.get('reason', 'no baseline yet')}):")
+    print(text)
+    if args.update_baseline:
+        doc = write_baseline(rows, args.reason, device_name(rows))
+        print(f"baseline written: {BASELINE.relative_to(REPO)} ({len(doc['figures'])} figures)")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

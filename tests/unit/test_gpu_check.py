@@ -1,0 +1,62 @@
+"""`make gpu-check`'s verdicts (bench/gpu_check.py), on result rows of the shape its units write: a figure more
+than 10 % worse than the baseline fails, in the direction that is worse for it; a missing figure or a failed GPU
+test fails; the baseline changes only with a reason."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+import gpu_check  # noqa: E402
+
+
+def rows(tokens: float = 100_000.0, step_s: float = 1.5, mfu: float = 0.5, save_s: float = 0.2,
+         tests_rc: int = 0) -> list[dict]:
+    out = [{"kind": "unit", "unit": "gpu-tests", "rc": tests_rc, "timed_out": False, "summary": "17 passed"}]
+    for top_p in (1.0, 0.9):
+        out.append({"kind": "throughput", "variant": "fast", "model": "qwen2-0.5b", "batch": 256, "top_p": top_p,
+                    "tokens_per_s": tokens, "device": "NVIDIA H200"})
+    for model in ("qwen2-0.5b", "qwen2-1.5b"):
+        out.append({"kind": "ppo", "args": {"model": model}, "summary": {
+            "step_s": step_s, "checkpoint_s": {"8": save_s}, "train_step": {"runtime": {"mfu_6nt": mfu}}}})
+    return out
+
+
+BASE = gpu_check.measured(rows())
+
+
+def test_the_same_figures_pass_and_every_figure_is_read() -> None:
+    assert all(v is not None for v in BASE.values()) and len(BASE) == len(gpu_check.FIGURES)
+    text, ok = gpu_check.table(rows(), BASE)
+    assert ok and text.count("| ok |") == len(gpu_check.FIGURES) + 1, text
+
+
+@pytest.mark.parametrize("changed, fails", [
+    ({"tokens": 89_000.0}, True), ({"tokens": 91_000.0}, False), ({"tokens": 200_000.0}, False),  # higher: better
+    ({"step_s": 1.7}, True), ({"step_s": 1.6}, False), ({"step_s": 0.5}, False),  # lower: better
+    ({"mfu": 0.44}, True), ({"save_s": 0.3}, True), ({"tests_rc": 1}, True),
+])
+def test_more_than_ten_percent_worse_fails(changed: dict, fails: bool) -> None:
+    text, ok = gpu_check.table(rows(**changed), BASE)
+    assert ok is not fails, text
+
+
+def test_a_figure_not_measured_fails() -> None:
+    text, ok = gpu_check.table([r for r in rows() if r.get("kind") != "ppo"], BASE)
+    assert not ok and "FAIL: not measured" in text
+
+
+def test_the_baseline_changes_only_with_a_reason(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    results = tmp_path / "results.jsonl"
+    results.write_text("".join(json.dumps(r) + "\n" for r in rows()))
+    assert gpu_check.main(["--table", str(results), "--update-baseline"]) == 2
+    assert gpu_check.main(["--table", str(results)]) in (0, 1)
+    assert "needs --reason" in capsys.readouterr().err
+    path = tmp_path / "baseline.json"
+    doc = gpu_check.write_baseline(rows(), "first baseline", "NVIDIA H200", path)
+    assert json.loads(path.read_text()) == doc and doc["reason"] == "first baseline"
+    assert doc["figures"] == BASE
