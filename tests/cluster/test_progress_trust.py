@@ -4,7 +4,8 @@ The driver's ServiceAccount may get and patch its job's progress ConfigMap, and 
 a program) runs in the driver. Before, the operator took a report from any ConfigMap labelled with a job's name,
 so a driver that relabelled its own ConfigMap could fail another job; and a report with NaN tokens/s made every
 status patch fail, freezing the job's status. Now the report comes only from the ConfigMap named for the job, and
-a malformed or unbounded field is dropped (a ProgressRefused Event), the rest used.
+a malformed or unbounded field is dropped (a ProgressRefused Event), the rest used; and the chart's driver-progress
+policy holds the driver's writes to data.progress (RBAC has no field rules).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from localkube.api import CONFIGMAPS, RLTJ, Api
+from localkube.api import CONFIGMAPS, RLTJ, Api, ApiError
 from localkube.stack import Cluster
 
 from .jobs import describe, events, manifest, status
@@ -44,10 +45,17 @@ def test_a_drivers_report_cannot_fail_another_job_nor_freeze_its_own(cluster: Cl
     (refused,) = wait_for(lambda: events(ns, attacker, "ProgressRefused"), 30, "a ProgressRefused Event", ctx)
     assert "tokensPerSec" in refused["message"] and "message" in refused["message"]
 
-    # Relabelled to the victim's name, its own ConfigMap reports for no one but itself.
+    # The chart's driver-progress policy lets the driver change data.progress alone: no relabelling, and not
+    # data.replicas, the operator's word to it.
     failed = json.dumps({"step": 1, "phase": "Failed", "reason": "RoleError", "message": "injected"})
-    driver.patch(CONFIGMAPS, f"{attacker}-progress", {"metadata": {"labels": {"kuberl.io/job": victim}},
-                                                       "data": {"progress": failed}})
+    relabel = {"metadata": {"labels": {"kuberl.io/job": victim}}, "data": {"progress": failed}}
+    for patch in (relabel, {"data": {"replicas": '{"roles": {"reward": 9}}'}}):
+        with pytest.raises(ApiError) as err:
+            driver.patch(CONFIGMAPS, f"{attacker}-progress", patch)
+        assert err.value.status in (403, 422) and "may change only data.progress" in err.value.message, err.value
+    # Relabelled to the victim's name all the same (as on a cluster without the policy: by the admin here), its
+    # own ConfigMap reports for no one but itself.
+    ns.patch(CONFIGMAPS, f"{attacker}-progress", relabel)
     wait_for(lambda: ns.get(CONFIGMAPS, f"{attacker}-progress")["metadata"]["labels"]["kuberl.io/job"] == victim,
              20, "the relabelled report", ctx)
     untouched = lambda: status(ns, victim).get("phase") == "Running" and "injected" not in json.dumps(  # noqa: E731
