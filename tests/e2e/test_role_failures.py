@@ -165,9 +165,17 @@ def hit(k: Kubectl, case: Case, at: int, metrics: Path) -> tuple[int, float, flo
     assert (pod["metadata"]["uid"] not in role_pods) == case.pod_replaced and len(role_pods) == 1, case.name
     wait_for(lambda: all(map(running, pods_by_role(k, JOB)[case.role])), 300, "the role's pod Running",
              lambda: describe(k, JOB), interval=1)
-    now = role_status(k, case.role)
+
+    def mirrored() -> dict[str, Any] | None:
+        """The role's status once the driver's report of the recovery is in it: the report goes through the
+        driver pod's reporter sidecar, so it can come a moment after the step's row in metrics.jsonl."""
+        now = role_status(k, case.role)
+        reported = case.pod_replaced or event_count(k, "RoleFailed", case.role) > events["RoleFailed"]
+        return now if now.get("restarts", 0) > rs.get("restarts", 0) and reported else None
+
+    now = wait_for(mirrored, 60, f"the recovery in the job's status: {case.name}", lambda: describe(k, JOB),
+                   interval=0.5)
     assert now["podRestarts"] == rs.get("podRestarts", 0) + case.pod_replaced, (case.name, rs, now)
-    assert now["restarts"] > rs.get("restarts", 0), (case.name, rs, now)
     counted = {r: event_count(k, r, case.role) - n for r, n in events.items()}
     # One Event for the failure: the operator's RoleRestart for a pod, the driver's RoleFailed for a process
     # (a pod's failure is the driver's to report too, with where the state came back from).
@@ -310,10 +318,11 @@ def standby_ready(k: Kubectl, job: str, role: str) -> bool:
 
 
 @pytest.mark.slow  # passes alone (33 s to take over); in CI its ten Ray pods on 2 cores starved the head and the
-# driver lost its GCS (CI of 2026-12-03): run it with `pytest -m slow tests/e2e -k standby` on a bigger node
+# driver lost its GCS (CI of 2026-12-03); now eight (no ref), not yet run in CI: `pytest -m slow tests/e2e -k standby`
 def test_a_running_standby_pod_takes_a_deleted_critic_pods_place(installed: Kubectl) -> None:
     """With spec.resilience.standby each role has a second pod, Running and set up; delete the critic's active pod
-    and its standby takes over (the recovery says so, no step lost), while a new standby pod is made."""
+    and its standby takes over (the recovery says so, no step lost), while a new standby pod is made. The ref role
+    is off (no KL term): two pods fewer on a 2-core node."""
     name, claim = "standby", "standby-checkpoints"
     k = installed.in_namespace(name)
     wait_for(lambda: others_gone(k), 180, "the earlier jobs' pods gone", lambda: describe(k, ""), interval=2)
@@ -323,7 +332,8 @@ def test_a_running_standby_pod_takes_a_deleted_critic_pods_place(installed: Kube
     job["metadata"]["name"] = name
     job["spec"]["trainer"].update(steps=STEPS, checkpoint={"interval": 2, "volumeClaim": claim, "path": "/checkpoints"})
     job["spec"]["resilience"] = {"standby": True}
-    for role, memory in (("actor", "1536Mi"), ("critic", "1536Mi"), ("ref", "1Gi"), ("reward", "1Gi")):
+    job["spec"]["roles"]["ref"]["enabled"] = False
+    for role, memory in (("actor", "1536Mi"), ("critic", "1536Mi"), ("reward", "1Gi")):
         job["spec"]["roles"][role]["resources"] = {"cpu": "50m", "memory": memory}  # two pods a role on 2 cores
     k.apply(job)
 
