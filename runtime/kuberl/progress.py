@@ -72,7 +72,6 @@ class _NoRedirects(urllib.request.HTTPRedirectHandler):
         return None
 
 
-
 def plain_http_refused(url: str) -> bool:
     """Whether the token would go out unencrypted: http:// to anything but this machine's loopback."""
     parts = urllib.parse.urlsplit(url)
