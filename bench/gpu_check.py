@@ -33,15 +33,16 @@ from compare_rollout import PPO, PY, REPO, Runner, Unit, load, roll  # noqa: E40
 BASELINE = REPO / "bench" / "gpu_baseline.json"
 TOLERANCE = 0.10  # worse by more than this fraction of the baseline: a regression
 BUDGET_S = 540  # one device call is at most 10 minutes: the rest is the machine's start and the transfers
-TRAIN = ["--train-reps", "5", "--no-ab"]  # the actor's train step as the runtime runs it, median of 5
+# the PPO bench with the actor's train step as the runtime runs it, median of 5
+PPO_TRAIN = [*(a for a in PPO if a != "--no-train-bench"), "--train-reps", "5", "--no-ab"]
 
 UNITS = [
     Unit("gpu-tests", "hf", 250, [PY, "-m", "pytest", "-q", "-rs", "-m", "gpu", "tests/gpu", "-s",
                                   "-p", "no:cacheprovider"], "tests"),
     Unit("hf-0.5b", "hf", 45, roll("--engine", "hf", "--model", "qwen2-0.5b", "--batch", "256", "--top-p", "1.0,0.9",
                                    "--variants", "fast")),
-    Unit("ppo-0.5b", "hf", 155, [*[a for a in PPO if a != "--no-train-bench"], *TRAIN, "--model", "qwen2-0.5b"], "ppo"),
-    Unit("ppo-1.5b", "hf", 290, [*[a for a in PPO if a != "--no-train-bench"], *TRAIN, "--model", "qwen2-1.5b"], "ppo"),
+    Unit("ppo-0.5b", "hf", 155, [*PPO_TRAIN, "--model", "qwen2-0.5b"], "ppo"),
+    Unit("ppo-1.5b", "hf", 290, [*PPO_TRAIN, "--model", "qwen2-1.5b"], "ppo"),
 ]
 
 
