@@ -96,3 +96,13 @@ def test_credential_secrets_are_bounded_by_the_allow_list() -> None:
     other = {"credentials": {"mlflow": {"name": "db-password", "key": "p"}}}
     assert violations(job(**other), STRICT_POLICY) == [
         "spec.credentials.*.name must be one of hf-token (jobPolicy.allowedCredentialSecrets)"]
+
+
+def test_the_operators_defaults_are_the_charts() -> None:
+    """`kuberl operator` without --job-policy enforces what the chart's default jobPolicy says."""
+    import yaml
+
+    from tests.chart.render import CHART
+
+    values = yaml.safe_load((CHART / "values.yaml").read_text())["jobPolicy"]
+    assert parse(json.dumps({k: v for k, v in values.items() if k != "enabled"})) == JobPolicy()
