@@ -27,7 +27,7 @@ from transformers import (
     Qwen2Model,
 )
 
-from .spec.model import ModelSource
+from .spec.model import BUILTIN_MAX_POSITIONS, ModelSource
 from .vocab import CHARS, SPECIALS
 
 # name -> (hidden, intermediate, layers, heads, kv heads, vocab); the qwen2 shapes follow the
@@ -91,7 +91,7 @@ def builtin_config(name: str, **extra) -> Qwen2Config:
         num_hidden_layers=layers,
         num_attention_heads=heads,
         num_key_value_heads=kv,
-        max_position_embeddings=4096,
+        max_position_embeddings=BUILTIN_MAX_POSITIONS,
         tie_word_embeddings=True,
         pad_token_id=tok.pad_token_id,
         eos_token_id=tok.eos_token_id,

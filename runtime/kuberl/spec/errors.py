@@ -71,7 +71,7 @@ def _describe(err: dict) -> tuple[str, str]:
         return f"must be one of {expected}", f"set {path} to one of {expected}"
     what = _TYPE_WORDS.get(kind.split("_")[0])
     if what and kind.endswith(("_parsing", "_type")):
-        return f"must be {what} (got {err.get('input')!r})", f"give {path} {what} value"
+        return _wrong_type(kind.split("_")[0], what, err.get("input"), path)
     if kind == "string_pattern_mismatch":
         return f"must match {ctx.get('pattern')}", f"use lowercase letters, digits and '-' for {path}"
     if kind == "too_long" or kind == "string_too_long":
@@ -80,6 +80,66 @@ def _describe(err: dict) -> tuple[str, str]:
     if msg.startswith("Value error, "):
         msg = msg[len("Value error, "):]
     return msg, f"correct {path}"
+
+
+def shown(value: Any) -> str:
+    """A manifest value as YAML writes it, on one short line: true, null, 1e+12, 'text', a list of 3."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    if isinstance(value, (list, tuple)):
+        return f"a list of {len(value)}"
+    if isinstance(value, dict):
+        return "a mapping"
+    if isinstance(value, float) and value.is_integer() and abs(value) >= 1e6:
+        mantissa, exponent = f"{value:.15e}".split("e")
+        return f"{mantissa.rstrip('0').rstrip('.')}e{exponent}"  # 1e+12, not 1000000000000.0
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _number_text(value: Any) -> float | None:
+    """The number a string spells (' 7', '1e-3', '16'), or None: text that YAML did not read as a number."""
+    if not isinstance(value, str):
+        return None
+    try:
+        number = float(value)
+    except ValueError:
+        return None
+    return number if number == number and abs(number) != float("inf") else None
+
+
+def _yaml_float(number: float) -> str:
+    """How to write a float so that YAML 1.1 (PyYAML) reads a number, not text: a dot, and a signed exponent."""
+    text = repr(number)
+    if "e" in text:
+        mantissa, exponent = text.split("e")
+        text = f"{mantissa if '.' in mantissa else mantissa + '.0'}e{'' if exponent[0] in '+-' else '+'}{exponent}"
+    return text
+
+
+def _wrong_type(kind: str, what: str, value: Any, path: str) -> tuple[str, str]:
+    """(message, fix) for a value of the wrong type: no coercion, so say what was given and how to write it."""
+    got = shown(value)
+    if kind == "int":
+        if isinstance(value, bool):
+            return f"must be an integer, not a boolean (got {got})", f"set {path} to a whole number, e.g. 1"
+        number = value if isinstance(value, float) else _number_text(value)
+        if number is not None:
+            example = f" (e.g. {int(number)})" if number.is_integer() and abs(number) < 1e6 else ""
+            given = f"{got}, a float" if isinstance(value, float) else f"the text {got}"
+            return (f"must be an integer (got {given})",
+                    f"write {path} as a whole number in digits, without quotes, a dot or an exponent{example}")
+    if kind == "float" and (number := _number_text(value)) is not None:
+        why = ("YAML reads an exponent without a dot as text" if "e" in value.lower() and "." not in value
+               else "a quoted number is text")
+        return f"must be a number (got the text {got}: {why})", f"write {path} as {_yaml_float(number)}"
+    if kind == "bool" and isinstance(value, (str, int, float)):
+        return f"must be true or false (got {got})", f"write {path} as true or false, without quotes"
+    if kind == "string" and isinstance(value, (bool, int, float)):
+        return f"must be a string (got {got})", f'quote the value of {path}: "{got}"'
+    return f"must be {what} (got {got})", f"give {path} {what} value"
 
 
 def known_fields(loc: tuple) -> list[str]:

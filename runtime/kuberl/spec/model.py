@@ -11,10 +11,11 @@ import re
 from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic.alias_generators import to_camel
 
 from .base import DNS_SUBDOMAIN, Section
 from .quantity import INT64_MAX, Quantity, parse_quantity
-from .scheduling import GPU_PRODUCT_LABEL, Scheduling
+from .scheduling import GPU_PRODUCT_LABEL, Scheduling, check_labels, label_key_problem
 
 GROUP = "kuberl.io"
 VERSION = "v1alpha1"
@@ -52,6 +53,20 @@ ADVANTAGE_ESTIMATOR_NAMES: tuple[str, ...] = ("gae", "grpo", "rloo", "reinforce+
 POLICY_LOSS_NAMES: tuple[str, ...] = ("clip", "reinforce")
 KL_ESTIMATOR_NAMES: tuple[str, ...] = ("k1", "k3")
 REWARD_FUNCTION_NAMES: tuple[str, ...] = ("repeat-letter", "gsm8k")
+# Upper bounds on counts: far above any real job, low enough that a typo (an extra digit, 1e12) is refused here
+# instead of exhausting memory or wrapping a 64-bit counter in a worker.
+MAX_STEPS = 1_000_000  # training steps, and what counts steps (intervals, warmup, a fault's step)
+MAX_TOKENS = 1 << 20  # prompt or response tokens; the model's context bounds their sum (BUILTIN_MAX_POSITIONS)
+MAX_BATCH = 1 << 16  # prompts per step
+MAX_GROUP = 1024  # samples per prompt
+MAX_SAMPLES = 1 << 24  # samples (mini- and micro-batches; the adaptive KL horizon is in samples too)
+MAX_ROWS = 1 << 24  # prompts read from files
+MAX_REPLICAS = 1024  # replicas of a role
+MAX_GPUS = 64  # GPUs per replica (one pod: one node's GPUs)
+MAX_SECONDS = 7 * 24 * 3600.0  # timeouts: a week
+BUILTIN_MAX_POSITIONS = 4096
+"""The built-in models' context (max_position_embeddings, kuberl.models): data.maxPromptLength + rollout.maxNewTokens
+must fit in it."""
 IMPORT_PATH = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*$")
 
 
@@ -119,7 +134,7 @@ class KLSpec(Section):
     controller: Literal["fixed", "adaptive"] = Field("fixed",
                                                      description="Fixed or adaptive (Ziegler 2019) coefficient.")
     target: float | None = Field(None, gt=0, description="Target KL for the adaptive controller.")
-    horizon: int = Field(10000, ge=1, description="Adaptive controller horizon, in samples.")
+    horizon: int = Field(10000, ge=1, le=MAX_SAMPLES, description="Adaptive controller horizon, in samples.")
     in_reward: bool = Field(True, description="PPO: subtract the KL from token rewards; GRPO always adds it to the "
                                               "loss.")
 
@@ -136,7 +151,8 @@ class AlgorithmSpec(Section):
     value_clip: float = Field(0.2, gt=0, description="Critic value clip range.")
     kl: KLSpec = Field(default_factory=KLSpec)
     entropy_coef: float = Field(0.0, ge=0, description="Entropy bonus coefficient.")
-    group_size: int = Field(1, ge=1, description="grpo, reinforce: responses sampled per prompt (grpo: >= 2).")
+    group_size: int = Field(1, ge=1, le=MAX_GROUP,
+                            description="grpo, reinforce: responses sampled per prompt (grpo: >= 2).")
     normalize_advantages: bool = Field(True, description="PPO: whiten advantages over the batch.")
     advantage_estimator: str | None = Field(
         None, json_schema_extra=name_or_path_schema(ADVANTAGE_ESTIMATOR_NAMES),
@@ -176,8 +192,10 @@ class EvalSpec(Section):
                           "Default, without files: the held-out split of spec.data.task.")
     files: list[str] = Field(default_factory=list,
                              description="Held-out jsonl or parquet files (spec.data's promptKey/answerKey).")
-    interval: int = Field(10, ge=1, description="Steps between evaluations (the last step is always evaluated).")
-    max_prompts: int = Field(64, ge=1, description="Evaluate at most this many prompts, the first ones in file order.")
+    interval: int = Field(10, ge=1, le=MAX_STEPS,
+                          description="Steps between evaluations (the last step is always evaluated).")
+    max_prompts: int = Field(64, ge=1, le=MAX_ROWS,
+                             description="Evaluate at most this many prompts, the first ones in file order.")
 
     @field_validator("files")
     @classmethod
@@ -198,8 +216,11 @@ class DataSpec(Section):
     files: list[str] = Field(default_factory=list, description="jsonl or parquet files of prompts.")
     prompt_key: str = Field("prompt", min_length=1, description="Field holding the prompt text.")
     answer_key: str = Field("answer", min_length=1, description="Field passed to the reward function as `answer`.")
-    max_prompt_length: int = Field(32, ge=1, description="Prompt tokens; longer prompts are left-truncated.")
-    batch_size: int = Field(16, ge=1, description="Prompts per step.")
+    max_prompt_length: int = Field(32, ge=1, le=MAX_TOKENS,
+                                   description="Prompt tokens; longer prompts are left-truncated. With "
+                                               "rollout.maxNewTokens, within the model's context.")
+    batch_size: int = Field(16, ge=1, le=MAX_BATCH,
+                            description="Prompts per step (data files must hold at least this many).")
     shuffle: bool = Field(True)
     eval: EvalSpec | None = Field(None, description="Held-out evaluation with greedy decoding (off when unset).")
 
@@ -237,11 +258,14 @@ class RewardSpec(Section):
 
 class RolloutSpec(Section):
     engine: Literal["hf", "vllm"] = Field("hf", description="hf (transformers generate) or vllm.")
-    max_new_tokens: int = Field(16, ge=1, description="Response length limit, in tokens.")
+    max_new_tokens: int = Field(16, ge=1, le=MAX_TOKENS,
+                                description="Response length limit, in tokens; with data.maxPromptLength, within "
+                                            "the model's context (its max_position_embeddings).")
     temperature: float = Field(1.0, gt=0, description="Sampling temperature.")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass.")
-    n: int | None = Field(None, ge=1, description="Samples per prompt; defaults to algorithm.groupSize.")
-    tensor_parallel_size: int = Field(1, ge=1, description="vLLM tensor-parallel size; must divide actor GPUs.")
+    n: int | None = Field(None, ge=1, le=MAX_GROUP, description="Samples per prompt; defaults to algorithm.groupSize.")
+    tensor_parallel_size: int = Field(1, ge=1, le=MAX_GPUS,
+                                      description="vLLM tensor-parallel size; must divide actor GPUs.")
     gpu_memory_utilization: float = Field(0.4, gt=0, le=1, description="vLLM KV-cache share of GPU memory.")
     fixed_length: bool = Field(False, description="Ignore EOS and always emit maxNewTokens (benchmarks).")
     compile: bool = Field(False, description="hf on CUDA: static KV cache + CUDA graphs via torch.compile.")
@@ -269,8 +293,8 @@ class CheckpointSpec(Section):
                     "and every worker pod. "
                     "Unset: checkpoints are written inside the pods and do not survive a pod restart.",
     )
-    interval: int = Field(10, ge=1, description="Steps between checkpoints.")
-    keep: int = Field(2, ge=1, description="Checkpoints kept on disk.")
+    interval: int = Field(10, ge=1, le=MAX_STEPS, description="Steps between checkpoints.")
+    keep: int = Field(2, ge=1, le=1000, description="Checkpoints kept on disk.")
 
 
 class MetricsSpec(Section):
@@ -334,17 +358,19 @@ class TrackingSpec(Section):
 
 
 class TrainerSpec(Section):
-    steps: int = Field(60, ge=1, description="Training steps (one rollout batch each).")
-    ppo_epochs: int = Field(1, ge=1, description="Passes over each rollout batch.")
-    mini_batch_size: int = Field(16, ge=1, description="Samples per optimizer step.")
-    micro_batch_size: int = Field(8, ge=1,
+    steps: int = Field(60, ge=1, le=MAX_STEPS, description="Training steps (one rollout batch each).")
+    ppo_epochs: int = Field(1, ge=1, le=1000, description="Passes over each rollout batch.")
+    mini_batch_size: int = Field(16, ge=1, le=MAX_SAMPLES, description="Samples per optimizer step.")
+    micro_batch_size: int = Field(8, ge=1, le=MAX_SAMPLES,
                                   description="Samples per forward/backward on one rank (gradient accumulation).")
     actor_lr: float = Field(1e-3, gt=0)
     critic_lr: float = Field(1e-3, gt=0)
     weight_decay: float = Field(0.0, ge=0)
     grad_clip: float = Field(1.0, gt=0)
-    warmup_steps: int = Field(0, ge=0)
-    seed: int = Field(0, ge=0)
+    warmup_steps: int = Field(0, ge=0, le=MAX_STEPS)
+    seed: int = Field(0, ge=0, le=2**32 - 1,
+                      description="Seed of the data order, sampling and built-in models' weights (numpy's range, "
+                                  "which vLLM seeds).")
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     metrics: MetricsSpec = Field(default_factory=MetricsSpec)
 
@@ -420,11 +446,12 @@ class RoleSpec(Scheduling):
     """One role: its size and resources, and (on Kubernetes) where its pods may run (Scheduling)."""
 
     enabled: bool = Field(True, description="Run this role (critic is always off for GRPO).")
-    replicas: int = Field(1, ge=0, description="Data-parallel replicas (Ray actors / pods); 0 = the role does not "
-                                               "run (ref and extra roles only).")
-    gpus: int = Field(0, ge=0, description="GPUs per replica (0 = CPU).")
+    replicas: int = Field(1, ge=0, le=MAX_REPLICAS,
+                          description="Data-parallel replicas (Ray actors / pods); 0 = the role does not run (ref and "
+                                      "extra roles only).")
+    gpus: int = Field(0, ge=0, le=MAX_GPUS, description="GPUs per replica (0 = CPU).")
     resources: Resources = Field(default_factory=Resources)
-    max_restarts: int = Field(3, ge=0, description="Restarts of this role before the job fails.")
+    max_restarts: int = Field(3, ge=0, le=1000, description="Restarts of this role before the job fails.")
     offload: OffloadSpec = Field(default_factory=OffloadSpec,
                                  description="CPU offload of a training role's FSDP2 state (actor, critic only).")
     lora: LoraSpec = Field(default_factory=LoraSpec, description="LoRA adapters (actor, critic only).")
@@ -528,16 +555,18 @@ class FaultSpec(Section):
     """Fault injection for demos and tests: kill ROLE's worker process at STEP."""
 
     role: str = Field(..., min_length=1, description="A role of the job (built-in or extra).")
-    step: int = Field(..., ge=1)
+    step: int = Field(..., ge=1, le=MAX_STEPS)
 
 
 class ResilienceSpec(Section):
-    call_timeout_seconds: float = Field(600.0, gt=0, description="A worker call slower than this counts as hung.")
+    call_timeout_seconds: float = Field(600.0, gt=0, le=MAX_SECONDS,
+                                        description="A worker call slower than this counts as hung.")
     start_timeout_seconds: float = Field(
-        1800.0, gt=0, description="How long a role's group may wait for capacity and start (pods scheduled, image "
-                                  "pulled, models built)."
+        1800.0, gt=0, le=MAX_SECONDS,
+        description="How long a role's group may wait for capacity and start (pods scheduled, image pulled, models "
+                    "built)."
     )
-    faults: list[FaultSpec] = Field(default_factory=list, description="Injected faults (testing/demo).")
+    faults: list[FaultSpec] = Field(default_factory=list, max_length=64, description="Injected faults (testing/demo).")
     standby: bool = Field(
         False, description="Keep a warm standby per role (a process started in advance; on Kubernetes a Running "
                            "pod), which takes a failed role's place at once while a new standby starts.")
@@ -606,13 +635,45 @@ class JobSpec(Section):
 
 
 class ObjectMeta(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    name: str = Field("job", pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=53)
-    namespace: str | None = None
+    """Kubernetes' ObjectMeta, field by field: what a manifest sets (name, namespace, labels, annotations) and what
+    the API server adds to a live object (uid, resourceVersion, managedFields, ...), which the operator validates.
+    Any other key is a typo (``nmae``) and refused, instead of the job silently becoming ``job``."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid", strict=True)
+    name: str = Field("job", pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=53,
+                      description="The job's name (default job); it names the output folder and the job's pods.")
+    namespace: str | None = Field(None, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=63)
+    labels: dict[str, str] | None = None  # null as Kubernetes takes it: none
+    annotations: dict[str, str] | None = None
+    # set by the API server on a live object (or by kubectl), read by no one here: typed, so a bad one is refused
+    generate_name: str | None = None
+    uid: str | None = None
+    resource_version: str | None = None
+    generation: int | None = Field(None, ge=0, le=INT64_MAX)
+    creation_timestamp: str | None = None
+    deletion_timestamp: str | None = None
+    deletion_grace_period_seconds: int | None = Field(None, ge=0, le=INT64_MAX)
+    owner_references: list[dict[str, Any]] | None = None
+    finalizers: list[str] | None = None
+    managed_fields: list[dict[str, Any]] | None = None
+    self_link: str | None = None
+
+    @field_validator("labels")
+    @classmethod
+    def _labels(cls, v: dict[str, str] | None) -> dict[str, str] | None:
+        return v if v is None else check_labels(v)
+
+    @field_validator("annotations")
+    @classmethod
+    def _annotation_keys(cls, v: dict[str, str] | None) -> dict[str, str] | None:
+        for key in v or {}:
+            if (problem := label_key_problem(key)) is not None:
+                raise ValueError(problem.replace("label key", "annotation key", 1))
+        return v
 
 
 class RLTrainingJob(BaseModel):
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, strict=True)
     api_version: Literal["kuberl.io/v1alpha1"] = Field(API_VERSION, alias="apiVersion")
     kind: Literal["RLTrainingJob"] = KIND
     metadata: ObjectMeta = Field(default_factory=ObjectMeta)
@@ -694,6 +755,9 @@ def cross_field_problems(spec: JobSpec) -> list[tuple[str, str, str]]:
                         f"set spec.trainer.miniBatchSize to a multiple of {ranks * tr.micro_batch_size}"))
     out += memory_problems(spec)
     out += colocation_problems(spec)
+    out += context_problems(spec, [(f"spec.{at}.builtin ({src.builtin})", BUILTIN_MAX_POSITIONS)
+                                   for at, src in (("model", spec.model), ("reward.model", spec.reward.model))
+                                   if src is not None and src.builtin])
     estimator = algo.estimator
     if algo.name == "reinforce" and estimator in ("grpo", "rloo") and algo.group_size < 2:
         out.append(("algorithm.groupSize",
@@ -729,6 +793,25 @@ def cross_field_problems(spec: JobSpec) -> list[tuple[str, str, str]]:
             out.append((f"resilience.faults[{i}].role", f"role {fault.role} is not running in this job",
                         f"pick one of {', '.join(enabled_roles(spec))}"))
     return out
+
+
+def context_problems(spec: JobSpec, limits: list[tuple[str, int]]) -> list[tuple[str, str, str]]:
+    """A prompt and its response must fit the context of each model that reads them (policy, ref, critic: spec.model;
+    a reward model). `limits` holds (which model, its max positions); the smallest one is reported, on one line."""
+    if not limits:
+        return []
+    which, limit = min(limits, key=lambda item: item[1])
+    prompt, new = spec.data.max_prompt_length, spec.rollout.max_new_tokens
+    if prompt + new <= limit:
+        return []
+    if prompt >= limit:
+        return [("data.maxPromptLength", f"is {prompt}, but {which} has a context of {limit} positions, which must "
+                                         f"also hold spec.rollout.maxNewTokens ({new})",
+                 f"set spec.data.maxPromptLength to at most {limit - new}" if new < limit else
+                 f"lower spec.data.maxPromptLength and spec.rollout.maxNewTokens to at most {limit} tokens together")]
+    return [("rollout.maxNewTokens", f"is {new}: with spec.data.maxPromptLength ({prompt}) that is {prompt + new} "
+                                     f"tokens, more than the {limit} positions of {which}",
+             f"set spec.rollout.maxNewTokens to at most {limit - prompt}, or lower spec.data.maxPromptLength")]
 
 
 def needed_role_problems(spec: JobSpec) -> list[tuple[str, str, str]]:

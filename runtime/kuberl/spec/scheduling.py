@@ -67,6 +67,14 @@ class Toleration(Section):
 
     _key = field_validator("key")(classmethod(lambda cls, v: v if v is None else _check_key(v)))
 
+    @field_validator("toleration_seconds")
+    @classmethod
+    def _int64(cls, v: int | None) -> int | None:
+        """Kubernetes stores it as an int64 (a bound in the CRD would not survive helm's float64 rendering)."""
+        if v is not None and not -(2**63) <= v < 2**63:
+            raise ValueError(f"{v} does not fit Kubernetes' int64: give a number of seconds such as 300")
+        return v
+
     @model_validator(mode="after")
     def _consistent(self) -> Toleration:
         if self.operator == "Exists" and self.value:
