@@ -1,12 +1,13 @@
 """Everything a run will need, checked before any process starts (`kuberl run`, `kuberl validate`).
 
 The manifest has already passed the spec model. Here: the reward function imports and has a usable
-signature; the data (and eval) files exist, are readable, parse, are not empty and hold the prompt
-key (and the answer key when the reward takes the answer); the tracking packages the spec asks for are
-installed; the models' tokenizers load; every other extension point named by an import path
-(advantage estimator, policy loss, KL estimator,
- an extra role's worker class) resolves. Every problem is one line naming the field and the fix;
-all of them are reported, not only the first.
+signature; the data (and eval) files exist, are readable, parse, and hold a non-empty text prompt under
+the prompt key in every row (and the answer key when the reward takes the answer), and the training data
+holds at least one batch of prompts; the tracking packages the spec asks for are installed; the models'
+tokenizers load, and a prompt plus its response fit the context of a local or cached model; every other
+extension point named by an import path (advantage estimator, policy loss, KL estimator, an extra role's
+worker class) resolves. Every problem is one line naming the field and the fix; all of them are reported,
+not only the first.
 """
 
 from __future__ import annotations
@@ -35,12 +36,14 @@ class PreflightFailed(ValueError):
 
 def check_job(spec: JobSpec, manifest_dir: Path | None = None) -> list[dict[str, Any]]:
     """Raise PreflightFailed listing every problem; returns the training rows (for warnings about them).
-    `manifest_dir` is made importable first, so a reward module may sit next to the manifest."""
+    Import paths resolve as `python -m` resolves them from here (the current folder is importable), and from
+    `manifest_dir` first, so a reward module may sit next to the manifest."""
     from .rewards import RewardImportError, add_import_dir, load_reward_fn
-    from .tasks import DataError, load_eval_rows, load_rows
+    from .tasks import DataError, batch_problem, load_eval_rows, load_rows
 
+    add_import_dir(Path.cwd())  # as `python -m`: examples.remax's modules resolve from the repository root
     if manifest_dir is not None:
-        add_import_dir(manifest_dir)
+        add_import_dir(manifest_dir)  # first on the path
     problems: list[str] = []
     need_answer = ""
     if spec.reward.function:
@@ -53,6 +56,8 @@ def check_job(spec: JobSpec, manifest_dir: Path | None = None) -> list[dict[str,
     for load in (load_rows, load_eval_rows):
         try:
             got = load(spec.data, need_answer)
+            if load is load_rows and (problem := batch_problem(spec.data, got)):
+                problems.append(problem)
             rows = rows or got
         except DataError as exc:
             problems.append(str(exc))
@@ -192,7 +197,50 @@ def model_problems(spec: JobSpec) -> list[str]:
     out = [check_model_source(spec.model, "spec.model")]
     if spec.reward.model is not None and spec.reward.model.is_set():
         out.append(check_model_source(spec.reward.model, "spec.reward.model"))
-    return [p for p in out if p]
+    return [p for p in out if p] + context_lines(spec)
+
+
+POSITION_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length", "n_ctx")
+"""The keys under which a Hugging Face config.json gives the model's context, in the order they are looked for."""
+
+
+def model_positions(src) -> int | None:
+    """The context (max positions) of a local path's or a cached hub model's config.json, or None where it is not
+    known without a download or a model import (a hub model not in the cache, a config without such a key)."""
+    import json
+
+    if src.path:
+        config = Path(src.path) / "config.json"
+    elif src.hub:
+        from huggingface_hub import try_to_load_from_cache
+
+        cached = try_to_load_from_cache(src.hub, "config.json")
+        if not isinstance(cached, str):
+            return None
+        config = Path(cached)
+    else:
+        return None
+    try:
+        values = json.loads(config.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(values, dict):
+        return None
+    found = [values[k] for k in POSITION_KEYS if type(values.get(k)) is int and values[k] > 0]
+    return found[0] if found else None
+
+
+def context_lines(spec: JobSpec) -> list[str]:
+    """data.maxPromptLength + rollout.maxNewTokens beyond the context of a local or cached model (the spec model
+    checks the built-ins')."""
+    from .spec.model import context_problems
+
+    limits = []
+    for at, src in (("model", spec.model), ("reward.model", spec.reward.model)):
+        if src is not None and (src.path or src.hub) and (positions := model_positions(src)) is not None:
+            which = f"spec.{at}.path ({src.path})" if src.path else f"spec.{at}.hub ({src.hub})"
+            limits.append((which, positions))
+    return [f"spec.{field}: {message} (fix: {fix})" for field, message, fix in context_problems(spec, limits)]
 
 
 def check_model_source(src, field: str) -> str:

@@ -98,16 +98,42 @@ def rows_of_files(files: list[str], prompt_key: str, answer_key: str, field: str
             if prompt_key not in row:
                 raise DataError(f"{field}.promptKey: {origin} has no field {prompt_key!r} (fields: {sorted(row)}) "
                                 f"(fix: set {field}.promptKey to the field holding the prompt)")
+            prompt = row[prompt_key]
+            if not isinstance(prompt, str) or not prompt.strip():
+                what = "is empty" if isinstance(prompt, str) else f"is {describe(prompt)}, not text"
+                raise DataError(f"{field}.promptKey: {origin} has no prompt: its field {prompt_key!r} {what} "
+                                f"(fix: give every row a non-empty text prompt in {prompt_key!r}, or set "
+                                f"{field}.promptKey to the field holding it)")
             answer = row.get(answer_key)
             if need_answer and answer is None:
                 raise DataError(f"{field}.answerKey: {origin} has no field {answer_key!r}, which the reward "
                                 f"{need_answer} takes (fields: {sorted(row)}) (fix: set {field}.answerKey to the field "
                                 "holding the reference answer, or give the reward's answer parameter a default)")
-            rows.append({"prompt": str(row[prompt_key]), "answer": None if answer is None else str(answer),
+            rows.append({"prompt": prompt, "answer": None if answer is None else str(answer),
                          "row": row, "origin": origin})
     if not rows:
         raise DataError(f"{field}.files: the files hold no rows (fix: give non-empty files)")
     return rows
+
+
+def describe(value: Any) -> str:
+    """A JSON value's kind, for a message: null, a number, a list, an object."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return f"a number ({value})"
+    return "a list" if isinstance(value, list) else "an object" if isinstance(value, dict) else type(value).__name__
+
+
+def batch_problem(data: DataSpec, rows: list[dict[str, Any]]) -> str | None:
+    """Why the rows of `data.files` cannot fill one step's batch of `data.batchSize` distinct prompts, or None.
+    (A built-in task is generated, not given: a larger batch repeats its prompts, as it always has.)"""
+    if not data.files or len(rows) >= data.batch_size:
+        return None
+    return (f"spec.data.files: the data holds {len(rows)} prompts, fewer than one step's batch (spec.data.batchSize: "
+            f"{data.batch_size}) (fix: add prompts, or set spec.data.batchSize to at most {len(rows)})")
 
 
 def task_rows(task: str, seed: int = 1234) -> list[dict[str, Any]]:
