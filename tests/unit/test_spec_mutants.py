@@ -89,7 +89,7 @@ def slots(model: type[BaseModel], obj: dict, path: tuple = ()) -> list[Slot]:
 def accepts(field: FieldInfo, value: Any) -> bool:
     """Whether the field's type takes `value` as it is, with no coercion (bounds and patterns aside)."""
     if any(isinstance(m, BeforeValidator) and m.func is quantity_text for m in field.metadata):
-        return type(value) in (str, int)
+        return type(value) in (str, int) or (type(value) is float and value.is_integer())  # 2.0: kubectl sends 2
     return _accepts(field.annotation, value)
 
 

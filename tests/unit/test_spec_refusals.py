@@ -99,7 +99,7 @@ def test_yaml_true_for_steps_is_refused() -> None:
 
 
 @pytest.mark.parametrize("section, field, value, fix", [
-    ("trainer", "actorLr", "1e-3", "write spec.trainer.actorLr as 0.001"),  # YAML 1.1 reads 1e-3 as text
+    ("trainer", "actorLr", "1e-3", "write spec.trainer.actorLr as 0.001"),  # quoted: text
     ("trainer", "actorLr", True, "give spec.trainer.actorLr a number value"),
     ("rollout", "fixedLength", "yes", "write spec.rollout.fixedLength as true or false"),
     ("rollout", "fixedLength", 1, "write spec.rollout.fixedLength as true or false"),
@@ -112,6 +112,16 @@ def test_no_coercion_between_types(section: str, field: str, value, fix: str) ->
         spec["data"] = {"task": "repeat-letter", "batchSize": 4, field: value}
     line = one_error(manifest(**spec), f"spec.{section}.{field}")
     assert f"(fix: {fix}" in line, line
+
+
+def test_exponents_without_a_dot_are_numbers_as_kubectl_reads_them() -> None:
+    """`actorLr: 1e-6` is a float and `cpu: 1e3` the integer 1000 (YAML 1.2; PyYAML alone reads both as text)."""
+    text = yaml.safe_dump(manifest()).replace("steps: 8", "steps: 8\n    actorLr: 1e-6")
+    job = validate_manifest(parse_yaml(text))
+    assert job.spec.trainer.actor_lr == 1e-6
+    job = validate_manifest(manifest(roles={"actor": {"resources": {"cpu": 1e3, "memory": "2Gi"}}}))
+    assert job.spec.roles.actor.resources.cpu == "1000"
+    one_error(manifest(roles={"actor": {"resources": {"cpu": 0.5}}}), "spec.roles.actor.resources.cpu")
 
 
 def test_numbers_and_quantities_keep_their_own_forms() -> None:

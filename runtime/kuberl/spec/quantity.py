@@ -94,8 +94,11 @@ def format_quantity(value: Decimal) -> str:
 
 
 def quantity_text(value: object) -> str:
-    """A manifest's quantity as text: a string as written, a YAML integer as its digits (``2`` -> ``"2"``).
-    Anything else (a float such as ``0.5``, a boolean) raises, since Kubernetes' int-or-string refuses it."""
+    """A manifest's quantity as text: a string as written, a YAML integer as its digits (``2`` -> ``"2"``), a whole
+    float too (``1e3``, ``2.0``: kubectl sends them to the API server as the integers 1000 and 2). Anything else
+    (a fraction such as ``0.5``, a boolean) raises, since Kubernetes' int-or-string refuses it."""
+    if isinstance(value, float) and value.is_integer() and abs(value) < 2**63:
+        return str(int(value))
     if isinstance(value, float):
         raise QuantityError(f'{value!r} is not a Kubernetes quantity: write a fraction as a string ("{value}" or 500m)')
     if isinstance(value, bool) or not isinstance(value, (str, int)):

@@ -1,6 +1,8 @@
 """A PyYAML safe loader for manifests that refuses what plain `yaml.safe_load` lets through silently.
 
 - A key given twice in one mapping is an error naming both lines (PyYAML keeps the last one).
+- A number in exponent form without a dot (`1e-3`, `5E+6`) is a float, as YAML 1.2 and kubectl read it
+  (PyYAML's YAML 1.1 reads it as text, and a learning rate of `1e-6` would be refused as a string).
 - Aliases may not expand a document past `MAX_EXPANDED_NODES` nodes (a "billion laughs" file of a
   few hundred bytes would otherwise become gigabytes once pydantic walks it), and may not refer to
   themselves.
@@ -10,6 +12,7 @@ Errors are `yaml.MarkedYAMLError`s, so callers report them with the line like an
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import yaml
@@ -91,3 +94,7 @@ class ManifestLoader(yaml.SafeLoader):
 def load_all(text: str) -> list[Any]:
     """Every document of `text`, parsed with `ManifestLoader`."""
     return list(yaml.load_all(text, Loader=ManifestLoader))  # noqa: S506 (a SafeLoader subclass)
+
+
+ManifestLoader.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(r"^[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+$"),
+                                     list("-+0123456789"))
