@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from . import checkpoint, dcp_reader, identity, saves
+from . import checkpoint, dcp_reader, gcfreeze, identity, saves
 from .batch import Batch
 from .colocation import sharing
 from .dispatch import method_info
@@ -121,6 +121,7 @@ class Roles:
         self.pending: PendingCheckpoint | None = None
         self._saving = 0  # the step whose checkpoint is being saved
         self.groups: dict[str, WorkerGroup] = {}
+        self.settled: dict[str, int] = {}  # role -> its group's generation whose processes were settled (gcfreeze)
         self.proxies: dict[str, RoleProxy] = {}
         self.history = {r: RoleHistory() for r in self.roles}
         self.worst_links: dict[str, str | None] = {}
@@ -166,6 +167,7 @@ class Roles:
         for group in self.groups.values():
             group.shutdown()
         self._drop_snapshots(host_memory_only=True)
+        gcfreeze.thaw()
 
     def __enter__(self) -> Roles:
         self.start()
@@ -218,7 +220,17 @@ class Roles:
             self.commit(snapshots=False)
         for role in self._stateful():
             self._follow(role, self.trained[role])
+        self._settle()
         self.step += 1
+
+    def _settle(self) -> None:
+        """The driver and every role's processes new since the last step (started, restarted, resized): their
+        long-lived objects frozen out of the cycle collector's way once they have run a step (`kuberl.gcfreeze`)."""
+        gcfreeze.settle()
+        for role, proxy in self.proxies.items():
+            if self.settled.get(role) != proxy.group.generation:
+                proxy.settle()
+                self.settled[role] = proxy.group.generation
 
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:

@@ -158,6 +158,7 @@ class RoleProxy:
     commit_saves = remote_all(Worker.commit_saves)
     stop_following = remote_all(Worker.stop_following)
     reapplied = remote(Worker.reapplied)
+    settle = remote_all(Worker.settle)
 
     def __init__(self, group: WorkerGroup, supervisor: Supervisor | None = None):
         self.group, self.supervisor = group, supervisor

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from .. import dist as kdist
-from .. import hangs, saves, snapshots
+from .. import gcfreeze, hangs, saves, snapshots
 from ..batch import Batch
 from ..colocation import sharing
 from ..dispatch import Dispatch, method_info, register
@@ -93,6 +93,12 @@ class Worker:
 
         gpu = torch.cuda.max_memory_allocated(self.device) if self.device.type == "cuda" else 0
         return {"gpu_peak": int(gpu), "rss_peak": int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024}
+
+    @register(Dispatch.ALL, faults=False, state=False)
+    def settle(self) -> bool:
+        """After this process's first step: its long-lived objects out of the cycle collector's way, once
+        (`kuberl.gcfreeze`). Returns whether this call did it."""
+        return gcfreeze.settle()
 
     @register(Dispatch.ONE, state=False)
     def num_params(self) -> int:
