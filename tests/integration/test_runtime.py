@@ -111,6 +111,16 @@ def run_local(spec: JobSpec, out: Path, driver_cls: type[Driver] = Driver, **kw)
     return driver
 
 
+def test_every_roles_process_settles_once_after_its_first_step_and_thaws_at_shutdown(netns, tmp_path):
+    """kuberl.gcfreeze: the driver's and each role's long-lived objects leave the collector's way once per group
+    generation (in-process here: one process), and are given back when the roles shut down."""
+    import gc
+
+    driver = run_local(load_example("quickstart.yaml", **{"trainer.steps": 2}).spec, tmp_path)
+    assert driver.roles.settled == {role: group.generation for role, group in driver.groups.items()}
+    assert set(driver.roles.settled) == {"actor", "critic", "ref", "reward"} and gc.get_freeze_count() == 0
+
+
 def test_resume_is_continuous_and_equals_uninterrupted(netns, tmp_path):
     """Stopped after step 4 and resumed to 8 == one run of 8 steps; metrics.jsonl has steps 1..8 once."""
     base = {"trainer.checkpoint.interval": 2}
