@@ -214,14 +214,18 @@ class Roles:
     def end_step(self) -> None:
         """The step is complete once its updates have returned: their snapshots are copied in the background,
         beside the next step's first phases (each role's next update waits for its own), and a role that dies
-        before its copy is whole runs the update again (`recover`). A checkpoint staged in the last step is
-        committed here, once written."""
-        if self.pending is not None:
+        before its copy is whole runs the update again (`recover`). A checkpoint started in an earlier step is
+        committed at the first step's end that finds its writes done: none waits for them here."""
+        if self.pending is not None and not self._writing():
             self.commit(snapshots=False)
         for role in self._stateful():
             self._follow(role, self.trained[role])
         self._settle()
         self.step += 1
+
+    def _writing(self) -> bool:
+        """Whether any stateful role's checkpoint write is still in flight."""
+        return any(any(self.proxies[role].saves_pending()) for role in self._stateful())
 
     def _settle(self) -> None:
         """The driver and every role's processes new since the last step (started, restarted, resized): their

@@ -156,6 +156,7 @@ class RoleProxy:
     enable_snapshots = remote_all(Worker.enable_snapshots)
     newest_snapshot = remote_all(Worker.newest_snapshot)
     commit_saves = remote_all(Worker.commit_saves)
+    saves_pending = remote_all(Worker.saves_pending)
     stop_following = remote_all(Worker.stop_following)
     reapplied = remote(Worker.reapplied)
     settle = remote_all(Worker.settle)

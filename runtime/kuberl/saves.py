@@ -1,10 +1,13 @@
 """A trainable rank's state writes, asynchronous: periodic checkpoints (torch DCP) and per-step snapshots.
 
-Checkpoints: a DCP `async_save` on the rank's own gloo group. The state is staged (copied) before the
-call returns, so training goes on while a background thread writes it; `wait()` waits for every write
-in flight. Writes run one at a time, in the order they were started, so the ranks' collectives inside
-DCP always meet. DCP writes a folder's `.metadata` last, after every rank's shards: a folder without it
-is torn and is never loaded.
+Checkpoints: torch DCP on the rank's own gloo group, written by a background thread while training goes on;
+`wait()` waits for every write in flight, `pending()` says whether one is. With snapshots on, a checkpoint of
+trained step s is written from the snapshot slot that holds step s (`kuberl.snapshots`), once that copy is whole:
+nothing is staged on the training path but the state dict's structure, and the slot is not rewritten (by the
+snapshot of step s + 2) until the checkpoint is written. Without snapshots it is a DCP `async_save`, which copies
+the state to host memory before it returns. Writes run one at a time, in the order they were started, so the
+ranks' collectives inside DCP always meet. DCP writes a folder's `.metadata` last, after every rank's shards: a
+folder without it is torn and is never loaded.
 
 Snapshots (`kuberl.snapshots`): after every update, each rank copies its own shards (parameters and optimizer
 state, as FSDP2 holds them) in a background thread into the one of its two slot files that does not hold the
@@ -18,10 +21,13 @@ restarted role resumes from its last completed step instead of the last periodic
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -57,6 +63,96 @@ def shard_tensors(model: nn.Module, optimizer: Optimizer) -> list[torch.Tensor]:
     return out
 
 
+def planned_shards(model: nn.Module, optimizer: Optimizer) -> list[torch.Tensor]:
+    """`shard_tensors` as it will be once the optimizer has state: before the first step (no state yet), meta
+    tensors shaped as AdamW's (`kuberl.kernels.optim`: exp_avg and exp_avg_sq like the parameter, step a float32
+    scalar), so that the slots can be set up for it (`SlotWriter.reserve`) while that step runs."""
+    if optimizer.state:
+        return shard_tensors(model, optimizer)
+    params = [_local(p).detach() for p in model.parameters() if p.requires_grad]
+    like = [torch.empty_like(p, device="meta") for p in params]
+    step = [torch.empty((), dtype=torch.float32, device="meta") for _ in params]
+    return like + [t for trio in zip(like, like, step) for t in trio]
+
+
+def _key(t: torch.Tensor) -> tuple[int, torch.dtype, tuple[int, ...]]:
+    return t.data_ptr(), t.dtype, tuple(t.shape)
+
+
+@dataclass(frozen=True)
+class SlotRef:
+    """A state-dict entry whose bytes are the `index`-th tensor of a snapshot slot; `spec`: its DTensor layout."""
+
+    index: int
+    spec: Any = None
+
+
+def plan_from_slot(state: Any, keys: dict[tuple[int, torch.dtype, tuple[int, ...]], int]) -> Any:
+    """`state` (a DCP state dict of live tensors) with each tensor that is one of a snapshot's (by storage, dtype
+    and shape: `keys`) replaced by a `SlotRef`, and any other tensor copied to host memory now."""
+    if isinstance(state, dict):
+        return {k: plan_from_slot(v, keys) for k, v in state.items()}
+    if isinstance(state, list):
+        return [plan_from_slot(v, keys) for v in state]
+    if isinstance(state, DTensor):
+        index = keys.get(_key(state._local_tensor))
+        if index is not None:
+            return SlotRef(index, state._spec)
+        return DTensor(state._local_tensor.detach().to("cpu", copy=True), state._spec, requires_grad=False)
+    if isinstance(state, torch.Tensor):
+        index = keys.get(_key(state))
+        return SlotRef(index) if index is not None else state.detach().to("cpu", copy=True)
+    return state
+
+
+def from_slot(plan: Any, views: list[torch.Tensor]) -> Any:
+    """The state dict of `plan` with each `SlotRef` made a (DTensor over a) view into the slot's `views`."""
+    if isinstance(plan, dict):
+        return {k: from_slot(v, views) for k, v in plan.items()}
+    if isinstance(plan, list):
+        return [from_slot(v, views) for v in plan]
+    if isinstance(plan, SlotRef):
+        view = views[plan.index]
+        return view if plan.spec is None else DTensor(view, plan.spec, requires_grad=False)
+    return plan
+
+
+@dataclass(frozen=True)
+class Snap:
+    """The newest snapshot started: its trained step, its copy, and its tensors' keys (`_key`) by slot order."""
+
+    step: int
+    future: Future
+    keys: dict[tuple[int, torch.dtype, tuple[int, ...]], int]
+
+
+def writer(path: str, sync: bool) -> Any:
+    """DCP's file writer for host-memory tensors, without its copy-ahead: that loader synchronises the writing
+    thread's CUDA stream every megabyte, which ties the write to the training kernels queued on the device. One
+    writing thread: with more, DCP drops an exception raised in an extra thread and writes `.metadata` without
+    that thread's items, a torn checkpoint that looks complete. `sync`: each file fsynced as it is written."""
+    from torch.distributed.checkpoint import FileSystemWriter
+
+    return FileSystemWriter(path, sync_files=sync, thread_count=1, per_thread_copy_ahead=0)
+
+
+def fsync_tree(path: str | Path) -> None:
+    """Flush every file under `path`, then the folder, to permanent storage."""
+    folder = Path(path)
+    for f in sorted(folder.rglob("*")):
+        if f.is_file():
+            fd = os.open(f, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def _cause(exc: BaseException) -> str:
     """`Type: first line` of the error behind a failed write (DCP wraps each rank's in a CheckpointException)."""
     failures = exc.failures if isinstance(exc, CheckpointException) else {}
@@ -75,6 +171,8 @@ class AsyncSaver:
         self.writes: list[tuple[str, Future]] = []  # checkpoints
         self.snaps: list[tuple[str, Future]] = []  # snapshots
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kuberl-snapshot")
+        self.writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kuberl-checkpoint")  # from a slot
+        self.last: Snap | None = None  # the newest snapshot started
         self.staged_s = self.waited_s = 0.0  # seconds on the training path: snapshot staging, waits for copies
         self.copies_s: list[float] = []  # each snapshot copy's seconds in the background, from its start
         self.doom_next = False  # fault injection: the next snapshot write never ends (set by `Worker.execute`)
@@ -94,19 +192,52 @@ class AsyncSaver:
             if self._slots is not None:
                 self._slots.close()
             self._root, self._slots = root, snapshots.SlotWriter(root, self.rank) if root is not None else None
+            self.last = None
 
-    def save(self, model: nn.Module, optimizer: Optimizer, path: str, trainable_only: bool = False) -> None:
-        """Start writing a DCP checkpoint of model + optimizer to `path`; returns once the state is staged.
-        `trainable_only`: the parameters that train (LoRA adapters) and not the frozen ones. A snapshot
-        copy in flight goes on (both only read the state)."""
+    def reserve(self, model: nn.Module, optimizer: Optimizer) -> None:
+        """Set up this rank's snapshot slots in the background, sized for the trainable state (when on)."""
+        if self._slots is not None:
+            planned = planned_shards(model, optimizer)
+            self._slots.reserve(snapshots.slot_size(planned), any(p.is_cuda for p in model.parameters()))
+
+    def save(self, model: nn.Module, optimizer: Optimizer, path: str, trainable_only: bool = False,
+             step: int | None = None) -> None:
+        """Start writing a DCP checkpoint of model + optimizer (trained step `step`) to `path`. From the
+        snapshot of that step when there is one (`plan_from_slot`): nothing but the state dict's structure is
+        made here. Otherwise staged (copied) before this returns. `trainable_only`: the parameters that train
+        (LoRA adapters) and not the frozen ones. A snapshot copy in flight goes on (both only read the state)."""
         import torch.distributed.checkpoint as dcp
 
         from .checkpoint import trainable_state
 
         self.wait(snapshots=False)  # one write at a time, so every rank's DCP collectives come in the same order
         state = trainable_state(model, optimizer, trainable_only)
-        future = dcp.async_save(state, checkpoint_id=path, process_group=self.group)
+        last, slots = self.last, self._slots
+        if slots is not None and last is not None and last.step == step:
+            plan, released = plan_from_slot(state, last.keys), Future()
+            slots.readers[step % snapshots.SLOTS] = released
+            future = self.writer.submit(self._write_from_slot, slots, last, plan, path, released)
+        else:
+            future = dcp.async_save(state, storage_writer=writer(path, sync=True), process_group=self.group)
         self.writes.append((path, future))
+
+    def _write_from_slot(self, slots: snapshots.SlotWriter, snap: Snap, plan: Any, path: str,
+                         released: Future) -> None:
+        """Write the checkpoint from the slot into the page cache, give the slot back (`released`), then make the
+        files durable: a slow disk holds back the fsyncs, not the snapshot that rewrites the slot two steps on."""
+        import torch.distributed.checkpoint as dcp
+
+        try:
+            snap.future.result()  # the slot holds the step whole
+            dcp.save(from_slot(plan, slots.views(snap.step)), storage_writer=writer(path, sync=False),
+                     process_group=self.group)
+        finally:
+            released.set_result(None)
+        fsync_tree(path)
+
+    def pending(self) -> bool:
+        """Whether a checkpoint write is still in flight (`wait` would block)."""
+        return any(not future.done() for _, future in self.writes)
 
     def snapshot(self, model: nn.Module, optimizer: Optimizer, step: int) -> None:
         """Start the per-step snapshot of trained step `step` (when snapshots are on): this rank's shards are
@@ -124,7 +255,9 @@ class AsyncSaver:
         hold = threading.Event() if self.doom_next else None  # never set
         self.doomed, self.doom_next = self.doom_next, False
         path = str(snapshots.slot_file(self._root, self.rank, step % snapshots.SLOTS))
-        self.snaps.append((path, self.pool.submit(self._write, tensors, step, ready, hold)))
+        future = self.pool.submit(self._write, tensors, step, ready, hold)
+        self.snaps.append((path, future))
+        self.last = Snap(step, future, {_key(t): i for i, t in enumerate(tensors) if t.numel()})
         self.staged_s += time.perf_counter() - t0
 
     def _write(self, tensors: list[torch.Tensor], step: int, ready: torch.cuda.Event | None,
@@ -169,6 +302,7 @@ class AsyncSaver:
         if self._slots is not None:
             self._slots.close()
         self.pool.shutdown()
+        self.writer.shutdown()
 
     def wait_snapshots(self) -> list[str]:
         """Wait for the snapshot copies in flight; returns the slots written. One that finds no room (or an

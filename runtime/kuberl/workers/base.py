@@ -210,7 +210,7 @@ class Worker:
     def enable_snapshots(self, root: str) -> None:
         """Snapshot the trainable state after every update under `root` (kuberl.saves)."""
         if self.trainer is not None:
-            self.trainer.saver.snapshot_root = root
+            self.trainer.enable_snapshots(root)
 
     @register(Dispatch.ALL, faults=False, state=False)
     def newest_snapshot(self, root: str) -> int | None:
@@ -222,6 +222,11 @@ class Worker:
         """Wait for this rank's checkpoint writes in flight and, with `snapshots`, its snapshot copy."""
         if self.trainer is not None:
             self.trainer.saver.wait(snapshots)
+
+    @register(Dispatch.ALL, faults=False, state=False)
+    def saves_pending(self) -> bool:
+        """Whether a checkpoint write of this rank is still in flight (`commit_saves` would wait)."""
+        return self.trainer is not None and self.trainer.saver.pending()
 
     def execute(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
                 fault: str | None = None) -> Any:

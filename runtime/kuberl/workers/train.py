@@ -113,8 +113,15 @@ class FSDPTrainer:
     def save(self, path: str) -> int:
         """Start a world-size-independent checkpoint (torch DCP) of model + optimizer (with LoRA: adapters
         only), written in the background (`saver.wait()` completes it); returns the trained step saved."""
-        self.saver.save(self.model, self.optimizer.optimizer, path, trainable_only=self.lora is not None)
+        self.saver.save(self.model, self.optimizer.optimizer, path, trainable_only=self.lora is not None,
+                        step=self.trained_step)
         return self.trained_step
+
+    def enable_snapshots(self, root: str) -> None:
+        """Snapshot the trainable state after every update under `root` (kuberl.saves); the slots are set up
+        in the background from now on."""
+        self.saver.snapshot_root = root
+        self.saver.reserve(self.model, self.optimizer.optimizer)
 
     def load_snapshot(self, step: int, newer_only: bool = False) -> bool:
         """Load this rank's per-step snapshot of trained step `step` (kuberl.saves) in place, unless the
