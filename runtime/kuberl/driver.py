@@ -29,7 +29,7 @@ from .evaluation import Evaluator, common_ranks
 from .groups import WorkerGroup, world_size
 from .library import STATEFUL, Fault, JobFailed, PlacementDegraded, Prompts, RoleHistory, Roles
 from .metrics import MetricsSink, mfu
-from .record import RoleStep, StepRecord
+from .record import RoleStep, StepRecord, uncovered_s
 from .schedule import Phases, Rollout
 from .spec import JobSpec, SpecInvalid
 from .spec.contract import ReplicasDocument
@@ -179,14 +179,16 @@ class Driver:
         if self.evaluator is not None and self.evaluator.due(self.step + 1):
             with phases.local("eval", role="actor"):
                 stats.update(self.evaluator.run(actor, reward))
-        memory = roles.memory()
-        roles.end_step()
+        with phases.local("end_step"):  # memory peaks, a checkpoint's commit once written, snapshots followed
+            memory = roles.memory()
+            roles.end_step()
         tr = self.spec.trainer
         if self.step % tr.checkpoint.interval == 0 or self.step == tr.steps:
-            with phases.local("checkpoint"):  # staging only: the writes overlap the next step
+            with phases.local("checkpoint"):  # its structure only: the writes overlap the next steps
                 self.save_checkpoint()
         rec = self.record(batch, stats, phases.durations(), sync, roles.role_steps(since, memory))
         rec.step_s, rec.timeline = time.perf_counter() - t_step, phases.spans()
+        rec.phases["other"] = uncovered_s(rec.timeline, rec.step_s)
         rec.start_s, rec.staleness = t_step - self.t_run, staleness
         return rec
 

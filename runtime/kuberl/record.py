@@ -67,6 +67,18 @@ class Span:
         return self.start_s < other.end_s + offset_s and other.start_s + offset_s < self.end_s
 
 
+def uncovered_s(spans: list[Span], end_s: float) -> float:
+    """Seconds of the step's [0, end_s] that no span covers: its "other" (time_other_s), where no named phase
+    accounts for the wall clock."""
+    covered = reach = 0.0
+    for s in sorted(spans, key=lambda s: s.start_s):
+        start, stop = max(s.start_s, reach), min(s.end_s, end_s)
+        if stop > start:
+            covered += stop - start
+            reach = stop
+    return max(0.0, end_s - covered)
+
+
 @dataclass
 class RoleStep:
     """One role in one step."""

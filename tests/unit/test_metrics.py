@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from kuberl.metrics import MetricsSink, mfu, plot_reward_curve, plot_timeline, read_jsonl
-from kuberl.record import RoleStep, Span, StepRecord
+from kuberl.record import RoleStep, Span, StepRecord, uncovered_s
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -159,6 +159,14 @@ def test_plot_reward_curve_writes_png(tmp_path: Path) -> None:
 def test_plot_reward_curve_with_no_records(tmp_path: Path) -> None:
     png = plot_reward_curve(tmp_path / "missing.jsonl", tmp_path / "empty.png")
     assert png.read_bytes()[:8] == PNG_MAGIC
+
+
+def test_other_is_the_steps_time_that_no_span_covers() -> None:
+    """Overlapping spans count once, a rollout sent before the step from its start, time past the step not."""
+    spans = [Span("actor", "rollout", -1.5, 0.5), Span("ref", "ref", 1.0, 2.0), Span("critic", "values", 1.5, 3.0),
+             Span("actor", "update_actor", 4.0, 6.5)]
+    assert uncovered_s(spans, 6.0) == pytest.approx(0.5 + 1.0)  # 0.5-1.0 and 3.0-4.0
+    assert uncovered_s([], 2.0) == 2.0 and uncovered_s(spans[1:2], 1.5) == pytest.approx(1.0)
 
 
 def test_step_timeline_in_the_record_and_its_gantt_chart(tmp_path: Path) -> None:
