@@ -10,8 +10,9 @@ results (`--table A B`); a unit that does not fit the budget is skipped, and its
 The units (bench/compare_rollout.py's runner: each a subprocess with its own timeout):
   - `pytest -m gpu tests/gpu`: every GPU test must pass;
   - the hf fast path at 0.5B, B=256, top_p 1.0 and 0.9 (bench/rollout.py);
-  - the PPO step at 0.5B and at 1.5B (bench/ppo_step.py, 8 steps, 64 x (128 + 384) tokens): its steady median,
-    the checkpoint's cost per save, and the actor's train step as the runtime runs it (MFU, 6NT).
+  - the PPO step at 0.5B and at 1.5B (bench/ppo_step.py, 8 steps, 64 x (128 + 384) tokens, checkpoints at steps 4
+    and 8): its steady median, the checkpoint's cost per save on the training path (the worst of the two), and the
+    actor's train step as the runtime runs it (MFU, 6NT).
 
 A figure more than 10 % worse than its baseline fails the check (exit 1), as does a failed GPU test or a figure
 that was not measured. The baseline changes only with --update-baseline and a reason, both kept in the file.
@@ -33,8 +34,9 @@ from compare_rollout import PPO, PY, REPO, Runner, Unit, load, roll  # noqa: E40
 BASELINE = REPO / "bench" / "gpu_baseline.json"
 TOLERANCE = 0.10  # worse by more than this fraction of the baseline: a regression
 BUDGET_S = 540  # one device call is at most 10 minutes: the rest is the machine's start and the transfers
-# the PPO bench with the actor's train step as the runtime runs it, median of 5
-PPO_TRAIN = [*(a for a in PPO if a != "--no-train-bench"), "--train-reps", "5", "--no-ab"]
+# the PPO bench with the actor's train step as the runtime runs it, median of 5, and a periodic checkpoint at step 4
+# (and the last step's): the steps after it show whether its writes stall training
+PPO_TRAIN = [*(a for a in PPO if a != "--no-train-bench"), "--train-reps", "5", "--no-ab", "--checkpoint-interval", "4"]
 
 UNITS = [
     Unit("gpu-tests", "hf", 250, [PY, "-m", "pytest", "-q", "-rs", "-m", "gpu", "tests/gpu", "-s",

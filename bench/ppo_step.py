@@ -34,6 +34,7 @@ import statistics
 import sys
 import tempfile
 import time
+from contextlib import nullcontext
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -41,6 +42,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))
 
+from kuberl import gcfreeze  # noqa: E402
 from kuberl.batch import Batch  # noqa: E402
 from kuberl.driver import Driver  # noqa: E402
 from kuberl.groups import LocalWorkerGroup  # noqa: E402
@@ -50,8 +52,10 @@ from kuberl.spec import JobSpec  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from devmem import PeakSampler  # noqa: E402
+from stacks import StackSampler  # noqa: E402
 
-PHASES = ("rollout", "reward", "ref", "values", "advantage", "update_critic", "update_actor", "weight_sync")
+PHASES = ("rollout", "reward", "ref", "values", "advantage", "update_critic", "update_actor", "weight_sync", "end_step",
+          "other")
 
 
 def model_flops(cfg, batch: int, seq: int, resp: int) -> dict[str, float]:
@@ -82,7 +86,7 @@ def build_spec(args, data_file: Path) -> JobSpec:
                     "asynchronous": getattr(args, "asynchronous", False)},
         "trainer": {"steps": args.steps, "ppoEpochs": 1, "miniBatchSize": args.mini or args.batch,
                     "microBatchSize": args.micro, "actorLr": 1e-6, "criticLr": 1e-5, "seed": 0,
-                    "checkpoint": {"interval": 10_000}},
+                    "checkpoint": {"interval": args.checkpoint_interval}},
         "roles": {"actor": {"gpus": gpus}, "critic": {"gpus": gpus}, "ref": {"gpus": gpus}, "reward": {"gpus": 0}},
     })
 
@@ -180,14 +184,22 @@ def main() -> None:
     ap.add_argument("--no-sleep", action="store_true", help="vllm: keep the engine's memory during training")
     ap.add_argument("--asynchronous", action="store_true",
                     help="rollout.asynchronous: in-process the calls still run one at a time (docs/performance.md)")
+    ap.add_argument("--checkpoint-interval", type=int, default=10_000,
+                    help="steps between periodic checkpoints (the last step always saves)")
     ap.add_argument("--no-train-bench", action="store_true")
     ap.add_argument("--train-reps", type=int, default=5)
     ap.add_argument("--no-ab", action="store_true", help="time the train step only as the runtime runs it")
+    ap.add_argument("--no-gc-freeze", action="store_true",
+                    help="A/B: leave Python's cycle collector as it is (no kuberl.gcfreeze after the first step)")
+    ap.add_argument("--sample-stacks", action="store_true",
+                    help="sample every thread's stack each 20 ms; print where each stall's time went")
     ap.add_argument("--json", default="")
     args = ap.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
         sys.exit("no CUDA device: use --device cpu")
 
+    if args.no_gc_freeze:
+        gcfreeze.settle = lambda: False
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp) / "prompts.jsonl"
         write_prompts(data, max(256, args.batch * (args.steps + 1)), args.prompt_len)
@@ -209,13 +221,18 @@ def main() -> None:
               flush=True)
         recs = []
         try:
-            with PeakSampler() as device_mem:  # every process on the GPU (vLLM's engine runs in its own)
-                for _ in range(args.steps):
+            with PeakSampler() as device_mem, StackSampler() if args.sample_stacks else nullcontext() as sampler:
+                for step in range(1, args.steps + 1):
+                    if sampler is not None:
+                        sampler.label = step
                     rec = driver.train_step().flat()
                     recs.append(rec)
                     shown = ("time_", "rollout_tokens", "train_tokens", "mfu", "memory_actor_gpu", "staleness")
                     keep = {k: v for k, v in rec.items() if k.startswith(shown)}
                     print(json.dumps({"step": rec["step"], **keep}), flush=True)
+            t_last = time.perf_counter()
+            driver.roles.commit()  # the last step's checkpoint, written in the background: the job's end waits
+            last_write_s = time.perf_counter() - t_last
         finally:
             driver.shutdown()
         tb = None if args.no_train_bench else train_bench(spec, args, peak, driver.n_params)
@@ -239,6 +256,7 @@ def main() -> None:
         "first_step_s": recs[0]["time_step_s"],
         "steps_s": {r["step"]: r["time_step_s"] for r in recs},
         "checkpoint_s": {r["step"]: r["time_checkpoint_s"] for r in saves},
+        "last_checkpoint_write_s": last_write_s,
         "stalls": stalls,
         "rollout_tokens_per_s": med("rollout_tokens_per_s"),
         "train_tokens_per_s": med("train_tokens_per_s"),
@@ -266,7 +284,12 @@ def main() -> None:
     print("each step, s: " + ", ".join(f"{k}: {v:.2f}" for k, v in summary["steps_s"].items()))
     print("checkpoint per save, s (its step's training path): "
           + (", ".join(f"step {k}: {v:.2f}" for k, v in summary["checkpoint_s"].items()) or "no save"))
+    print(f"the last checkpoint's write after the last step (the job's end waits for it): {last_write_s:.2f} s")
     print(f"stalls (a step after the first over 1.1 x the steady median): {stalls or 'none'}")
+    if sampler is not None:
+        for step in [*stalls, *summary["steps_in_median"][:1]]:
+            print(f"where step {step}'s {summary['steps_s'][step]:.2f} s went (stack samples, every thread):")
+            print(sampler.report(step))
     print(f"rollout tokens/s: {summary['rollout_tokens_per_s']:,.0f}   "
           f"training tokens/s (actor update): {summary['train_tokens_per_s']:,.0f}")
     print(f"actor update MFU: {summary['mfu_update_actor_6nt']:.1%} (6·N·T, N={driver.n_params / 1e6:.0f}M)   "
