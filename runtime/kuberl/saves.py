@@ -215,7 +215,7 @@ class AsyncSaver:
         last, slots = self.last, self._slots
         if slots is not None and last is not None and last.step == step:
             plan, released = plan_from_slot(state, last.keys), Future()
-            slots.readers[step % snapshots.SLOTS] = released
+            slots.readers[step % snapshots.SLOTS] = (step, released)
             future = self.writer.submit(self._write_from_slot, slots, last, plan, path, released)
         else:
             future = dcp.async_save(state, storage_writer=writer(path, sync=True), process_group=self.group)

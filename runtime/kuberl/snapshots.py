@@ -171,7 +171,8 @@ class SlotWriter:
         self.bufs: dict[int, torch.Tensor] = {}
         self.registered: set[int] = set()
         self.stream = None
-        self.readers: dict[int, Future] = {}  # slot -> a checkpoint being written from it (`kuberl.saves`)
+        self.readers: dict[int, tuple[int, Future]] = {}  # slot -> (its step, done once a checkpoint of that
+        # step has read it: `kuberl.saves`); a later step's write waits for it, the step's own write does not
         self._reserving: Future | None = None
 
     def reserve(self, size: int, cuda: bool) -> None:
@@ -237,8 +238,10 @@ class SlotWriter:
         reserving, self._reserving = self._reserving, None
         if reserving is not None:
             reserving.result()  # the slots set up in the background (NoRoom raised here)
-        if (reader := self.readers.pop(slot, None)) is not None:
-            futures.wait([reader])  # a checkpoint of the older step in this slot is still being written from it
+        held, reader = self.readers.get(slot, (step, None))
+        if reader is not None and held < step:  # a checkpoint of the older step in this slot still reads it
+            futures.wait([reader])
+            del self.readers[slot]
         _meta_file(self.root, self.rank, slot).unlink(missing_ok=True)  # torn from here until the rename below
         layout = layout_of(tensors)
         cuda = any(t.is_cuda for t in tensors)

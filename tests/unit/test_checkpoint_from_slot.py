@@ -4,6 +4,7 @@ first update needs them."""
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 
@@ -141,4 +142,31 @@ def test_a_write_from_the_slot_that_fails_is_void_and_gives_the_slot_back(one_ra
     update(t)  # its snapshot goes to the failed checkpoint's slot: not held
     t.saver.wait_snapshots()
     assert snapshots.newest(t.saver.snapshot_root, 0) == 3
+    t.saver.close()
+
+
+def test_a_checkpoint_saved_before_its_snapshot_is_copied_waits_for_that_copy(one_rank_group, tmp_path: Path,
+                                                                              monkeypatch) -> None:
+    """The save comes while the step's own snapshot is still queued: the copy goes on (it is not held back by the
+    checkpoint that waits for it), then the checkpoint is written from it."""
+    write = snapshots.SlotWriter.write
+
+    def late(self, *args, **kwargs):
+        time.sleep(0.5)  # the copy starts after the save below
+        return write(self, *args, **kwargs)
+
+    monkeypatch.setattr(snapshots.SlotWriter, "write", late)
+    t = trainer()
+    t.enable_snapshots(str(tmp_path / "snapshots"))
+    update(t)
+    expected = state_of(t)
+    path = str(tmp_path / "step_1" / "actor")
+    t.save(path)
+    done = threading.Thread(target=t.saver.wait)
+    done.start()
+    done.join(timeout=60)
+    assert not done.is_alive(), "the save and its own snapshot wait for each other"
+    fresh = trainer()
+    fresh.load(path, 1)
+    assert all(torch.equal(a, b) for a, b in zip(state_of(fresh), expected))
     t.saver.close()
