@@ -22,7 +22,8 @@ from collections import Counter
 from types import FrameType
 
 OWN = ("/kuberl/",)  # frames of the project's own code
-IDLE = ("concurrent/futures/thread.py", "threading.py", "queue.py", "selectors.py")  # waiting, outside our code
+IDLE = ("concurrent/futures/thread.py", "threading.py", "queue.py", "selectors.py",  # waiting, outside our code
+        "subproc_pool.py", "timer.py", "devmem.py")  # torch.compile's idle workers, the bench's NVML sampler
 
 
 def _where(frame: FrameType | None) -> str | None:

@@ -22,6 +22,7 @@ restarted role resumes from its last completed step instead of the last periodic
 from __future__ import annotations
 
 import os
+import shutil
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -153,12 +154,31 @@ def fsync_tree(path: str | Path) -> None:
         os.close(fd)
 
 
-def _cause(exc: BaseException) -> str:
-    """`Type: first line` of the error behind a failed write (DCP wraps each rank's in a CheckpointException)."""
+def check_room(path: str | Path, nbytes: int) -> None:
+    """Refuse a checkpoint write of `nbytes` that the filesystem under `path` has no room for (before any byte is
+    written: a full disk mid-write shows up only as torch's zip writer losing its place)."""
+    folder = Path(path)
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    free = shutil.disk_usage(folder).free
+    if nbytes > free:
+        raise NoRoom(f"{nbytes / 2**30:.1f} GiB for this rank's checkpoint under {folder}, {free / 2**30:.1f} GiB "
+                     f"free (free some, or lower spec.trainer.checkpoint.keep)")
+
+
+def _cause(exc: BaseException, path: str) -> str:
+    """`Type: first line` of the error behind a failed write (DCP wraps each rank's in a CheckpointException); a
+    short write inside torch's zip writer ("unexpected pos") says how much room was left, its usual cause."""
     failures = exc.failures if isinstance(exc, CheckpointException) else {}
     inner = next(iter(failures.values()))[0] if failures else exc
     lines = str(inner).splitlines()
-    return f"{type(inner).__name__}: {lines[0] if lines else ''}"
+    cause = f"{type(inner).__name__}: {lines[0] if lines else ''}"
+    if "unexpected pos" in cause:
+        folder = Path(path)
+        while not folder.exists() and folder != folder.parent:
+            folder = folder.parent
+        cause += f"; a short write: {shutil.disk_usage(folder).free / 2**30:.1f} GiB free under {folder}"
+    return cause
 
 
 class AsyncSaver:
@@ -218,7 +238,12 @@ class AsyncSaver:
             slots.readers[step % snapshots.SLOTS] = (step, released)
             future = self.writer.submit(self._write_from_slot, slots, last, plan, path, released)
         else:
-            future = dcp.async_save(state, storage_writer=writer(path, sync=True), process_group=self.group)
+            try:
+                check_room(path, sum(t.nbytes for t in shard_tensors(model, optimizer)))
+                future = dcp.async_save(state, storage_writer=writer(path, sync=True), process_group=self.group)
+            except NoRoom as exc:  # void, with the warning `wait` gives any failed write
+                future = Future()
+                future.set_exception(exc)
         self.writes.append((path, future))
 
     def _write_from_slot(self, slots: snapshots.SlotWriter, snap: Snap, plan: Any, path: str,
@@ -229,7 +254,8 @@ class AsyncSaver:
 
         try:
             snap.future.result()  # the slot holds the step whole
-            dcp.save(from_slot(plan, slots.views(snap.step)), storage_writer=writer(path, sync=False),
+            check_room(path, snapshots.slot_size(views := slots.views(snap.step)))
+            dcp.save(from_slot(plan, views), storage_writer=writer(path, sync=False),
                      process_group=self.group)
         finally:
             released.set_result(None)
@@ -290,7 +316,7 @@ class AsyncSaver:
             try:
                 future.result()
             except (Exception, CheckpointException) as exc:  # DCP's is a BaseException; the supervisor voids it
-                print(f"warning: checkpoint write to {path} failed on rank {self.rank} ({_cause(exc)}); that "
+                print(f"warning: checkpoint write to {path} failed on rank {self.rank} ({_cause(exc, path)}); that "
                       f"checkpoint is void (never marked complete) and training goes on", flush=True)
                 continue
             done.append(path)

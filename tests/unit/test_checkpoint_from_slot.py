@@ -170,3 +170,27 @@ def test_a_checkpoint_saved_before_its_snapshot_is_copied_waits_for_that_copy(on
     fresh.load(path, 1)
     assert all(torch.equal(a, b) for a, b in zip(state_of(fresh), expected))
     t.saver.close()
+
+
+def test_a_checkpoint_with_no_room_is_void_with_a_warning_that_says_so(one_rank_group, tmp_path: Path, monkeypatch,
+                                                                        capsys) -> None:
+    """From the slot and without snapshots alike: refused before a byte is written, the slot given back."""
+    import shutil
+    from collections import namedtuple
+
+    from kuberl.saves import complete
+
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(2**40, 2**40, 1024))
+    t = trainer()
+    t.enable_snapshots(str(tmp_path / "snapshots"))
+    update(t)
+    t.save(str(tmp_path / "step_1" / "actor"))
+    assert t.saver.wait(snapshots=False) == [] and not complete(tmp_path / "step_1" / "actor")
+    t.saver.snapshot_root = None  # snapshots off: DCP's async_save path
+    t.save(str(tmp_path / "step_1b" / "actor"))
+    assert t.saver.wait(snapshots=False) == []
+    out = capsys.readouterr().out
+    assert out.count("GiB free (free some, or lower spec.trainer.checkpoint.keep)); that checkpoint is void") == 2
+    assert "Traceback" not in out
+    t.saver.close()
