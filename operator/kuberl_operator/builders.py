@@ -277,8 +277,8 @@ def gpu_claim_templates(job: RLTrainingJob, opts: BuildOptions) -> list[dict[str
 
 
 def group_size(job: RLTrainingJob, role: str) -> int:
-    """A role's pods: its replicas, and with spec.resilience.standby one more, Running, for its standby."""
-    return job.spec.roles.get(role).replicas + int(job.spec.resilience.standby)
+    """A role's pods: its replicas, and with a warm standby (`JobSpec.standby`) one more, Running, for it."""
+    return job.spec.roles.get(role).replicas + int(job.spec.standby(role))
 
 
 def worker_group(job: RLTrainingJob, role: str, opts: BuildOptions) -> dict[str, Any]:

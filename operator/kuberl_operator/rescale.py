@@ -56,7 +56,7 @@ def group_pods(job: RLTrainingJob, role: str, progress: Progress, applied: Mappi
     running = running_replicas(role, progress, applied)
     if running is None:
         return want
-    return min(max(want, running + int(job.spec.resilience.standby)), max(want, current or 0))
+    return min(max(want, running + int(job.spec.standby(role))), max(want, current or 0))
 
 
 def pending(job: RLTrainingJob, role: str, progress: Progress, applied: Mapping[str, Any] | None) -> bool:

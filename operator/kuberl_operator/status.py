@@ -101,7 +101,7 @@ def role_outcome(role: str, job: RLTrainingJob, old: Mapping[str, Any], seen: Ob
             leaving = tuple(p.name for p in gone)
             known = Tracking({u: n for u, n in known.members.items() if n not in leaving},
                              known.handled | {p.uid for p in gone})
-        health = assess_role(pods, known, gang=not job.spec.resilience.standby)
+        health = assess_role(pods, known, gang=not job.spec.standby(host))
         failures, doomed, tracking, ready = health.failures, health.doomed, health.tracking, health.ready
         if cluster_restart:
             failures, ready, tracking = (), 0, Tracking({}, frozenset(p.uid for p in pods))
@@ -121,7 +121,7 @@ def role_outcome(role: str, job: RLTrainingJob, old: Mapping[str, Any], seen: Ob
     image = image_problem(pods)
     if image and image != prev.get("imageWaiting"):
         last_failure = f"{now}: {image}"
-    standby = int(job.spec.resilience.standby)
+    standby = int(job.spec.standby(role))
     status = {
         "desired": spec.replicas + standby,  # the role's pods, its standby's included
         **({"colocatedWith": host} if host != role else {}),
@@ -277,9 +277,12 @@ def decide(job: RLTrainingJob, generation: int, old: Mapping[str, Any], seen: Ob
     roles = {r: role_outcome(r, job, old, seen, accounting, now, cluster_restart=bool(head.failures))
              for r in enabled_roles(job.spec)}
     events = [Event("Warning", HEAD_FAILED, head_failed_message(head))] if head.failures else []
-    action = ("its standby takes the failed pods' place, and a new standby pod is made" if job.spec.resilience.standby
-              else "restarting the role's pods")
-    events += [Event("Warning", "RoleRestart", f"role {r}: {'; '.join(o.failures)}; {restart_note(job, r, o, action)}")
+    def action(role: str) -> str:
+        return ("its standby takes the failed pods' place, and a new standby pod is made" if job.spec.standby(role)
+                else "restarting the role's pods")
+
+    events += [Event("Warning", "RoleRestart", f"role {r}: {'; '.join(o.failures)}; "
+                                               f"{restart_note(job, r, o, action(r))}")
                for r, o in roles.items() if o.failures]
     events += [Event("Warning", ROLE_FAILED, f"role {r} (reported by the driver): {why}")
                for r, o in roles.items()

@@ -149,10 +149,10 @@ class Roles:
         self.check_placement()
 
     def _new_group(self, role: str) -> WorkerGroup:
-        """The role's group; behind a warm standby when spec.resilience.standby asks and the group's
+        """The role's group; behind a warm standby when the spec asks (`JobSpec.standby`) and the group's
         ranks are separate processes (Ray), not in-process ones."""
         group = self.make_group(role)
-        if not (self.spec.resilience.standby and group.standby_capable):
+        if not (self.spec.standby(role) and group.standby_capable):
             return group
         from .standby import StandbyGroup
 

@@ -73,9 +73,9 @@ def start_local_ray(spec: JobSpec) -> None:
     from .spec import role_resource
 
     roles = enabled_roles(spec)
-    sets = 2 if spec.resilience.standby else 1  # a warm standby holds a second set of each role's ranks
-    need_cpu = sets * sum(spec.roles.get(r).resources.cpu_cores() * spec.roles.get(r).replicas for r in roles)
-    resources = {role_resource(r): float(sets * world_size(spec, r)) for r in roles}
+    sets = {r: 2 if spec.standby(r) else 1 for r in roles}  # a warm standby holds a second set of the role's ranks
+    need_cpu = sum(sets[r] * spec.roles.get(r).resources.cpu_cores() * spec.roles.get(r).replicas for r in roles)
+    resources = {role_resource(r): float(sets[r] * world_size(spec, r)) for r in roles}
     try:
         ray.init(
             _node_ip_address="127.0.0.1",

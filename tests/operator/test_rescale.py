@@ -65,8 +65,12 @@ def test_a_grow_sizes_the_group_at_once_and_a_shrink_waits_for_the_driver() -> N
     # shrink 4 -> 1: the group keeps 4 pods while the driver reports 4, and gives them up once it reports 1
     assert rescale.group_pods(job(reward=1), "reward", reports(4, ["w0", "w1", "w2", "w3"]), built, 4) == 4
     assert rescale.group_pods(job(reward=1), "reward", reports(1, ["w1"]), built, 4) == 1
-    # with a standby, its pod comes on top
+    # with a standby, its pod comes on top; none for a role that leaves the job's standby out
     assert rescale.group_pods(job(reward=2, resilience={"standby": True}), "reward", reports(1, ["w0"]), built) == 3
+    alone = job(reward=2, resilience={"standby": True})
+    alone.spec.roles.reward.standby = False
+    assert rescale.group_pods(alone, "reward", reports(1, ["w0"]), built) == 2
+    assert builders.group_size(alone, "reward") == 2 and builders.group_size(alone, "critic") == 2
 
 
 def test_a_drivers_report_never_grows_a_group_past_the_spec() -> None:

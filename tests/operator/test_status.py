@@ -280,6 +280,20 @@ def test_a_standby_is_one_more_pod_per_role_and_a_failure_takes_only_the_failed_
     assert "its standby takes the failed pods' place" in decision.events[0].message
 
 
+def test_a_role_that_leaves_the_jobs_standby_out_has_no_standby_pod_and_restarts_as_a_gang() -> None:
+    spec = job().model_copy(deep=True)
+    spec.spec.resilience.standby = True
+    spec.spec.roles.reward.standby = False
+    both = (*pods(), *(PodView(f"s-{r}", f"u-s-{r}", r, "rc", True, None, False) for r in ("actor", "critic", "ref")))
+    running = decide(spec, 1, decide(spec, 1, {}, Observed("rc", both), T0).status, Observed("rc", both), T0).status
+    assert running["phase"] == "Running" and "standby" not in running["roles"]["reward"]
+    assert running["roles"]["reward"]["desired"] == 1 and running["roles"]["critic"]["standby"] == 1
+    failed = tuple(PodView(p.name, p.uid, p.role, p.owner, p.role != "reward", "container ray-worker exited with "
+                           "code 1" if p.role == "reward" else None, False) for p in both)
+    decision = decide(spec, 1, running, Observed("rc", failed), T1)
+    assert "restarting the role's pods" in decision.events[0].message
+
+
 def test_a_pod_that_cannot_start_from_its_image_is_the_roles_last_failure_with_one_event() -> None:
     """Not Running with nothing happening: the kubelet's waiting reason is in the role's status, the phase says
     Provisioning with reason ImagePullFailed, and one Event names it (not one per resync)."""

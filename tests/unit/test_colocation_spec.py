@@ -53,13 +53,22 @@ def test_extra_role_colocated_with_the_actor() -> None:
      "ref has 1 replicas x 0 gpus but actor has 2 x 0"),
     ({"actor": {"gpus": 1}, "ref": {"gpus": 1, "gpuProduct": "NVIDIA-H200", "colocateWith": "actor"}}, {},
      "roles.ref.gpuProduct", "runs on actor's GPUs"),
-    ({"ref": {"colocateWith": "actor"}}, {"resilience": {"standby": True}}, "resilience.standby", "(ref)"),
+    ({"ref": {"colocateWith": "actor"}}, {"resilience": {"standby": True}}, "resilience.standby", "(actor, ref)"),
+    ({"ref": {"colocateWith": "actor"}, "actor": {"standby": True}}, {}, "roles.actor.standby", "(actor, ref)"),
     ({"ref": {"colocateWith": "actor", "tolerations": [{"key": "k", "operator": "Exists"}]}}, {},
      "roles.ref.tolerations", "runs in actor's pods"),
 ])
 def test_colocation_errors_name_the_field(roles: dict, spec: dict, field: str, words: str) -> None:
     (err,) = errors_of(roles, **spec)
     assert "\n" not in err and err.startswith(f"spec.{field}:") and words in err and "fix" in err, err
+
+
+def test_the_roles_that_share_gpus_can_leave_the_jobs_standby_out() -> None:
+    """resilience.standby for the job, roles.<role>.standby: false for the two that share GPUs: valid, and only
+    the others keep a standby."""
+    roles = {"ref": {"colocateWith": "actor", "standby": False}, "actor": {"standby": False}}
+    spec = validate_manifest(manifest(roles, resilience={"standby": True})).spec
+    assert [spec.standby(r) for r in ("actor", "critic", "ref", "reward")] == [False, True, False, True]
 
 
 def test_a_cycle_is_named_a_cycle_on_each_role() -> None:

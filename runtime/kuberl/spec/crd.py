@@ -71,7 +71,7 @@ STATUS_SCHEMA: dict[str, Any] = {
                     "colocatedWith": {"type": "string",
                                       "description": "spec.roles.<role>.colocateWith: the role whose pods run this "
                                                      "role's ranks (desired and ready count those pods)."},
-                    "standby": {"type": "integer", "description": "Standby pods (spec.resilience.standby)."},
+                    "standby": {"type": "integer", "description": "Standby pods (a role's warm standby)."},
                     "ready": {"type": "integer"},
                     "restarts": {"type": "integer", "description": "max(podRestarts, the driver's count)."},
                     "podRestarts": {"type": "integer",

@@ -461,6 +461,10 @@ class RoleSpec(Scheduling):
                     "ranks, each role still its own process with its own restarts; each of the k roles sharing a GPU "
                     "asks Ray for 1/k of it. The host role must be enabled, must not be colocated itself, and must "
                     "have the same replicas and gpus (docs/user-guide.md, Colocation).")
+    standby: bool | None = Field(
+        None, description="This role's warm standby (spec.resilience.standby): true or false overrides the job's "
+                          "setting for this role, e.g. none for a rule reward whose cold restart takes a second; "
+                          "unset follows it.")
     idle_memory: Literal["offload", "free"] = Field(
         "offload", description="A role that shares its GPUs (colocateWith, on either side), between its phases: "
                                "offload moves its weights, optimizer state and hf rollout model to host memory and "
@@ -615,6 +619,11 @@ class JobSpec(Section):
         description="Kubernetes: runtime image of the Ray pods and the driver; defaults to the operator's --image.",
     )
     suspend: bool = Field(False, description="Stop the job's pods and keep its state; false resumes.")
+
+    def standby(self, role: str) -> bool:
+        """Whether `role` keeps a warm standby: its own roles.<role>.standby, else spec.resilience.standby."""
+        own = self.roles.get(role).standby
+        return self.resilience.standby if own is None else own
 
     @property
     def samples_per_prompt(self) -> int:
@@ -904,10 +913,13 @@ def colocation_problems(spec: JobSpec) -> list[tuple[str, str, str]]:
                                             f"{', '.join(r for r in shared if r != 'actor') or 'its host'}, whose "
                                             f"phases run one after another",
                     "set spec.rollout.asynchronous to false, or remove colocateWith"))
-    if guests and spec.resilience.standby:
-        out.append(("resilience.standby", f"a warm standby would need a second share of the GPUs that colocated "
-                                          f"roles ({', '.join(guests)}) share",
-                    "set spec.resilience.standby to false, or remove colocateWith"))
+    sharing_gpus = sorted({r for g in guests for r in (g, roles.get(g).colocate_with) if r in running})
+    if standing := [r for r in sharing_gpus if spec.standby(r)]:
+        field = "resilience.standby" if spec.resilience.standby else f"{roles.path(standing[0])}.standby"
+        out.append((field, f"a warm standby would need a second share of the GPUs that colocated roles "
+                           f"({', '.join(sharing_gpus)}) share",
+                    f"set spec.{roles.path(standing[0])}.standby to false (each role that shares GPUs), or remove "
+                    f"colocateWith"))
     return out
 
 
