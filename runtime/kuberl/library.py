@@ -421,13 +421,14 @@ class Roles:
             self.trained[role] = self.step + 1
             self.updates[role] = (self.step + 1, fn, args, kwargs)
 
-    def recover(self, failure: WorkerFailure, phase: str, detect_s: float) -> Recovery:
+    def recover(self, failure: WorkerFailure, phase: str, detect_s: float, in_flight: list[str] | None = None
+                ) -> Recovery:
         """Recreate only `failure.role`'s group and restore its state. A recreate that fails again (no
         capacity in time, a rank dying during start) counts as another restart of the same budget."""
         role = failure.role
         step = self._saving if phase == "checkpoint" else self.step + 1  # the step whose work failed
         rec = Recovery(role, step, phase, failure.reason, failure.detail, detect_s=detect_s,
-                       diagnosis=failure.diagnosis)
+                       diagnosis=failure.diagnosis, in_flight=in_flight or [phase or "no phase"])
         history, budget = self.history[role], self.spec.roles.get(role).max_restarts
         group = self.groups[role]
         t0 = time.perf_counter()

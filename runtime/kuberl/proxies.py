@@ -22,6 +22,7 @@ is handed to the supervisor, which keeps the last one per role.
 from __future__ import annotations
 
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any, Concatenate, Generic, ParamSpec, Protocol, TypeVar, overload
 
@@ -43,13 +44,18 @@ class Supervisor(Protocol):
     def current_phase(self) -> str:
         """The phase the program is in (recorded with a recovery)."""
 
-    def recover(self, failure: WorkerFailure, phase: str, detect_s: float) -> Any:
+    def recover(self, failure: WorkerFailure, phase: str, detect_s: float, in_flight: list[str]) -> Any:
         """Restart `failure.role` alone and restore its state; returns the recovery's record (with a
-        `replay_s` the future fills in), or raises when the role's restart budget is spent."""
+        `replay_s` the future fills in), or raises when the role's restart budget is spent. `phase`: the call
+        that noticed the failure; `in_flight`: the phases of every call to the role then in flight, its own too."""
 
     def updated(self, role: str, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """A `trains` call (an update) of `role` completed: kept, to run again on restored state whose
         snapshot of that update was not yet whole."""
+
+
+_FLYING: weakref.WeakKeyDictionary[WorkerGroup, set[RoleFuture[Any]]] = weakref.WeakKeyDictionary()  # group ->
+# its calls sent and not yet collected
 
 
 class RoleFuture(Generic[R_co]):
@@ -68,6 +74,13 @@ class RoleFuture(Generic[R_co]):
         fault = sup.fault_for(self.proxy.role, self.fn) if sup is not None and method_info(self.fn).faults else None
         self.sent_at = time.perf_counter()
         self._call: GroupCall = self.proxy.group.submit(self.fn, self.args, self.kwargs, fault)
+        _FLYING.setdefault(self.proxy.group, set()).add(self)
+
+    def _in_flight(self) -> list[str]:
+        """The phases of the calls to this role's group (through any proxy) sent to this call's generation and not
+        yet collected: when two are in flight, either may be the one that notices the failure."""
+        calls = _FLYING.get(self.proxy.group, set())
+        return sorted({f.phase or "no phase" for f in calls if f._call.generation == self._call.generation})
 
     def done(self) -> bool:
         """Whether the result is there (a failed call counts as done: `result()` then recovers)."""
@@ -87,9 +100,12 @@ class RoleFuture(Generic[R_co]):
                                                   f"{self.fn.__qualname__}: not restarted again)") from None
                 last_error = failure.error
                 if group.generation == self._call.generation:  # not yet restarted by another call's wait
-                    self.recoveries.append(sup.recover(failure, self.phase, time.perf_counter() - self.sent_at))
+                    self.recoveries.append(sup.recover(failure, self.phase, time.perf_counter() - self.sent_at,
+                                                       self._in_flight()))
+                _FLYING.get(group, set()).discard(self)
                 self._send()  # the replay
                 continue
+            _FLYING.get(group, set()).discard(self)
             if self.recoveries:
                 self.recoveries[-1].replay_s = time.perf_counter() - self.sent_at
             if sup is not None and method_info(self.fn).trains:

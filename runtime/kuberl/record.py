@@ -35,6 +35,8 @@ class Recovery:
     restored_from: str = ""
     diagnosis: str = ""  # a hang: role, rank, innermost frame, collective or user code (kuberl.hangs.summarize)
     standby: bool = False  # a warm standby took over (spec.resilience.standby), rather than a cold start
+    in_flight: list[str] = field(default_factory=list)  # the phases of the role's calls in flight when it failed
+    # (`phase` is the one whose wait noticed it: with two in flight, either may be)
 
     def summary(self) -> str:
         """One line for the operator's `lastFailure`: the reason, where, and the diagnosis or detail."""

@@ -114,8 +114,10 @@ def test_killed_role_recovers_alone(ray_session, tmp_path, role, asynchronous):
     assert CountingGroup.starts[role] == 2  # recreated exactly once
     (rec,) = driver.history[role].recoveries
     assert rec.step == 3 and "died" in rec.detail
-    if role == "actor" and asynchronous:
-        assert rec.phase == "update_actor"
+    if role == "actor" and asynchronous:  # the update was killed; the next step's rollout may be sent by then, and
+        # whichever of the two is waited for first notices (a loaded machine): both are recorded
+        assert "update_actor" in rec.in_flight and set(rec.in_flight) <= {"update_actor", "rollout"}
+        assert rec.phase in rec.in_flight
     # the calls in flight to other roles ran once; only the failed role's interrupted calls were sent again
     for other, calls in STEP_CALLS.items():
         extra = {c: CountingGroup.sent[other, c] - 8 for c in calls}
