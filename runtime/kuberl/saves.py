@@ -25,6 +25,7 @@ import os
 import shutil
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -239,12 +240,28 @@ class AsyncSaver:
             future = self.writer.submit(self._write_from_slot, slots, last, plan, path, released)
         else:
             try:
-                check_room(path, sum(t.nbytes for t in shard_tensors(model, optimizer)))
+                self._ready_everywhere(lambda: check_room(path, sum(t.nbytes for t in shard_tensors(model,
+                                                                                                     optimizer))))
                 future = dcp.async_save(state, storage_writer=writer(path, sync=True), process_group=self.group)
-            except NoRoom as exc:  # void, with the warning `wait` gives any failed write
+            except Exception as exc:  # void, with the warning `wait` gives any failed write
                 future = Future()
                 future.set_exception(exc)
         self.writes.append((path, future))
+
+    def _ready_everywhere(self, check: Callable[[], Any]) -> Any:
+        """Run `check` (raising when this rank cannot write its part), then agree with every rank of the role: one
+        that cannot makes them all give up, since DCP's collectives would wait for it forever."""
+        try:
+            out, ok = check(), 1
+        except Exception as exc:  # any reason is raised again, once the other ranks know
+            out, ok, problem = None, 0, exc
+        flag = torch.tensor([ok])
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self.group)
+        if not ok:
+            raise problem
+        if not int(flag.item()):
+            raise Unusable("another rank of the role cannot write its part (its warning says why)")
+        return out
 
     def _write_from_slot(self, slots: snapshots.SlotWriter, snap: Snap, plan: Any, path: str,
                          released: Future) -> None:
@@ -252,11 +269,15 @@ class AsyncSaver:
         files durable: a slow disk holds back the fsyncs, not the snapshot that rewrites the slot two steps on."""
         import torch.distributed.checkpoint as dcp
 
+        def whole_and_room() -> list[torch.Tensor]:
+            snap.future.result()  # the slot holds the step whole (Unusable: snapshots turned off on this rank)
+            views = slots.views(snap.step)
+            check_room(path, snapshots.slot_size(views))
+            return views
+
         try:
-            snap.future.result()  # the slot holds the step whole
-            check_room(path, snapshots.slot_size(views := slots.views(snap.step)))
-            dcp.save(from_slot(plan, views), storage_writer=writer(path, sync=False),
-                     process_group=self.group)
+            views = self._ready_everywhere(whole_and_room)
+            dcp.save(from_slot(plan, views), storage_writer=writer(path, sync=False), process_group=self.group)
         finally:
             released.set_result(None)
         fsync_tree(path)

@@ -194,3 +194,35 @@ def test_a_checkpoint_with_no_room_is_void_with_a_warning_that_says_so(one_rank_
     assert out.count("GiB free (free some, or lower spec.trainer.checkpoint.keep)); that checkpoint is void") == 2
     assert "Traceback" not in out
     t.saver.close()
+
+
+def _agree(rank: int, store: str, out: str) -> None:
+    """One rank of two: rank 1 has no room; both must give up (DCP's collectives would wait for it forever)."""
+    import torch.distributed as dist
+
+    from kuberl.saves import AsyncSaver
+    from kuberl.snapshots import NoRoom
+
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+    saver = AsyncSaver()
+
+    def check() -> int:
+        if rank == 1:
+            raise NoRoom("full")
+        return 7
+
+    try:
+        saver._ready_everywhere(check)
+        Path(out, str(rank)).write_text("went on")
+    except Exception as exc:
+        Path(out, str(rank)).write_text(f"{type(exc).__name__}: {exc}")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_rank_without_room_makes_every_rank_give_up_the_checkpoint(netns, tmp_path: Path) -> None:
+    import torch.multiprocessing as mp
+
+    mp.start_processes(_agree, args=(str(tmp_path / "store"), str(tmp_path)), nprocs=2, start_method="spawn")
+    assert (tmp_path / "1").read_text() == "NoRoom: full"
+    assert (tmp_path / "0").read_text().startswith("Unusable: another rank of the role cannot write its part")
