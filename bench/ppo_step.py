@@ -72,7 +72,8 @@ def model_flops(cfg, batch: int, seq: int, resp: int) -> dict[str, float]:
     return {"dense": dense, "head": head, "attention": attn, "total": dense + head + attn}
 
 
-def build_spec(args, data_file: Path) -> JobSpec:
+def build_spec(args, data_file: Path, checkpoint_interval: int = 10_000) -> JobSpec:
+    """The PPO job the benches run; checkpoints every `checkpoint_interval` steps (default: only the last)."""
     gpus = 1 if args.device == "cuda" else 0
     return JobSpec.model_validate({
         "model": {"builtin": args.model, "dtype": "bfloat16" if args.device == "cuda" else "float32"},
@@ -86,7 +87,7 @@ def build_spec(args, data_file: Path) -> JobSpec:
                     "asynchronous": getattr(args, "asynchronous", False)},
         "trainer": {"steps": args.steps, "ppoEpochs": 1, "miniBatchSize": args.mini or args.batch,
                     "microBatchSize": args.micro, "actorLr": 1e-6, "criticLr": 1e-5, "seed": 0,
-                    "checkpoint": {"interval": args.checkpoint_interval}},
+                    "checkpoint": {"interval": checkpoint_interval}},
         "roles": {"actor": {"gpus": gpus}, "critic": {"gpus": gpus}, "ref": {"gpus": gpus}, "reward": {"gpus": 0}},
     })
 
@@ -203,7 +204,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp) / "prompts.jsonl"
         write_prompts(data, max(256, args.batch * (args.steps + 1)), args.prompt_len)
-        spec = build_spec(args, data)
+        spec = build_spec(args, data, args.checkpoint_interval)
         t0 = time.perf_counter()
         driver = Driver(spec, "ppo-bench", Path(tmp) / "out", lambda role: LocalWorkerGroup(role, spec, args.device),
                         progress=False)
