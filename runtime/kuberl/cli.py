@@ -73,8 +73,9 @@ def add_run_parser(sub: argparse._SubParsersAction) -> None:
                    help="ray: one Ray actor group per role; local: in-process, no Ray")
     p.add_argument("--ray-address", help="connect to an existing Ray cluster instead of starting one")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
-    p.add_argument("--fault", action="append", default=[], metavar="ROLE:STEP",
-                   help="kill ROLE's worker process at STEP (repeatable)")
+    p.add_argument("--fault", action="append", default=[], metavar="ROLE:STEP[:MODE]",
+                   help="hit ROLE's worker process at STEP (repeatable); MODE kill (default: SIGKILL), hang (a call "
+                        "that never returns) or stop (SIGSTOP)")
     p.add_argument("--no-progress", action="store_true", help="plain log lines instead of a progress bar")
     p.add_argument("--metrics-port", type=int,
                    help="serve Prometheus /metrics on this port (overrides spec.trainer.metrics.prometheusPort)")

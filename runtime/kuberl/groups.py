@@ -238,6 +238,7 @@ class RayWorkerGroup(WorkerGroup):
         self.actors: list[Any] = []
         self.pg = None
         self.slowest: dict[str, float] = {}  # method -> slowest completed call on these ranks, seconds
+        self.where: list[dict[str, Any]] = []  # each rank's identity (pid, Ray node), for a hang's diagnosis
 
     def bundle(self) -> dict[str, float]:
         """What one rank's actor asks for: its CPUs, its share of a GPU, one unit of its role resource."""
@@ -294,6 +295,7 @@ class RayWorkerGroup(WorkerGroup):
         addr, port = self._get([self.actors[0].rendezvous.remote()], up)[0]
         nodes = self._get([a.node_gpus.remote() for a in self.actors], up)
         self._get([a.init.remote(addr, port, *local) for a, local in zip(self.actors, local_ranks(nodes))], up)
+        self.where = self._get([a.identity.remote() for a in self.actors], up)
         self.generation += 1
 
     def _get(self, refs: list[Any], timeout: float | None = None, why: str = "") -> list[Any]:
@@ -310,8 +312,8 @@ class RayWorkerGroup(WorkerGroup):
             while pending:
                 ready, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
                 if not ready:
-                    summary = self.diagnose()
-                    raise WorkerFailure(self.role, Reason.WORKER_HUNG, f"hung: no answer within {timeout:.0f}s "
+                    reason, summary = self.diagnose()
+                    raise WorkerFailure(self.role, reason, f"hung: no answer within {timeout:.0f}s "
                                         f"({why or 'spec.resilience.callTimeoutSeconds'}); {summary}", summary)
                 ray.get(ready[0])  # raises this rank's error now, not after slower ranks
             return ray.get(refs)
@@ -323,8 +325,8 @@ class RayWorkerGroup(WorkerGroup):
                 raise WorkerFailure(self.role, Reason.WORKER_DIED, f"a rank died ({type(cause).__name__} on a peer: "
                                     f"{text})", error=error) from None
             if hangs.collective_failed(cause):
-                summary = self.diagnose()
-                raise WorkerFailure(self.role, Reason.WORKER_HUNG, f"a collective failed ({error}); {summary}",
+                reason, summary = self.diagnose()
+                raise WorkerFailure(self.role, reason, f"a collective failed ({error}); {summary}",
                                     summary, error) from None
             log_text = str(cause).strip().splitlines()[-1] if str(cause).strip() else ""
             raise RoleError(self.role, f"{type(cause).__name__}: {log_text}", error) from None
@@ -335,25 +337,51 @@ class RayWorkerGroup(WorkerGroup):
         except (ray.exceptions.RayActorError, ray.exceptions.ActorDiedError,
                 ray.exceptions.ActorUnavailableError) as exc:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            if hangs.node_unreachable(str(exc)):
+                raise WorkerFailure(self.role, Reason.WORKER_UNREACHABLE, f"unreachable: Ray marked the node of a rank "
+                                    f"dead after it missed its health checks ({first})") from None
             raise WorkerFailure(self.role, Reason.WORKER_DIED, f"worker died ({type(exc).__name__}: {first})") from None
 
-    def diagnose(self, timeout_s: float = 5.0) -> str:
-        """Every rank's Python stacks (all threads) into the driver's log; returns the one-line summary."""
+    def diagnose(self, timeout_s: float = 5.0, probe_s: float = 10.0) -> tuple[Reason, str]:
+        """Every rank's Python stacks (all threads) into the driver's log, and for a rank that did not answer, its
+        process's state as its node reads it (`probe_s` to answer); returns the cause (WorkerUnreachable when a
+        silent rank's node did not answer either, else WorkerHung) and the one-line summary."""
         import ray
 
         stacks: dict[int, list[hangs.Frame] | None] = {}
+        absent: dict[int, tuple[str, str]] = {}
         for rank, actor in enumerate(self.actors):
             try:
                 dump = ray.get(actor.dump_stacks.options(concurrency_group=hangs.CONTROL).remote(), timeout=timeout_s)
             except (ray.exceptions.RayError, ray.exceptions.GetTimeoutError) as exc:
                 print(f"[kuberl] role {self.role} rank {rank}: no stack dump ({type(exc).__name__})", flush=True)
                 stacks[rank] = None
+                if rank < len(self.where) and self.where[rank].get("node"):
+                    pid = self.where[rank]["pid"]
+                    absent[rank] = hangs.absent_cause(self._process_state(rank, probe_s), pid, timeout_s + probe_s)
                 continue
             print(f"[kuberl] role {self.role} rank {rank} stacks before it is killed:\n{dump['text']}", flush=True)
             stacks[rank] = [tuple(f) for f in dump["call"]]
-        summary = hangs.summarize(self.role, stacks)
+        summary = hangs.summarize(self.role, stacks, absent)
         print(f"[kuberl] {summary}", flush=True)
-        return summary
+        unreachable = any(kind == "unreachable" for kind, _ in absent.values())
+        return (Reason.WORKER_UNREACHABLE if unreachable else Reason.WORKER_HUNG), summary
+
+    def _process_state(self, rank: int, timeout_s: float) -> str | None:
+        """The state of rank `rank`'s process, read by a task on its node (`hangs.process_state`); None when the
+        node does not answer within `timeout_s` or is gone."""
+        import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        where = self.where[rank]
+        probe = ray.remote(num_cpus=0, max_retries=0)(hangs.process_state).options(
+            scheduling_strategy=NodeAffinitySchedulingStrategy(where["node"], soft=False))
+        ref = probe.remote(where["pid"])
+        try:
+            return ray.get(ref, timeout=timeout_s)
+        except (ray.exceptions.RayError, ray.exceptions.GetTimeoutError):
+            ray.cancel(ref, force=True)
+            return None
 
     def _all_alive(self, timeout_s: float = 10.0) -> bool:
         """Every rank answers the identity ping (a control call: it answers beside a stuck call)."""

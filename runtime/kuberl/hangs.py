@@ -8,6 +8,12 @@ concurrency group, so it answers beside the stuck call); the driver logs them al
 `summarize` turns them into one line (role, rank, innermost frame, collective or user code) for
 the recovery record and the operator's `lastFailure`. A rank whose collective failed while its
 peers are alive (`collective_failed`) makes the role count as hung too, not as a bug in its code.
+
+A rank that does not answer its dump is looked at from its node: a task there reads its process's
+state (`process_state`). `absent_cause` names what that shows: a stopped process (SIGSTOP, a
+debugger), a process gone, one that runs but does not answer, or, when the node does not answer
+either, an unreachable rank (a network partition, a lost node). Ray's own verdict on a node that
+missed its health checks (`node_unreachable`) names the same cause.
 """
 
 from __future__ import annotations
@@ -55,6 +61,40 @@ def collective_failed(exc: BaseException) -> bool:
     return isinstance(exc, dist.DistError) or bool(GLOO_ERROR.search(str(exc)))
 
 
+def process_state(pid: int) -> str:
+    """The kernel's state of process `pid` on this node (`/proc/PID/status`: "S (sleeping)", "T (stopped)",
+    ...); "gone" when there is no such process. Runs on the hung rank's node, as a Ray task."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("State:"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "gone"
+
+
+def absent_cause(state: str | None, pid: int, waited_s: float) -> tuple[str, str]:
+    """(kind, text) for a rank that did not answer its stack dump, from its process's `state` as its node read it
+    (`process_state`; None: the node did not answer within `waited_s` either). kind: unreachable, stopped,
+    gone or unanswered."""
+    if state is None:
+        return "unreachable", (f"unreachable: neither the rank nor its node answered within {waited_s:.0f}s "
+                               f"(a network partition, or a lost node)")
+    if state == "gone":
+        return "gone", f"gone: its process {pid} no longer exists on its node"
+    if state[:1] in ("T", "t"):
+        return "stopped", (f"stopped: its process {pid} is in state {state} (SIGSTOP, or a debugger), so it "
+                           f"cannot dump its stacks")
+    return "unanswered", f"does not answer while its node does (process {pid} in state {state})"
+
+
+def node_unreachable(text: str) -> bool:
+    """Whether Ray's death message of an actor says its node failed its health checks (a partition, a node
+    that stopped answering), not that the node or the process was ended."""
+    return "health check failed" in text or "missing too many heartbeats" in text
+
+
 def short_path(path: str) -> str:
     """A frame's file without the install prefix: torch/distributed/..., kuberl/workers/base.py."""
     for marker in ("site-packages/", "runtime/", "dist-packages/"):
@@ -93,16 +133,25 @@ def where(frames: list[Frame]) -> tuple[str, str]:
     return "user code", f"{fn} at {file}:{line}"
 
 
-def summarize(role: str, stacks: dict[int, list[Frame] | None]) -> str:
-    """One line for a hung role from each rank's call frames (None: the rank did not answer).
+SUMMARY_ORDER = ("user code", "stopped", "unreachable", "gone", "collective", "unanswered", "idle")
 
-    The culprit named first is a rank stuck in user code (its peers then wait in a collective), else
-    the first rank in a collective, else the first rank that did not answer."""
-    kinds = {rank: where(frames) if frames is not None else ("unanswered", "") for rank, frames in stacks.items()}
-    order = ("user code", "collective", "unanswered", "idle")
-    rank, (kind, at) = min(kinds.items(), key=lambda kv: (order.index(kv[1][0]), kv[0]))
+
+def summarize(role: str, stacks: dict[int, list[Frame] | None],
+              absent: dict[int, tuple[str, str]] | None = None) -> str:
+    """One line for a hung role from each rank's call frames (None: the rank did not answer), and what its
+    node showed of a rank that did not answer (`absent`: rank -> `absent_cause`).
+
+    The culprit named first is a rank stuck in user code (its peers then wait in a collective), else a
+    stopped, unreachable or vanished rank, else the first rank in a collective, else the first rank that
+    did not answer."""
+    absent = absent or {}
+    kinds = {rank: where(frames) if frames is not None else absent.get(rank, ("unanswered", ""))
+             for rank, frames in stacks.items()}
+    rank, (kind, at) = min(kinds.items(), key=lambda kv: (SUMMARY_ORDER.index(kv[1][0]), kv[0]))
     head = f"role {role} rank {rank} hung"
-    if at:
+    if stacks[rank] is None and rank in absent:
+        head = f"role {role} rank {rank} {at}"
+    elif at:
         head += f" in {kind}: {at}"
     elif kind == "unanswered":
         head += " (no stack: the rank did not answer the dump)"

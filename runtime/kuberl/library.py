@@ -75,7 +75,7 @@ class CheckpointUntrusted(JobFailed):
 
 @dataclass
 class Fault:
-    """An injected fault: `mode` ("kill" or "hang") hits `role`'s first faultable call of `step`; with
+    """An injected fault: `mode` ("kill", "hang" or "stop": SIGSTOP) hits `role`'s first faultable call of `step`; with
     `phase` "checkpoint", its save of step `step`'s checkpoint; with "snapshot" (a kill), its update of step
     `step` runs but the snapshot copy of it never finishes, and the role dies at its next call."""
 

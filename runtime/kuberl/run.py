@@ -27,11 +27,15 @@ class LocalRayFailed(RuntimeError):
     """`kuberl run`'s own Ray did not start (not the job's fault: worth a retry)."""
 
 
+FAULT_MODES = ("kill", "hang", "stop")  # SIGKILL, a call that never returns, SIGSTOP
+
+
 def parse_fault(text: str) -> tuple[str, int, str]:
-    """'critic:3' or 'critic:3:hang' -> (role, step, mode)."""
+    """'critic:3', 'critic:3:hang' or 'critic:3:stop' -> (role, step, mode)."""
     parts = text.split(":")
-    if len(parts) not in (2, 3) or not parts[1].isdigit() or (len(parts) == 3 and parts[2] not in ("kill", "hang")):
-        raise UsageError(f"--fault {text!r}: expected ROLE:STEP or ROLE:STEP:hang, e.g. critic:3")
+    if len(parts) not in (2, 3) or not parts[1].isdigit() or (len(parts) == 3 and parts[2] not in FAULT_MODES):
+        raise UsageError(f"--fault {text!r}: expected ROLE:STEP or ROLE:STEP:MODE with MODE one of "
+                         f"{', '.join(FAULT_MODES)}, e.g. critic:3")
     return parts[0], int(parts[1]), parts[2] if len(parts) == 3 else "kill"
 
 

@@ -157,6 +157,25 @@ def test_hung_worker_counts_as_failed(ray_session, tmp_path):
     assert elapsed < 60
 
 
+def test_a_stopped_worker_is_named_stopped_by_its_node_and_recovers_alone(ray_session, tmp_path):
+    """A worker SIGSTOPped in its call cannot dump its stacks; a task on its node reads its state (T), and the
+    recovery says so; only the stopped role restarts."""
+    spec = spec_for(**{"resilience.callTimeoutSeconds": 5, "trainer.steps": 3})
+    driver = Driver(spec, "stop", tmp_path, lambda r: CountingGroup(r, spec, timeout_s=5),
+                    faults=[Fault("ref", 2, "stop")], progress=False)
+    CountingGroup.starts.clear()
+    driver.start()
+    try:
+        driver.run()
+    finally:
+        driver.shutdown()
+    (rec,) = driver.history["ref"].recoveries
+    assert driver.step == 3 and rec.reason.value == "WorkerHung", rec
+    assert rec.diagnosis.startswith("role ref rank 0 stopped: its process ") and "T (stopped)" in rec.diagnosis, rec
+    assert rec.summary().startswith("WorkerHung at step 2 (ref): role ref rank 0 stopped")
+    assert CountingGroup.starts == {"actor": 1, "critic": 1, "ref": 2, "reward": 1}
+
+
 @pytest.mark.parametrize("role, fault_step, final_ckpt", [("critic", 5, 3), ("reward", 4, 3)])
 def test_restart_budget_exhausted_fails_with_role_and_reason(ray_session, tmp_path, role, fault_step, final_ckpt):
     """maxRestarts=0: the first failure ends the job with an error naming the role, keeping the last checkpoint.

@@ -79,3 +79,47 @@ def test_a_collectives_failure_is_not_the_roles_bug():
     assert hangs.collective_failed(gloo) and hangs.collective_failed(dist.DistBackendError("NCCL watchdog"))
     assert not hangs.collective_failed(ZeroDivisionError("division by zero"))
     assert not hangs.collective_failed(RuntimeError("Timed out waiting for the reward service"))
+
+
+def test_process_state_reads_the_kernels_view_of_a_stopped_a_running_and_a_gone_process():
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        assert hangs.process_state(child.pid)[:1] in ("S", "R")
+        os.kill(child.pid, signal.SIGSTOP)
+        deadline = time.monotonic() + 10
+        while hangs.process_state(child.pid)[:1] != "T" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert hangs.process_state(child.pid) == "T (stopped)"
+    finally:
+        child.kill()
+        child.wait()
+    assert hangs.process_state(child.pid) == "gone"
+
+
+def test_a_silent_rank_is_named_by_what_its_node_saw():
+    assert hangs.absent_cause(None, 7, 15)[0] == "unreachable"
+    assert hangs.absent_cause("T (stopped)", 7, 15)[0] == "stopped"
+    assert hangs.absent_cause("gone", 7, 15)[0] == "gone"
+    assert hangs.absent_cause("D (disk sleep)", 7, 15) == (
+        "unanswered", "does not answer while its node does (process 7 in state D (disk sleep))")
+    cut = hangs.absent_cause(None, 7, 15)
+    assert hangs.summarize("critic", {0: None}, {0: cut}) == (
+        "role critic rank 0 unreachable: neither the rank nor its node answered within 15s (a network partition, "
+        "or a lost node)")
+    # a stopped rank is the culprit, not its peer waiting for it in a collective
+    stopped = hangs.absent_cause("T (stopped)", 9, 15)
+    assert hangs.summarize("actor", {0: COLLECTIVE, 1: None}, {1: stopped}) == (
+        "role actor rank 1 stopped: its process 9 is in state T (stopped) (SIGSTOP, or a debugger), so it cannot "
+        "dump its stacks; rank(s) 0 waiting in a collective")
+
+
+def test_rays_verdict_on_a_node_that_missed_its_health_checks_is_unreachable():
+    died = ("The actor died because its node has died. Node Id: 3f2a\n\tthe actor's node was terminated "
+            "unexpectedly: health check failed due to missing too many heartbeats")
+    assert hangs.node_unreachable(died)
+    assert not hangs.node_unreachable("The actor died unexpectedly before finishing this task.\n\tpid: 12")

@@ -63,8 +63,11 @@ class Worker:
     # -- lifecycle, called by the WorkerGroup ------------------------------------------------------
     @register(Dispatch.ALL, faults=False, control=True)
     def identity(self) -> dict[str, Any]:
-        """The liveness ping: answers while another call is stuck (the control concurrency group)."""
-        return {"role": self.role, "rank": self.rank, "pid": os.getpid()}
+        """The liveness ping: answers while another call is stuck (the control concurrency group). `node`: this
+        process's Ray node id ("" outside Ray), where a hang's diagnosis looks at it from (`kuberl.hangs`)."""
+        ray = _ray()
+        node = ray.get_runtime_context().get_node_id() if ray is not None and ray.is_initialized() else ""
+        return {"role": self.role, "rank": self.rank, "pid": os.getpid(), "node": node}
 
     @register(Dispatch.ALL, faults=False, control=True)
     def dump_stacks(self) -> dict[str, Any]:
@@ -232,7 +235,7 @@ class Worker:
                 fault: str | None = None) -> Any:
         """Run the role method `fn` on this rank (this worker's own override of it, if it has one),
         Batches moved to the device first; `fault` = "kill" ends this process now, "hang" stops
-        answering, "kill_in_snapshot" runs the call (an update) and kills the process at its next call, the
+        answering, "stop" stops this process (SIGSTOP: nothing in it runs, not even its stack dump), "kill_in_snapshot" runs the call (an update) and kills the process at its next call, the
         update's snapshot never finished."""
         info = method_info(fn)  # only declared role methods are callable from the driver
         if not info.control:
@@ -241,6 +244,8 @@ class Worker:
             os.kill(os.getpid(), signal.SIGKILL)
         if fault == "kill_in_snapshot" and self.trainer is not None:
             self.trainer.saver.doom_next = True
+        if fault == "stop":
+            os.kill(os.getpid(), signal.SIGSTOP)
         if fault == "hang":
             while True:
                 time.sleep(3600)
