@@ -235,7 +235,8 @@ class Worker:
                 fault: str | None = None) -> Any:
         """Run the role method `fn` on this rank (this worker's own override of it, if it has one),
         Batches moved to the device first; `fault` = "kill" ends this process now, "hang" stops
-        answering, "stop" stops this process (SIGSTOP: nothing in it runs, not even its stack dump), "kill_in_snapshot" runs the call (an update) and kills the process at its next call, the
+        answering, "stop" stops this process (SIGSTOP: nothing in it runs, not even its stack dump),
+        "kill_in_snapshot" runs the call (an update) and kills the process at its next call, the
         update's snapshot never finished."""
         info = method_info(fn)  # only declared role methods are callable from the driver
         if not info.control:
