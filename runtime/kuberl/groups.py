@@ -337,6 +337,10 @@ class RayWorkerGroup(WorkerGroup):
         except (ray.exceptions.RayActorError, ray.exceptions.ActorDiedError,
                 ray.exceptions.ActorUnavailableError) as exc:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            if isinstance(exc, ray.exceptions.ActorUnavailableError) and self._all_alive():
+                raise WorkerFailure(self.role, Reason.WORKER_UNREACHABLE, f"unreachable: the connection to a rank "
+                                    f"broke during the call, and the rank is alive ({first}); the call may or may "
+                                    f"not have run, so the role restarts from its last snapshot") from None
             if hangs.node_unreachable(str(exc)):
                 raise WorkerFailure(self.role, Reason.WORKER_UNREACHABLE, f"unreachable: Ray marked the node of a rank "
                                     f"dead after it missed its health checks ({first})") from None
