@@ -72,10 +72,15 @@ def latest(root: Path) -> int | None:
 
 
 def write_state(root: Path, step: int, state: dict[str, Any], keep: int) -> None:
-    """Commit a checkpoint: write the driver state atomically, then prune all but the newest `keep`."""
+    """Commit a checkpoint: write the driver state atomically, then prune all but the newest `keep`. A write that
+    fails (no room) leaves no state file, so the checkpoint is not complete, and raises."""
     d = step_dir(root, step)
     tmp = d / (STATE_FILE + ".tmp")
-    tmp.write_text(json.dumps(state, indent=1))
+    try:
+        tmp.write_text(json.dumps(state, indent=1))
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        raise
     tmp.rename(d / STATE_FILE)
     for old in complete_steps(root)[:-keep]:
         shutil.rmtree(step_dir(root, old), ignore_errors=True)

@@ -309,7 +309,14 @@ class Roles:
                   f"incomplete (a failure during its write); the newest complete checkpoint stays step "
                   f"{self.last_checkpoint}", flush=True)
             return
-        checkpoint.write_state(self._root(), pending.step, pending.state, self.spec.trainer.checkpoint.keep)
+        try:
+            checkpoint.write_state(self._root(), pending.step, pending.state, self.spec.trainer.checkpoint.keep)
+        except OSError as exc:  # no room for the state file: the checkpoint is void, training goes on
+            shutil.rmtree(pending.folder, ignore_errors=True)
+            print(f"[{self.name}] warning: checkpoint of step {pending.step} is void (its state file: "
+                  f"{exc.strerror}); training goes on and the newest complete checkpoint stays step "
+                  f"{self.last_checkpoint}", flush=True)
+            return
         self.last_checkpoint = pending.step
 
     def load_checkpoint(self, step: int) -> None:

@@ -43,13 +43,35 @@ def scalars(record: dict[str, Any]) -> dict[str, float]:
 
 
 class TensorBoardTracker(Tracker):
+    """tensorboardX writes from a thread of its own, which ends at its first failed write (a full disk); its queue
+    then fills and every later add would block training. So the queue is long enough for many steps, a tracker
+    whose thread has ended raises OSError (the sink warns once, training goes on), and the next step starts a new
+    event file in the same folder, which TensorBoard reads beside the old one."""
+
+    QUEUE = 100_000  # events: far more than one step's scalars, so a step never blocks on a thread that just ended
+
     def __init__(self, logdir: Path, start_step: int):
+        self.logdir, self.purge = logdir, start_step + 1 if start_step else None
+        self.writer = None
+        self._open()
+
+    def _open(self) -> None:
         from tensorboardX import SummaryWriter
 
         # purge_step: TensorBoard drops events of an earlier run from this step on (a resume replays them)
-        self.writer = SummaryWriter(logdir=str(logdir), purge_step=start_step + 1 if start_step else None)
+        self.writer = SummaryWriter(logdir=str(self.logdir), purge_step=self.purge, max_queue=self.QUEUE)
+        self.purge = None
+
+    def _alive(self) -> bool:
+        worker = getattr(getattr(self.writer.file_writer, "event_writer", None), "_worker", None)
+        return worker is None or worker.is_alive()
 
     def log(self, record: dict[str, Any]) -> None:
+        if self.writer is None:
+            self._open()
+        elif not self._alive():
+            self.writer = None  # not closed: its flush would fail the same way
+            raise OSError(f"TensorBoard's event writer under {self.logdir} stopped at a failed write")
         step = int(record["step"])
         for key, value in scalars(record).items():
             if key != "step":
@@ -57,7 +79,8 @@ class TensorBoardTracker(Tracker):
         self.writer.flush()
 
     def close(self) -> None:
-        self.writer.close()
+        if self.writer is not None and self._alive():
+            self.writer.close()
 
 
 class MLflowTracker(Tracker):

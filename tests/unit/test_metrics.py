@@ -187,3 +187,42 @@ def test_step_timeline_in_the_record_and_its_gantt_chart(tmp_path: Path) -> None
     assert "timeline" not in StepRecord(step=3).flat()
     (tmp_path / "empty.jsonl").write_text(json.dumps({"step": 1}) + "\n")
     assert plot_timeline(tmp_path / "empty.jsonl", tmp_path / "none.png") is None
+
+
+def test_a_full_disk_keeps_the_rows_and_never_tears_a_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                           capsys: pytest.CaptureFixture) -> None:
+    """A write cut short by a full disk is taken back; the rows wait in memory and are written, in order, once
+    there is room; one warning per streak; a writer that raises (a tracker on the same disk) does not stop
+    the others."""
+    import errno
+    import os
+
+    from kuberl.metrics import jsonl
+
+    class Broken:
+        def write(self, rec: StepRecord) -> None:
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        def close(self) -> None:
+            pass
+
+    sink = MetricsSink(tmp_path, "job", total_steps=5, progress=False)
+    sink.add(Broken())
+    sink.log(record(1))
+    real_write = os.write
+
+    def half_then_full(fd: int, data) -> int:  # the disk takes a few bytes, then refuses
+        real_write(fd, bytes(data[:5]))
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(jsonl.os, "write", half_then_full)
+    sink.log(record(2))
+    sink.log(record(3))
+    assert [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == [1]  # no torn line left behind
+    monkeypatch.setattr(jsonl.os, "write", real_write)
+    sink.log(record(4))
+    sink.close()
+    assert [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == [1, 2, 3, 4]
+    err = capsys.readouterr().err
+    assert err.count("kept in memory until there is room again") == 1
+    assert err.count("Broken could not write") == 1  # once per streak, not once per step

@@ -53,3 +53,32 @@ def test_mlflow_gets_every_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
         (1, 0.25),
         (2, 0.5),
     ]
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # the thread's own OSError
+def test_tensorboard_whose_writer_thread_ended_raises_and_opens_a_new_event_file(tmp_path: Path) -> None:
+    """tensorboardX's writer thread ends at its first failed write (a full disk): the tracker says so with an
+    OSError instead of blocking training on the thread's full queue, and the next step writes a new file."""
+    import time
+
+    from kuberl.tracking import TensorBoardTracker
+
+    tracker = TensorBoardTracker(tmp_path, start_step=0)
+    tracker.log({"step": 1, "reward_mean": 0.1})
+    worker = tracker.writer.file_writer.event_writer._worker
+
+    def full(_event) -> None:
+        raise OSError(28, "No space left on device")
+
+    worker._record_writer.write_event = full
+    tracker.log({"step": 2, "reward_mean": 0.2})
+    deadline = time.monotonic() + 10
+    while worker.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not worker.is_alive()
+    with pytest.raises(OSError, match="stopped at a failed write"):
+        tracker.log({"step": 3, "reward_mean": 0.3})
+    time.sleep(1.1)  # tensorboardX names event files by the second
+    tracker.log({"step": 4, "reward_mean": 0.4})
+    tracker.close()
+    assert len(list(tmp_path.glob("events.out.tfevents.*"))) == 2

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -31,17 +32,51 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
+def append_whole(path: Path, data: bytes) -> None:
+    """Append `data` to `path` whole or not at all: a write cut short (a full disk) is taken back before the
+    error is raised, so the file never ends in a torn line."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        size = os.fstat(fd).st_size
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+        except OSError:
+            os.ftruncate(fd, size)
+            raise
+    finally:
+        os.close(fd)
+
+
 class JsonlWriter:
     def __init__(self, path: Path, start_step: int = 0):
         """On resume (`start_step` > 0) keep one continuous file: records past the restored step go."""
         self.path = path
+        self.waiting: list[str] = []  # lines a full disk refused, written before the next step's
         kept = [r for r in read_jsonl(path) if r.get("step", 0) <= start_step]
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("".join(json.dumps(r) + "\n" for r in kept))
 
     def write(self, rec: StepRecord) -> None:
-        with self.path.open("a") as fh:
-            fh.write(json.dumps(rec.flat()) + "\n")
+        """Append the step's line. A disk with no room keeps it (and any before it) in memory, with one warning,
+        until a later step finds room: training goes on and no row is lost while the driver lives."""
+        self.waiting.append(json.dumps(rec.flat()) + "\n")
+        try:
+            append_whole(self.path, "".join(self.waiting).encode())
+        except OSError as exc:
+            if len(self.waiting) == 1:
+                print(f"warning: {self.path}: {exc.strerror}: the metrics of step {rec.step} on are kept in "
+                      f"memory until there is room again", file=sys.stderr, flush=True)
+            return
+        self.waiting.clear()
 
     def close(self) -> None:
-        """Nothing held open between steps."""
+        """Nothing held open between steps; lines still waiting for room are tried once more."""
+        if self.waiting:
+            try:
+                append_whole(self.path, "".join(self.waiting).encode())
+                self.waiting.clear()
+            except OSError as exc:
+                print(f"warning: {self.path}: {exc.strerror}: the metrics of the last {len(self.waiting)} steps "
+                      f"could not be written", file=sys.stderr, flush=True)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
@@ -28,6 +30,7 @@ class MetricsSink:
         writers: list[StepWriter | None] = [JsonlWriter(self.path, start_step), self.prometheus,
                                                Console(job, total_steps, start_step, progress)]
         self.writers: list[StepWriter] = [w for w in writers if w is not None]
+        self.failing: set[int] = set()  # id() of the writers whose last write failed (warned once per streak)
 
     @property
     def registry(self):
@@ -40,8 +43,21 @@ class MetricsSink:
 
     def log(self, rec: StepRecord) -> None:
         for writer in self.writers:
-            writer.write(rec)
+            self._guarded(writer, lambda w: w.write(rec), f"step {rec.step}")
 
     def close(self) -> None:
         for writer in self.writers:
-            writer.close()
+            self._guarded(writer, lambda w: w.close(), "its last steps")
+
+    def _guarded(self, writer: StepWriter, call: Callable[[StepWriter], None], what: str) -> None:
+        """A writer that cannot write (a full disk, a tracking server down) costs its own record, with one
+        warning until it writes again; it never stops training."""
+        try:
+            call(writer)
+        except OSError as exc:
+            if id(writer) not in self.failing:
+                print(f"warning: {type(writer).__name__} could not write {what} ({exc.strerror or exc}); training "
+                      f"goes on", file=sys.stderr, flush=True)
+            self.failing.add(id(writer))
+            return
+        self.failing.discard(id(writer))
