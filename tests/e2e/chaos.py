@@ -3,9 +3,9 @@
 A pod's processes are found by its cgroup (`pod<uid>` under the node's own cgroup root, cgroup v1 with the
 cgroupfs driver: `localkube.node`), and its network namespace through any of them (`nsenter -t PID -n`):
 
-- `cut(pod)` / `heal(pod)`: an nftables table in the pod's own network namespace that drops every packet but
+- `cut(pid)` / `heal(pid)`: an nftables table in the pod's own network namespace that drops every packet but
   loopback's, in and out: the pod is cut off from the head, the other roles and the API server;
-- `lossy(pod, percent)`: drops that share of the packets at random (nftables `numgen`). This kernel has no
+- `lossy(pid, percent)`: drops that share of the packets at random (nftables `numgen`). This kernel has no
   `netem` (CONFIG_NET_SCH_NETEM is unset), so no delay is added;
 - `freeze(pid)` / `thaw(pid)`: SIGSTOP and SIGCONT.
 
@@ -47,7 +47,7 @@ def in_netns(pid: int, *cmd: str, input: str | None = None) -> str:
 
 def _rules(pid: int, body: str) -> None:
     """Replace this module's nftables table in the namespace of `pid` with one whose chains hold `body`."""
-    heal_pid(pid)
+    heal(pid)
     script = (f"table inet {TABLE} {{\n"
               f"  chain in {{\n    type filter hook input priority -10; policy accept;\n"
               f"    iifname \"lo\" accept\n    {body}\n  }}\n"
@@ -57,7 +57,7 @@ def _rules(pid: int, body: str) -> None:
     in_netns(pid, "nft", "-f", "-", input=script)
 
 
-def heal_pid(pid: int) -> None:
+def heal(pid: int) -> None:
     """Remove this module's rules from the network namespace of `pid`, if any."""
     subprocess.run(["nsenter", "-t", str(pid), "-n", "nft", "delete", "table", "inet", TABLE],
                    capture_output=True, timeout=30)

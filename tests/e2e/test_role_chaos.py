@@ -24,15 +24,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
-from localkube import volumes
 
 from tests.cluster.waits import wait_for
 
 from . import chaos
 from .conftest import Kubectl
-from .test_real_pods import QUICKSTART, describe, others_gone, pods_by_role, status
-from .test_role_failures import job_folder, recoveries
+from .test_real_pods import describe, pods_by_role, status
+from .test_role_failures import job_folder, quickstart_with_claim, recoveries
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(2400)]
 JOB, CLAIM = "chaos", "chaos-checkpoints"
@@ -117,13 +115,7 @@ class Chaos:
 @pytest.fixture(scope="module")
 def job(real_cluster, installed: Kubectl) -> Iterator[Chaos]:
     k = installed.in_namespace(JOB)
-    wait_for(lambda: others_gone(k), 180, "the earlier jobs' pods gone", lambda: describe(k, ""), interval=2)
-    k("create", "namespace", JOB)
-    k.apply(volumes.claim(CLAIM))
-    spec = yaml.safe_load(QUICKSTART.read_text())
-    spec["metadata"]["name"] = JOB
-    spec["spec"]["trainer"].update(steps=STEPS, checkpoint={"interval": 5, "volumeClaim": CLAIM,
-                                                            "path": "/checkpoints"})
+    spec = quickstart_with_claim(k, JOB, CLAIM, interval=5, steps=STEPS)
     for role in ("actor", "critic"):  # hit up to five times each: more than the default budget of 3 restarts
         spec["spec"]["roles"][role]["maxRestarts"] = 10
     k.apply(spec)
@@ -161,7 +153,7 @@ def lossy(job: Chaos, short_cut: Hit) -> Hit:
         try:
             time.sleep(40)
         finally:
-            chaos.heal_pid(pid)
+            chaos.heal(pid)
 
     first = job.step()
     hit = job.hit("actor's pod drops 5 % of packets for 40 s", "actor", fault, settle_steps=2)
@@ -184,7 +176,7 @@ def cut(job: Chaos, role: str, seconds: float) -> Callable[[], None]:
         try:
             time.sleep(seconds)
         finally:
-            chaos.heal_pid(pid)
+            chaos.heal(pid)
 
     return fault
 

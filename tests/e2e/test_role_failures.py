@@ -184,6 +184,21 @@ def hit(k: Kubectl, case: Case, at: int, metrics: Path) -> tuple[int, float, flo
     return new[0]["step"], seconds, new[0]["total_s"], new[0]["restored_from"]
 
 
+def quickstart_with_claim(k: Kubectl, job: str, claim: str, interval: int, steps: int) -> dict[str, Any]:
+    """Once the earlier jobs' pods are gone: the namespace `k` works in, a `kuberl-local` claim in it, bound; and
+    the quickstart named `job`, `steps` long, checkpointing every `interval` steps to that claim (not applied)."""
+    wait_for(lambda: others_gone(k), 180, "the earlier jobs' pods gone", lambda: describe(k, ""), interval=2)
+    k("create", "namespace", k.namespace)
+    k.apply(volumes.claim(claim))
+    wait_for(lambda: (k.get("pvc", claim) or {}).get("status", {}).get("phase") == "Bound", 60, "the claim bound",
+             lambda: k("get", "pvc,pv", "-o", "wide"), interval=1)
+    spec = yaml.safe_load(QUICKSTART.read_text())
+    spec["metadata"]["name"] = job
+    spec["spec"]["trainer"].update(steps=steps, checkpoint={"interval": interval, "volumeClaim": claim,
+                                                            "path": "/checkpoints"})
+    return spec
+
+
 @dataclass
 class Failures:
     """The failures job, watched from its apply to its end, and what Prometheus scraped of it meanwhile."""
@@ -250,15 +265,7 @@ def prometheus(installed: Kubectl, helm: Helm, tmp_path_factory: pytest.TempPath
 def failures(installed: Kubectl, prometheus: Prometheus) -> Failures:
     """The quickstart with a checkpoint claim, hit by CASES in turn, run to its end."""
     k = installed.in_namespace(JOB)
-    wait_for(lambda: others_gone(k), 180, "the earlier jobs' pods gone", lambda: describe(k, ""), interval=2)
-    k("create", "namespace", JOB)
-    k.apply(volumes.claim(CLAIM))
-    wait_for(lambda: (k.get("pvc", CLAIM) or {}).get("status", {}).get("phase") == "Bound", 60, "the claim bound",
-             lambda: k("get", "pvc,pv", "-o", "wide"), interval=1)
-    job = yaml.safe_load(QUICKSTART.read_text())
-    job["metadata"]["name"] = JOB
-    job["spec"]["trainer"]["steps"] = STEPS
-    job["spec"]["trainer"]["checkpoint"] = {"interval": 2, "volumeClaim": CLAIM, "path": "/checkpoints"}
+    job = quickstart_with_claim(k, JOB, CLAIM, interval=2, steps=STEPS)
     start = time.time()
     k.apply(job)
     metrics = job_folder(k, CLAIM, JOB) / "runs" / JOB / "metrics.jsonl"  # the driver's --out on the claim
@@ -324,12 +331,7 @@ def test_a_running_standby_pod_takes_a_deleted_critic_pods_place(installed: Kube
     standby for every role, ten Ray pods, starved the head)."""
     name, claim = "standby", "standby-checkpoints"
     k = installed.in_namespace(name)
-    wait_for(lambda: others_gone(k), 180, "the earlier jobs' pods gone", lambda: describe(k, ""), interval=2)
-    k("create", "namespace", name)
-    k.apply(volumes.claim(claim))
-    job = yaml.safe_load(QUICKSTART.read_text())
-    job["metadata"]["name"] = name
-    job["spec"]["trainer"].update(steps=STEPS, checkpoint={"interval": 2, "volumeClaim": claim, "path": "/checkpoints"})
+    job = quickstart_with_claim(k, name, claim, interval=2, steps=STEPS)
     job["spec"]["roles"]["critic"]["standby"] = True
     job["spec"]["roles"]["ref"]["enabled"] = False
     for role, memory in (("actor", "1536Mi"), ("critic", "1536Mi"), ("reward", "1Gi")):

@@ -39,7 +39,7 @@ class Reason(str, enum.Enum):
     WORKER_FAILURE = "WorkerFailure"  # a role could not (re)start: no capacity in time, or it died starting
     WORKER_DIED = "WorkerDied"  # a rank's process died (a recovery's cause)
     WORKER_HUNG = "WorkerHung"  # a rank stopped answering within spec.resilience.callTimeoutSeconds
-    WORKER_UNREACHABLE = "WorkerUnreachable"  # neither a rank nor its node answered (a partition, a lost node)
+    WORKER_UNREACHABLE = "WorkerUnreachable"  # a rank cut off: it and its node silent, or a call's link broken
     CHECKPOINT_REFUSED = "CheckpointRefused"  # a checkpoint to load is not the job's own, or holds code
 
     def __str__(self) -> str:
