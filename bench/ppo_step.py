@@ -151,10 +151,10 @@ def train_bench(spec: JobSpec, args, peak: float, n: int) -> dict:
         }, {"kl_coef": [0.0] * b}).to(worker.device)
         worker.update(batch, 0)  # warm-up (compilation for this shape, allocator)
         times = []
-        for _ in range(args.train_reps):
+        for step in range(1, args.train_reps + 1):  # a step of its own each: a trainer applies one update per step
             sync()
             t0 = time.perf_counter()
-            worker.update(batch, 0)
+            worker.update(batch, step)
             sync()
             times.append(time.perf_counter() - t0)
         group.shutdown()

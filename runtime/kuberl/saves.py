@@ -286,11 +286,12 @@ class AsyncSaver:
         """Whether a checkpoint write is still in flight (`wait` would block)."""
         return any(not future.done() for _, future in self.writes)
 
-    def snapshot(self, model: nn.Module, optimizer: Optimizer, step: int) -> None:
+    def snapshot(self, model: nn.Module, optimizer: Optimizer, step: int,
+                 result: dict[str, float] | None = None) -> None:
         """Start the per-step snapshot of trained step `step` (when snapshots are on): this rank's shards are
         copied into a slot in the background, overlapping whatever the role does next; the next update
         waits for it first (`before_update`), since it changes them. After `doom_next` (fault injection) the
-        copy never ends and the rank dies at its next call, its slot torn."""
+        copy never ends and the rank dies at its next call, its slot torn. `result`: what the update returned."""
         if self._slots is None:
             return
         t0 = time.perf_counter()
@@ -302,15 +303,15 @@ class AsyncSaver:
         hold = threading.Event() if self.doom_next else None  # never set
         self.doomed, self.doom_next = self.doom_next, False
         path = str(snapshots.slot_file(self._root, self.rank, step % snapshots.SLOTS))
-        future = self.pool.submit(self._write, tensors, step, ready, hold)
+        future = self.pool.submit(self._write, tensors, step, ready, hold, result)
         self.snaps.append((path, future))
         self.last = Snap(step, future, {_key(t): i for i, t in enumerate(tensors) if t.numel()})
         self.staged_s += time.perf_counter() - t0
 
     def _write(self, tensors: list[torch.Tensor], step: int, ready: torch.cuda.Event | None,
-               hold: threading.Event | None) -> None:
+               hold: threading.Event | None, result: dict[str, float] | None) -> None:
         t0 = time.perf_counter()
-        self._slots.write(tensors, step, ready, hold)
+        self._slots.write(tensors, step, ready, hold, result)
         self.copies_s.append(time.perf_counter() - t0)
 
     def before_update(self) -> None:
@@ -319,13 +320,13 @@ class AsyncSaver:
         self.wait_snapshots()
         self.waited_s += time.perf_counter() - t0
 
-    def load_snapshot(self, model: nn.Module, optimizer: Optimizer, step: int, init_state) -> None:
-        """Load this rank's snapshot of step `step` in place. `init_state()` creates the optimizer state
-        first when this rank has none yet (a fresh rank)."""
+    def load_snapshot(self, model: nn.Module, optimizer: Optimizer, step: int, init_state) -> dict[str, float] | None:
+        """Load this rank's snapshot of step `step` in place; returns the result kept with it. `init_state()`
+        creates the optimizer state first when this rank has none yet (a fresh rank)."""
         self.wait()
         if not optimizer.state:
             init_state()
-        snapshots.read_into(self._root, self.rank, step, shard_tensors(model, optimizer))
+        return snapshots.read_into(self._root, self.rank, step, shard_tensors(model, optimizer))
 
     def wait(self, snapshots: bool = True) -> list[str]:
         """Wait for every checkpoint write in flight and, with `snapshots`, every snapshot copy; returns the

@@ -1,7 +1,8 @@
 """Per-step snapshots of one rank's trainable state, in two alternating slot files that outlive the process.
 
     <root>/rank_0.slot0         rank 0's tensors as raw bytes, each at a 4 KiB-aligned offset
-    <root>/rank_0.slot0.json    {"step": 7, "layout": [[dtype, shape, offset], ...]}: present only while whole
+    <root>/rank_0.slot0.json    {"step": 7, "layout": [[dtype, shape, offset], ...], "result": {...}}: present
+                                only while whole; "result" is what the update to that step returned
 
 The snapshot of trained step s goes to slot s % 2, so writing one never touches the newest whole one. A slot's
 json is removed before its bytes are rewritten and written (renamed into place) once they are whole: a slot
@@ -229,11 +230,12 @@ class SlotWriter:
                          f"({max(free, 0) / 2**30:.1f} GiB free)")
 
     def write(self, tensors: list[torch.Tensor], step: int, ready: torch.cuda.Event | None = None,
-              hold: threading.Event | None = None) -> None:
+              hold: threading.Event | None = None, result: dict[str, float] | None = None) -> None:
         """Copy `tensors` (this rank's state after trained step `step`) into slot step % 2 and mark it whole.
         Blocking; run it off the training thread. `ready`: recorded on the training stream once the tensors
         hold that step's values (GPU tensors are copied on a side stream that waits for it). `hold`: waited
-        for before the slot is marked whole (fault injection: a rank that dies in the middle of a write)."""
+        for before the slot is marked whole (fault injection: a rank that dies in the middle of a write).
+        `result`: what the update to that step returned, kept with it (`read_into` gives it back)."""
         slot = step % SLOTS
         reserving, self._reserving = self._reserving, None
         if reserving is not None:
@@ -272,7 +274,7 @@ class SlotWriter:
                 os.close(fd)
         if hold is not None:
             hold.wait()
-        meta = {"step": step, "layout": [[e.dtype, list(e.shape), e.offset] for e in layout]}
+        meta = {"step": step, "layout": [[e.dtype, list(e.shape), e.offset] for e in layout], "result": result}
         tmp = _meta_file(self.root, self.rank, slot).with_suffix(".tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
         with os.fdopen(fd, "w") as f:
@@ -300,10 +302,11 @@ class SlotWriter:
             slot_file(self.root, self.rank, slot).unlink(missing_ok=True)
 
 
-def read_into(root: str | Path, rank: int, step: int, live: list[torch.Tensor]) -> None:
+def read_into(root: str | Path, rank: int, step: int, live: list[torch.Tensor]) -> dict[str, float] | None:
     """Copy `rank`'s whole snapshot of trained step `step` under `root` into `live` (the same tensors, in the
-    same order, as were written). FileNotFoundError when that step has no whole snapshot (never written, or
-    overwritten by a later step's while this copied); RuntimeError when its layout is not `live`'s."""
+    same order, as were written); returns the result kept with it (None: none was). FileNotFoundError when that
+    step has no whole snapshot (never written, or overwritten by a later step's while this copied); RuntimeError
+    when its layout is not `live`'s."""
     slot = whole_steps(root, rank).get(step)
     if slot is None:
         raise FileNotFoundError(f"no whole snapshot of step {step} for rank {rank} under {root}")
@@ -317,3 +320,4 @@ def read_into(root: str | Path, rank: int, step: int, live: list[torch.Tensor]) 
             dst.copy_(src)
     if whole_steps(root, rank).get(step) != slot:
         raise FileNotFoundError(f"snapshot of step {step} for rank {rank} was overwritten while it was read")
+    return meta.get("result") if meta else None

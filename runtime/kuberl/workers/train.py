@@ -48,6 +48,7 @@ class FSDPTrainer:
                                       offload_state=offload.optimizer and not offload.params)
         self.base_lr, self.warmup_steps, self.grad_clip = lr, warmup_steps, grad_clip
         self.trained_step = 0  # updates applied: the step whose state the model holds (0: the model path's)
+        self.last_result: dict[str, float] | None = None  # what the update to trained_step returned, when known
         self.saver = AsyncSaver()
         self._loading = threading.Lock()
 
@@ -80,7 +81,14 @@ class FSDPTrainer:
 
     def fit(self, batch: Batch, step: int, tr: TrainerSpec, loss_fn: LossFn) -> dict[str, float]:
         """`tr.ppo_epochs` passes over this rank's shard of the batch in shuffled mini-batches of
-        `tr.mini_batch_size` samples (global, across ranks); returns stats averaged over optimizer steps."""
+        `tr.mini_batch_size` samples (global, across ranks); returns stats averaged over optimizer steps.
+        The update to a step the state holds already (restored from that update's own snapshot: the call was
+        sent again because the driver never saw its answer) is not applied twice: it returns what it returned."""
+        if step + 1 == self.trained_step and self.last_result is not None:
+            return dict(self.last_result)
+        if step + 1 <= self.trained_step:
+            raise RuntimeError(f"the update to trained step {step + 1} is already held (trained step "
+                               f"{self.trained_step}) and its result is unknown: not applied twice")
         self.saver.before_update()  # the snapshot of the last update, copying in the background, is whole first
         self.set_step(step)
         self.model.train()
@@ -94,9 +102,9 @@ class FSDPTrainer:
                     sums[k] = sums.get(k, 0.0) + v
                 count += 1
         self.model.eval()
-        self.trained_step = step + 1
-        self.saver.snapshot(self.model, self.optimizer.optimizer, self.trained_step)
-        return {k: v / count for k, v in sums.items()}
+        self.trained_step, self.last_result = step + 1, {k: v / count for k, v in sums.items()}
+        self.saver.snapshot(self.model, self.optimizer.optimizer, self.trained_step, self.last_result)
+        return dict(self.last_result)
 
     def set_step(self, step: int) -> float:
         """Linear warm-up over `warmup_steps`, then constant; a function of the step, so it needs no state."""
@@ -131,7 +139,8 @@ class FSDPTrainer:
             if step == self.trained_step or (newer_only and step < self.trained_step):
                 return False
             self.trained_step = -1  # unknown until the copy is whole (a standby's read can meet a rewrite)
-            self.saver.load_snapshot(self.model, self.optimizer.optimizer, step, self._init_optimizer_state)
+            self.last_result = self.saver.load_snapshot(self.model, self.optimizer.optimizer, step,
+                                                        self._init_optimizer_state)
             self.trained_step = step
             return True
 
@@ -149,4 +158,4 @@ class FSDPTrainer:
         with self._loading:
             self.optimizer.prepare_load()
             checkpoint.load_trainable(self.model, self.optimizer.optimizer, path, trainable_only=self.lora is not None)
-            self.trained_step = step
+            self.trained_step, self.last_result = step, None
