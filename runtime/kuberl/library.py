@@ -437,7 +437,7 @@ class Roles:
         rec = Recovery(role, step, phase, failure.reason, failure.detail, detect_s=detect_s,
                        diagnosis=failure.diagnosis, in_flight=in_flight or [phase or "no phase"])
         history, budget = self.history[role], self.spec.roles.get(role).max_restarts
-        group = self.groups[role]
+        group, restarts_before = self.groups[role], history.restarts
         t0 = time.perf_counter()
         while True:
             if restart_budget_spent(history.restarts + 1, budget):
@@ -447,6 +447,7 @@ class Roles:
                 raise JobFailed(f"role {role} failed at step {rec.step} ({rec.detail}) and reached "
                                 f"maxRestarts={budget} ({field}); last checkpoint: step {self.last_checkpoint}")
             history.restarts += 1
+            rec.attempts = history.restarts - restarts_before
             print(f"[{self.name}] role {role} failed in phase {rec.phase} of step {rec.step}: {rec.detail}; "
                   f"restarting {role} only ({history.restarts}/{budget})", flush=True)
             try:
@@ -462,6 +463,7 @@ class Roles:
             rec.steps_lost = max(0, self.trained[role] - held)
             self.trained[role] = held
         self.check_placement([role])
+        rec.hosts = list(self.hosts.get(role, []))
         rec.ready_s = time.perf_counter() - t0
         history.recoveries.append(rec)
         for hook in self.on_restart:

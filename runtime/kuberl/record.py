@@ -37,6 +37,8 @@ class Recovery:
     standby: bool = False  # a warm standby took over (spec.resilience.standby), rather than a cold start
     in_flight: list[str] = field(default_factory=list)  # the phases of the role's calls in flight when it failed
     # (`phase` is the one whose wait noticed it: with two in flight, either may be)
+    hosts: list[str] = field(default_factory=list)  # where its ranks run after it, in rank order (pods' hostnames)
+    attempts: int = 1  # restarts it took (a recreate that failed again is retried, within maxRestarts)
 
     def summary(self) -> str:
         """One line for the operator's `lastFailure`: the reason, where, and the diagnosis or detail."""
