@@ -37,19 +37,24 @@ class MethodInfo:
     control: bool = False  # runs in the workers' control concurrency group, beside a stuck call (kuberl.hangs)
     state: bool = True  # needs the role's models on its device (a role sharing GPUs wakes them: kuberl.idle)
     trains: bool = False  # changes the role's trained state (an update): the supervisor keeps its last call
+    repeatable: bool = False  # running it twice changes nothing: sent again when its link broke (kuberl.proxies)
 
 
 def register(dispatch: Dispatch, *, faults: bool = True, control: bool = False, state: bool = True,
-             trains: bool = False) -> Callable[[F], F]:
+             trains: bool = False, repeatable: bool = False) -> Callable[[F], F]:
     """Declare a worker method callable from the driver, and how it is dispatched over ranks.
     `faults=False` for lifecycle calls (save, load) that fault injection must leave alone;
     `control=True` for cheap calls (ping, memory, stack dump) that must answer while a call is stuck;
     `state=False` for calls that use no model state on the device (bookkeeping; control calls never do);
     `trains=True` for an update (`update(batch, step)`: trained step `step + 1`), which a restarted role whose
-    snapshot of it was not yet whole runs again (`kuberl.library.Roles.recover`)."""
+    snapshot of it was not yet whole runs again (`kuberl.library.Roles.recover`);
+    `repeatable=True` for a call that changes nothing when it runs twice (a read, a seeded computation, an update
+    that a trainer applies once per step): when the connection to a live rank broke during it, it is sent again
+    rather than the role restarted (control calls are repeatable)."""
 
     def mark(fn: F) -> F:
-        setattr(fn, _ATTR, MethodInfo(dispatch, faults, control, state and not control, trains))
+        setattr(fn, _ATTR, MethodInfo(dispatch, faults, control, state and not control, trains,
+                                           repeatable or control))
         return fn
 
     return mark

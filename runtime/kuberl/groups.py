@@ -41,6 +41,14 @@ class WorkerFailure(RuntimeError):
         self.diagnosis, self.error = diagnosis, error
 
 
+class LinkBroken(WorkerFailure):
+    """The connection to a live rank broke during a call (a partition, a cut driver): Ray cannot say whether the
+    call ran. A repeatable call is sent again to the same ranks (`kuberl.proxies`); any other restarts the role."""
+
+    def __init__(self, role: str, detail: str):
+        super().__init__(role, Reason.WORKER_UNREACHABLE, detail)
+
+
 class RoleError(RuntimeError):
     """A role's code raised (e.g. a reward function's bug): deterministic, so not worth a restart."""
 
@@ -338,9 +346,8 @@ class RayWorkerGroup(WorkerGroup):
                 ray.exceptions.ActorUnavailableError) as exc:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             if isinstance(exc, ray.exceptions.ActorUnavailableError) and self._all_alive():
-                raise WorkerFailure(self.role, Reason.WORKER_UNREACHABLE, f"unreachable: the connection to a rank "
-                                    f"broke during the call, and the rank is alive ({first}); the call may or may "
-                                    f"not have run, so the role restarts from its last snapshot") from None
+                raise LinkBroken(self.role, f"unreachable: the connection to a rank broke during the call, and the "
+                                 f"rank is alive ({first}); the call may or may not have run") from None
             if hangs.node_unreachable(str(exc)):
                 raise WorkerFailure(self.role, Reason.WORKER_UNREACHABLE, f"unreachable: Ray marked the node of a rank "
                                     f"dead after it missed its health checks ({first})") from None

@@ -15,7 +15,9 @@ when a future is waited on: the supervisor restarts only that role, and the futu
 call again (to the new ranks) and waits for that instead; a call that was in flight to the same
 failed group replays without a second restart. A replay that fails with the same exception as the
 failure before it (same call, same "Type: message") is deterministic: it raises `RoleError` (the job
-fails with that error) instead of restarting the role again. A completed update (`@register(trains=True)`)
+fails with that error) instead of restarting the role again. A call that changes nothing when run twice
+(`@register(repeatable=True)`: a read, a seeded computation) whose connection to a live rank broke is sent
+again once, to the same ranks, without a restart. A completed update (`@register(trains=True)`)
 is handed to the supervisor, which keeps the last one per role.
 """
 
@@ -27,7 +29,7 @@ from collections.abc import Callable
 from typing import Any, Concatenate, Generic, ParamSpec, Protocol, TypeVar, overload
 
 from .dispatch import Dispatch, method_info
-from .groups import GroupCall, RoleError, WorkerFailure, WorkerGroup
+from .groups import GroupCall, LinkBroken, RoleError, WorkerFailure, WorkerGroup
 from .workers import ActorWorker, CriticWorker, RefWorker, RewardWorker, Worker
 
 P = ParamSpec("P")
@@ -89,10 +91,17 @@ class RoleFuture(Generic[R_co]):
     def result(self) -> R_co:
         sup, group = self.proxy.supervisor, self.proxy.group
         last_error = ""  # the exception of this call's previous failure, if it raised one
+        resent = False  # sent again after its link broke (once per call)
         while True:
             try:
                 out = group.collect(self._call)
             except WorkerFailure as failure:
+                if isinstance(failure, LinkBroken) and method_info(self.fn).repeatable and not resent:
+                    print(f"[kuberl] role {failure.role}: the connection broke during {self.fn.__name__} and every "
+                          f"rank is alive; it changes nothing when run twice, so it is sent again", flush=True)
+                    resent = True
+                    self._send()
+                    continue
                 if sup is None:
                     raise
                 if failure.error and failure.error == last_error:

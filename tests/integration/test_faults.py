@@ -14,8 +14,9 @@ import pytest
 
 from kuberl import checkpoint
 from kuberl.driver import Driver, Fault, JobFailed
-from kuberl.groups import RayWorkerGroup
+from kuberl.groups import LinkBroken, RayWorkerGroup, WorkerFailure
 from kuberl.metrics import read_jsonl
+from kuberl.record import Reason
 
 from .conftest import REPO, load_example
 from .probes import PROBED, Probes
@@ -174,6 +175,62 @@ def test_a_stopped_worker_is_named_stopped_by_its_node_and_recovers_alone(ray_se
     assert rec.diagnosis.startswith("role ref rank 0 stopped: its process ") and "T (stopped)" in rec.diagnosis, rec
     assert rec.summary().startswith("WorkerHung at step 2 (ref): role ref rank 0 stopped")
     assert CountingGroup.starts == {"actor": 1, "critic": 1, "ref": 2, "reward": 1}
+
+
+class AnswerLosingGroup(CountingGroup):
+    """A CountingGroup whose n-th collect of the calls named in `losses` ((role, method, n) -> what) waits for the
+    real result and then loses it: "link" raises LinkBroken, as RayWorkerGroup does for Ray's ActorUnavailableError
+    (a live rank), "died" a WorkerFailure as for a rank that died right after answering. Either way the call ran
+    and the driver cannot know it, the worst case for sending it again. A trained role's state as that call left
+    it is kept in `states` ((role, n) -> per-rank sha256)."""
+
+    losses: dict[tuple[str, str, int], str] = {}
+    collected: dict[tuple[str, str], int] = {}
+    states: dict[tuple[str, int], list[str]] = {}
+
+    def collect(self, call):
+        out = super().collect(call)
+        key = (self.role, call.name.rsplit(".", 1)[-1])
+        n = AnswerLosingGroup.collected[key] = AnswerLosingGroup.collected.get(key, 0) + 1
+        what = AnswerLosingGroup.losses.get((*key, n))
+        if what is not None and self.role in PROBED:
+            AnswerLosingGroup.states[self.role, n] = self.call(Probes.state_digest)
+        if what == "link":
+            raise LinkBroken(self.role, f"unreachable: the connection broke during {key[1]} (test)")
+        if what == "died":
+            raise WorkerFailure(self.role, Reason.WORKER_DIED, f"worker died after {key[1]} ran (test)")
+        return out
+
+
+def test_a_call_whose_answer_was_lost_is_never_applied_twice(ray_session, tmp_path):
+    """The ref's log-probs of step 2 and the critic's update of step 2 lose their link after running: both are sent
+    again to the same ranks, and neither role restarts; the update sent again returns its first answer and leaves
+    the state as it was. The critic dies right after its update of step 3: it restarts from that update's own
+    snapshot (or the one before, when the copy was not yet whole) and the update sent again is applied once."""
+    spec = spec_for(**{"trainer.steps": 4})
+    CountingGroup.starts, CountingGroup.sent = {}, {}
+    AnswerLosingGroup.losses = {("ref", "compute_ref_logprobs", 2): "link", ("critic", "update", 2): "link",
+                                ("critic", "update", 4): "died"}  # step 3's update: step 2's was collected twice
+    AnswerLosingGroup.collected, AnswerLosingGroup.states = {}, {}
+    after: dict[int, list[str]] = {}
+    driver = Driver(spec, "lost-answers", tmp_path, lambda r: AnswerLosingGroup(r, spec, timeout_s=120),
+                    progress=False,
+                    on_step=lambda rec: after.setdefault(rec.step, driver.groups["critic"].call(Probes.state_digest)))
+    driver.start()
+    try:
+        driver.run()
+    finally:
+        driver.shutdown()
+    assert driver.step == 4
+    assert driver.history["ref"].recoveries == [] and CountingGroup.starts["ref"] == 1
+    assert CountingGroup.sent["ref", "compute_ref_logprobs"] == 5  # 4 steps, step 2's sent twice
+    assert after[2] == AnswerLosingGroup.states["critic", 2]  # sent twice, applied once
+    (rec,) = driver.history["critic"].recoveries
+    assert (rec.reason.value, rec.step, rec.phase, rec.steps_lost) == ("WorkerDied", 3, "update_critic", 0)
+    assert rec.restored_from in ("snapshot step 3", "snapshot step 2") and CountingGroup.starts["critic"] == 2
+    assert CountingGroup.sent["critic", "update"] == 6  # steps 2 and 3 each sent twice
+    assert after[3] == AnswerLosingGroup.states["critic", 4]  # restored and sent again, applied once
+    assert all(driver.history[r].recoveries == [] for r in ("actor", "reward"))
 
 
 @pytest.mark.parametrize("role, fault_step, final_ckpt", [("critic", 5, 3), ("reward", 4, 3)])

@@ -35,7 +35,7 @@ class ActorWorker(Worker):
         keep = isinstance(engine, torch.nn.Module) and getattr(self.engine, "fast", None) is None
         return [*super().resident_modules(), *([engine] if keep else [])]
 
-    @register(Dispatch.ALL)
+    @register(Dispatch.ALL, repeatable=True)
     def sync_weights(self) -> float:
         """Copy the (unsharded) policy weights into the rollout engine; returns this rank's seconds."""
         t0 = time.perf_counter()
@@ -44,7 +44,7 @@ class ActorWorker(Worker):
             torch.cuda.synchronize()
         return time.perf_counter() - t0
 
-    @register(Dispatch.SPLIT)
+    @register(Dispatch.SPLIT, repeatable=True)
     @torch.no_grad()
     def generate(self, batch: Batch, seed: int, greedy: bool = False) -> Batch:
         """Prompts -> responses, masks and old log-probs. Adds: responses [B,R], response_mask [B,R],
@@ -70,13 +70,13 @@ class ActorWorker(Worker):
         out.tensors["old_logprobs"] = self._logprobs(out, behaviour)
         return Batch({k: v.cpu() for k, v in out.tensors.items()}, {"gen_seconds": [gen_s] * len(out)})
 
-    @register(Dispatch.SPLIT)
+    @register(Dispatch.SPLIT, repeatable=True)
     @torch.no_grad()
     def evaluate(self, batch: Batch) -> Batch:
         """Greedy answers to held-out prompts with the rollout engine's model (kuberl.evaluation)."""
         return eval_batch(self.engine.model, self.tokenizer, batch, self.spec.rollout.max_new_tokens)
 
-    @register(Dispatch.SPLIT)
+    @register(Dispatch.SPLIT, repeatable=True)
     @torch.no_grad()
     def compute_ref_logprobs(self, batch: Batch) -> Batch:
         """ref_logprobs [B, R] of the base model: this actor's own weights with its LoRA adapters off, so a
@@ -99,7 +99,7 @@ class ActorWorker(Worker):
                                  self.spec.rollout.temperature, chunk_size=k.chunk_rows, with_entropy=with_entropy,
                                  entropy_grad=entropy_grad, fused=k.fused_head, compile=k.compile_head)
 
-    @register(Dispatch.SPLIT, trains=True)
+    @register(Dispatch.SPLIT, trains=True, repeatable=True)  # applied once per step (FSDPTrainer.fit)
     def update(self, batch: Batch, step: int) -> dict[str, float]:
         """PPO epochs over the batch in mini-batches; returns token-averaged stats from all ranks."""
         spec, algo = self.spec, self.spec.algorithm

@@ -74,7 +74,7 @@ class Worker:
         """Every thread's Python stack, and the frames of the call in progress (`kuberl.hangs.capture_stacks`)."""
         return hangs.capture_stacks(self._call_thread)
 
-    @register(Dispatch.ALL, state=False)
+    @register(Dispatch.ALL, state=False, repeatable=True)
     def placement_info(self) -> dict[str, Any]:
         """This rank's GPU, the worst link inside the role's groups and where the links were read (None on CPU);
         its host's name (in a cluster: its pod's); under Ray also its node, placement group and what Ray reserved
@@ -84,7 +84,7 @@ class Worker:
                 "topology_source": None if p is None else p.topology_source, "host": socket.gethostname(),
                 "ray": _ray_placement()}
 
-    @register(Dispatch.ONE, state=False)
+    @register(Dispatch.ONE, state=False, repeatable=True)
     def measure_peak_flops(self) -> float:
         """Dense matmul FLOP/s on this worker's device and dtype (the MFU denominator)."""
         return kdist.measure_matmul_flops(self.device, self.dtype)
@@ -97,13 +97,13 @@ class Worker:
         gpu = torch.cuda.max_memory_allocated(self.device) if self.device.type == "cuda" else 0
         return {"gpu_peak": int(gpu), "rss_peak": int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024}
 
-    @register(Dispatch.ALL, faults=False, state=False)
+    @register(Dispatch.ALL, faults=False, state=False, repeatable=True)
     def settle(self) -> bool:
         """After this process's first step: its long-lived objects out of the cycle collector's way, once
         (`kuberl.gcfreeze`). Returns whether this call did it."""
         return gcfreeze.settle()
 
-    @register(Dispatch.ONE, state=False)
+    @register(Dispatch.ONE, state=False, repeatable=True)
     def num_params(self) -> int:
         return count_params(self.trainer.model) if self.trainer is not None else 0
 
@@ -157,7 +157,7 @@ class Worker:
         Injected faults hit it only when aimed at the checkpoint phase."""
         return self.trainer.save(path) if self.trainer is not None else None
 
-    @register(Dispatch.ALL, faults=False, state=False)
+    @register(Dispatch.ALL, faults=False, state=False, repeatable=True)
     def has_checkpoint(self, path: str) -> bool:
         """Whether this rank sees a complete DCP checkpoint at `path` (not so on per-pod storage)."""
         return saves.complete(path)
@@ -215,7 +215,7 @@ class Worker:
         if self.trainer is not None:
             self.trainer.enable_snapshots(root)
 
-    @register(Dispatch.ALL, faults=False, state=False)
+    @register(Dispatch.ALL, faults=False, state=False, repeatable=True)
     def newest_snapshot(self, root: str) -> int | None:
         """The newest step whose snapshot of this rank is whole under `root`."""
         return snapshots.newest(root, self.rank)
@@ -226,7 +226,7 @@ class Worker:
         if self.trainer is not None:
             self.trainer.saver.wait(snapshots)
 
-    @register(Dispatch.ALL, faults=False, state=False)
+    @register(Dispatch.ALL, faults=False, state=False, repeatable=True)
     def saves_pending(self) -> bool:
         """Whether a checkpoint write of this rank is still in flight (`commit_saves` would wait)."""
         return self.trainer is not None and self.trainer.saver.pending()

@@ -21,7 +21,7 @@ class CriticWorker(Worker):
                                    tr.warmup_steps, self.kernels, self.role_spec.offload,
                                    self.role_spec.lora, head=("head",), seed=tr.seed)
 
-    @register(Dispatch.SPLIT)
+    @register(Dispatch.SPLIT, repeatable=True)
     @torch.no_grad()
     def compute_values(self, batch: Batch) -> Batch:
         """values [B, R]: V(state before each response token)."""
@@ -29,7 +29,7 @@ class CriticWorker(Worker):
                  for mb in batch.minibatches(self.spec.trainer.micro_batch_size)]
         return Batch({"values": torch.cat(parts).cpu()})
 
-    @register(Dispatch.SPLIT, trains=True)
+    @register(Dispatch.SPLIT, trains=True, repeatable=True)  # applied once per step (FSDPTrainer.fit)
     def update(self, batch: Batch, step: int) -> dict[str, float]:
         """Value-loss epochs over the batch; returns token-averaged stats from all ranks."""
         spec = self.spec

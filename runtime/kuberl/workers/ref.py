@@ -21,7 +21,7 @@ class RefWorker(Worker):
     def resident_modules(self) -> list[torch.nn.Module]:
         return [self.model]
 
-    @register(Dispatch.SPLIT)
+    @register(Dispatch.SPLIT, repeatable=True)
     @torch.no_grad()
     def compute_ref_logprobs(self, batch: Batch) -> Batch:
         """ref_logprobs [B, R]."""

@@ -27,7 +27,7 @@ class RewardWorker(Worker):
     def resident_modules(self) -> list[torch.nn.Module]:
         return [self.model] if self.model is not None else []
 
-    @register(Dispatch.SPLIT)
+    @register(Dispatch.SPLIT, repeatable=True)
     @torch.no_grad()
     def compute_scores(self, batch: Batch) -> Batch:
         """scores [B] (float32): one scalar per sequence."""
