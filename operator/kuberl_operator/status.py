@@ -327,7 +327,8 @@ def decide(job: RLTrainingJob, generation: int, old: Mapping[str, Any], seen: Ob
     if seen.cluster_uid is not None:
         status.update(rayCluster=names.cluster(job.metadata.name), rayClusterUID=seen.cluster_uid)
     progress = {"step": seen.progress.step, "totalSteps": seen.progress.total_steps,
-                "tokensPerSec": seen.progress.tokens_per_sec}
+                "tokensPerSec": seen.progress.tokens_per_sec, "resumedFrom": seen.progress.resumed_from,
+                "stepsLost": seen.progress.steps_lost}
     status.update({k: v for k, v in progress.items() if v is not None})
     terminal = ended is not None
     # a colocated role dooms its host's pods with the host: each pod is deleted once

@@ -28,7 +28,7 @@ from .batch import Batch
 from .evaluation import Evaluator, common_ranks
 from .groups import WorkerGroup, world_size
 from .library import STATEFUL, Fault, JobFailed, PlacementDegraded, Prompts, RoleHistory, Roles
-from .metrics import MetricsSink, mfu
+from .metrics import MetricsSink, last_step, mfu
 from .record import RoleStep, StepRecord, uncovered_s
 from .schedule import Phases, Rollout
 from .spec import JobSpec, SpecInvalid
@@ -63,6 +63,7 @@ class Driver:
         self.kl_ctl = algos.make_kl_controller(a.kl.controller, a.kl.coef, a.kl.target, a.kl.horizon)
         self.loader_at_step_start = self.loader.state_dict()
         self.metrics_port: int | None = None
+        self.resumed: tuple[int, int] | None = None  # (checkpoint step resumed from, steps lost past it), on resume
         self.asynchronous = spec.rollout.asynchronous
         self.ahead: Rollout | None = None  # asynchronous: the next step's rollout, sent during this step
         self.sequential = False  # True: one phase after another (the overlap's reference, in tests)
@@ -94,6 +95,11 @@ class Driver:
         if resume is not None:
             self._restore_driver(resume)
             self.roles.load_checkpoint(resume)
+            self.resumed = (resume, max(0, last_step(self.out / "metrics.jsonl") - resume))
+            if self.resumed[1]:
+                print(f"[{self.name}] steps {resume + 1}-{resume + self.resumed[1]} of the run before were done past "
+                      f"its last complete checkpoint (step {resume}): {self.resumed[1]} steps lost, trained again",
+                      flush=True)
         self.peak_flops = self.roles.actor.measure_peak_flops()
         self.n_params = self.roles.actor.num_params()
 

@@ -207,9 +207,11 @@ class ProgressFiles:
 
 
 def progress_of(rec: StepRecord | None, total_steps: int, phase: str = "Running", message: str = "",
-                reason: str | None = None, worst_links: dict[str, str | None] | None = None) -> ProgressDocument:
+                reason: str | None = None, worst_links: dict[str, str | None] | None = None,
+                resumed: tuple[int, int] | None = None) -> ProgressDocument:
     """The progress document after step record `rec` (None: no step done yet); `worst_links` add links
-    known without a step (a placement refused at start). The operator reads it with ProgressDocument.parse."""
+    known without a step (a placement refused at start); `resumed`: the checkpoint step this driver resumed
+    from and the steps lost past it (`Driver.resumed`). The operator reads it with ProgressDocument.parse."""
     steps = rec.roles if rec is not None else {}
     roles = {role: RoleProgress(restarts=rs.restarts, worst_link=rs.worst_link,
                                 last_failure=rs.last_failure[:MESSAGE_MAX] if rs.last_failure else None,
@@ -222,4 +224,5 @@ def progress_of(rec: StepRecord | None, total_steps: int, phase: str = "Running"
     rate = rec.rollout_tokens_per_s if rec is not None and math.isfinite(rec.rollout_tokens_per_s or 0.0) else None
     return ProgressDocument(step=rec.step if rec else 0, total_steps=total_steps,
                             tokens_per_sec=round(rate or 0.0, 1), phase=phase, message=message[:MESSAGE_MAX],
-                            reason=str(reason) if reason else None, roles=roles)
+                            reason=str(reason) if reason else None, roles=roles,
+                            resumed_from=resumed[0] if resumed else None, steps_lost=resumed[1] if resumed else None)

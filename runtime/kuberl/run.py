@@ -143,7 +143,7 @@ def run_job(job: RLTrainingJob, out: Path, backend: str = "ray", device: str = "
     if reporter is not None:
         def on_step(rec: StepRecord) -> None:
             last[:] = [rec]
-            reporter.report(progress_of(rec, total))
+            reporter.report(progress_of(rec, total, resumed=driver.resumed))
         driver.on_step = on_step
         driver.replicas_source = reporter.desired_replicas  # the operator's data.replicas, read between steps
     try:
@@ -154,12 +154,13 @@ def run_job(job: RLTrainingJob, out: Path, backend: str = "ray", device: str = "
             reason = Reason.WORKER_FAILURE if isinstance(exc, WorkerFailure) else exc.reason
             public = getattr(exc, "public", str(exc))  # no prompt or response text in the status
             reporter.report(progress_of(last[-1] if last else None, total, "Failed", public, reason,
-                                        driver.worst_links))
+                                        driver.worst_links, driver.resumed))
         raise
     finally:
         driver.shutdown()
     if reporter is not None:
-        reporter.report(progress_of(last[-1] if last else None, total, "Succeeded", f"finished {total} steps"))
+        reporter.report(progress_of(last[-1] if last else None, total, "Succeeded", f"finished {total} steps",
+                                    resumed=driver.resumed))
     plot_reward_curve(out / "metrics.jsonl", out / "reward_curve.png")
     plot_timeline(out / "metrics.jsonl", out / "timeline.png")
     if export:

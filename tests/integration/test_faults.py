@@ -17,6 +17,7 @@ from kuberl.driver import Driver, Fault, JobFailed
 from kuberl.groups import LinkBroken, RayWorkerGroup, WorkerFailure
 from kuberl.metrics import read_jsonl
 from kuberl.record import Reason
+from kuberl.spec.contract import PROGRESS_FILE, Env, ProgressDocument
 
 from .conftest import REPO, load_example
 from .probes import PROBED, Probes
@@ -255,7 +256,8 @@ def test_restart_budget_exhausted_fails_with_role_and_reason(ray_session, tmp_pa
 
 
 def test_killed_driver_resumes_from_last_checkpoint(netns, tmp_path):
-    """SIGKILL the whole `kuberl run`; the same command resumes, losing at most one checkpoint interval."""
+    """SIGKILL the whole `kuberl run`; the same command resumes, losing at most one checkpoint interval, and says
+    how many steps it lost in its log and in the progress document the operator copies into status."""
     out, interval = tmp_path / "run", 5
     cmd = [sys.executable, "-m", "kuberl.cli", "run", "examples/quickstart.yaml", "--out", str(out), "--steps", "30",
            "--backend", "local", "--no-progress"]
@@ -273,10 +275,18 @@ def test_killed_driver_resumes_from_last_checkpoint(netns, tmp_path):
     assert 12 <= done_before < 30
     resumed_from = checkpoint.latest(out / "checkpoints")
     assert done_before - resumed_from <= interval
-    rerun = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+    reports = tmp_path / "progress"  # the folder a driver pod shares with its reporter
+    reports.mkdir()
+    rerun = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300,
+                           env={**os.environ, Env.PROGRESS_DIR: str(reports)})
     assert rerun.returncode == 0, rerun.stderr
     assert [r["step"] for r in read_jsonl(out / "metrics.jsonl")] == list(range(1, 31))
     assert f"step {resumed_from + 1}/30" in rerun.stdout
+    lost = done_before - resumed_from
+    doc = ProgressDocument.parse((reports / PROGRESS_FILE).read_text())
+    assert (doc.step, doc.phase, doc.resumed_from, doc.steps_lost) == (30, "Succeeded", resumed_from, lost), doc
+    if lost:
+        assert f"{lost} steps lost, trained again" in rerun.stdout
 
 
 def test_killed_driver_leaves_no_ray_process_behind(netns, tmp_path):

@@ -126,9 +126,10 @@ def test_pods_of_an_old_cluster_are_ignored_and_a_new_cluster_starts_clean() -> 
 
 def test_driver_outcome_and_progress() -> None:
     seen = Observed("rc", pods(), Progress(step=3, total_steps=10, tokens_per_sec=99.5, message="step 3/10",
-                                           roles={"critic": RoleProgress(restarts=2)}))
+                                           roles={"critic": RoleProgress(restarts=2)}, resumed_from=2, steps_lost=4))
     st = run({}, seen, critic_budget=3).status
     assert (st["step"], st["totalSteps"], st["tokensPerSec"], st["message"]) == (3, 10, 99.5, "step 3/10")
+    assert (st["resumedFrom"], st["stepsLost"]) == (2, 4)  # a driver that resumed says what it lost
     assert st["roles"]["critic"]["restarts"] == 2 and st["roles"]["critic"]["podRestarts"] == 0
 
     done = run(st, Observed("rc", pods(), driver=DriverOutcome(True, "the driver finished")), critic_budget=3)
@@ -220,11 +221,12 @@ def test_every_status_field_written_is_declared_in_the_crd() -> None:
     schema = CrdSchema(generate_crd(), "v1alpha1")
     report = Progress(step=3, total_steps=10, tokens_per_sec=9.5, message="step 3/10",
                       roles={"ref": RoleProgress(restarts=1), "actor": RoleProgress(worst_link="PIX"),
-                             "critic": RoleProgress(worst_link="NV4")})
+                             "critic": RoleProgress(worst_link="NV4")}, resumed_from=4, steps_lost=1)
     st = run({}, Observed("rc", pods(), report))
     st = run(st.status, Observed("rc", pods(failed={"c0": "container ray-worker OOMKilled"}), report)).status
     assert {"podRestarts", "members", "handledUIDs", "lastFailure", "worstLink"} <= set(st["roles"]["critic"])
-    assert {"rayCluster", "rayClusterUID", "step", "totalSteps", "tokensPerSec", "restarts"} <= set(st)
+    assert {"rayCluster", "rayClusterUID", "step", "totalSteps", "tokensPerSec", "restarts", "resumedFrom",
+            "stepsLost"} <= set(st)
     spec = {"data": {"task": "repeat-letter"}, "reward": {"function": "m.n:f"}}
     for status in (st, invalid_spec_status({}, 1, "x", T0), infeasible_status(st, 1, "y", T0)):
         body = {"apiVersion": "kuberl.io/v1alpha1", "kind": "RLTrainingJob", "metadata": {"name": "j"},

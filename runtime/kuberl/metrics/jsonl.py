@@ -49,6 +49,11 @@ def append_whole(path: Path, data: bytes) -> None:
         os.close(fd)
 
 
+def last_step(path: Path) -> int:
+    """The newest step the file records (0: none, or no file)."""
+    return max((r.get("step", 0) for r in read_jsonl(path)), default=0)
+
+
 class JsonlWriter:
     def __init__(self, path: Path, start_step: int = 0):
         """On resume (`start_step` > 0) keep one continuous file: records past the restored step go."""

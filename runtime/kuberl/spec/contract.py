@@ -115,6 +115,12 @@ class ProgressDocument(_Doc):
     message: str | None = Field(None, max_length=MESSAGE_MAX)
     reason: str | None = Field(None, pattern=REASON_PATTERN.pattern, max_length=128, description="A Reason code.")
     roles: dict[str, RoleProgress] = Field(default_factory=dict)
+    resumed_from: int | None = Field(None, alias="resumedFrom", ge=0, le=COUNT_MAX,
+                                     description="The checkpoint step this driver resumed from (absent: it started "
+                                                 "at step 0).")
+    steps_lost: int | None = Field(None, alias="stepsLost", ge=0, le=COUNT_MAX,
+                                   description="Steps the driver before this one completed past that checkpoint: "
+                                               "trained again.")
     refused: tuple[str, ...] = Field((), exclude=True, description="What the reader dropped (field paths), not sent.")
 
     def restarts_of(self, role: str) -> int:

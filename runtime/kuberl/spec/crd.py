@@ -22,6 +22,10 @@ STATUS_SCHEMA: dict[str, Any] = {
         "step": {"type": "integer", "description": "Last training step the driver reported."},
         "totalSteps": {"type": "integer"},
         "tokensPerSec": {"type": "number"},
+        "resumedFrom": {"type": "integer", "description": "The checkpoint step the running driver resumed from (after "
+                                                          "a head failure or a lost driver pod)."},
+        "stepsLost": {"type": "integer", "description": "Steps the driver before it had completed past that "
+                                                        "checkpoint, trained again."},
         "restarts": {"type": "integer", "description": "Restarts summed over roles."},
         "rayCluster": {"type": "string", "description": "Name of the live RayCluster."},
         "rayClusterUID": {"type": "string",
