@@ -320,9 +320,12 @@ class RayWorkerGroup(WorkerGroup):
             while pending:
                 ready, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
                 if not ready:
-                    reason, summary = self.diagnose()
-                    raise WorkerFailure(self.role, reason, f"hung: no answer within {timeout:.0f}s "
-                                        f"({why or 'spec.resilience.callTimeoutSeconds'}); {summary}", summary)
+                    reason, summary, idle = self.diagnose()
+                    detail = f"no answer within {timeout:.0f}s ({why or 'spec.resilience.callTimeoutSeconds'})"
+                    if idle:  # it ran, or never arrived; its answer is lost on the way (a broken link)
+                        raise LinkBroken(self.role, f"unreachable: {detail}, and every rank is alive and in no call: "
+                                                    f"the call or its answer was lost on the way")
+                    raise WorkerFailure(self.role, reason, f"hung: {detail}; {summary}", summary)
                 ray.get(ready[0])  # raises this rank's error now, not after slower ranks
             return ray.get(refs)
         except ray.exceptions.RayTaskError as exc:
@@ -333,7 +336,7 @@ class RayWorkerGroup(WorkerGroup):
                 raise WorkerFailure(self.role, Reason.WORKER_DIED, f"a rank died ({type(cause).__name__} on a peer: "
                                     f"{text})", error=error) from None
             if hangs.collective_failed(cause):
-                reason, summary = self.diagnose()
+                reason, summary, _ = self.diagnose()
                 raise WorkerFailure(self.role, reason, f"a collective failed ({error}); {summary}",
                                     summary, error) from None
             log_text = str(cause).strip().splitlines()[-1] if str(cause).strip() else ""
@@ -353,10 +356,11 @@ class RayWorkerGroup(WorkerGroup):
                                     f"dead after it missed its health checks ({first})") from None
             raise WorkerFailure(self.role, Reason.WORKER_DIED, f"worker died ({type(exc).__name__}: {first})") from None
 
-    def diagnose(self, timeout_s: float = 5.0, probe_s: float = 10.0) -> tuple[Reason, str]:
+    def diagnose(self, timeout_s: float = 5.0, probe_s: float = 10.0) -> tuple[Reason, str, bool]:
         """Every rank's Python stacks (all threads) into the driver's log, and for a rank that did not answer, its
         process's state as its node reads it (`probe_s` to answer); returns the cause (WorkerUnreachable when a
-        silent rank's node did not answer either, else WorkerHung) and the one-line summary."""
+        silent rank's node did not answer either, else WorkerHung), the one-line summary, and whether every rank
+        answered and is in no call (idle: the call awaited is not running anywhere)."""
         import ray
 
         stacks: dict[int, list[hangs.Frame] | None] = {}
@@ -376,7 +380,8 @@ class RayWorkerGroup(WorkerGroup):
         summary = hangs.summarize(self.role, stacks, absent)
         print(f"[kuberl] {summary}", flush=True)
         unreachable = any(kind == "unreachable" for kind, _ in absent.values())
-        return (Reason.WORKER_UNREACHABLE if unreachable else Reason.WORKER_HUNG), summary
+        idle = all(frames is not None and hangs.where(frames)[0] == "idle" for frames in stacks.values())
+        return (Reason.WORKER_UNREACHABLE if unreachable else Reason.WORKER_HUNG), summary, idle
 
     def _process_state(self, rank: int, timeout_s: float) -> str | None:
         """The state of rank `rank`'s process, read by a task on its node (`hangs.process_state`); None when the
