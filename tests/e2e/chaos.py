@@ -7,7 +7,8 @@ cgroupfs driver: `localkube.node`), and its network namespace through any of the
   loopback's, in and out: the pod is cut off from the head, the other roles and the API server;
 - `lossy(pid, percent)`: drops that share of the packets at random (nftables `numgen`). This kernel has no
   `netem` (CONFIG_NET_SCH_NETEM is unset), so no delay is added;
-- `freeze(pid)` / `thaw(pid)`: SIGSTOP and SIGCONT.
+- `freeze(pid)` / `thaw(pid)`: SIGSTOP and SIGCONT;
+- `kill_containers(pids)`: SIGKILL every process of a pod but its sandbox's `pause`: its containers exit.
 
 Every rule lives in the pod's namespace alone and goes with the pod; `heal` removes it before that.
 """
@@ -75,6 +76,19 @@ def lossy(pid: int, percent: int) -> None:
 
 def freeze(pid: int) -> None:
     os.kill(pid, signal.SIGSTOP)
+
+
+def kill_containers(pids: list[int]) -> list[int]:
+    """SIGKILL each of a pod's processes (`pod_pids`) but the sandbox's `pause`; returns the ones killed."""
+    killed = []
+    for pid in pids:
+        try:
+            if Path(f"/proc/{pid}/comm").read_text().strip() != "pause":
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+        except (FileNotFoundError, ProcessLookupError):
+            pass
+    return killed
 
 
 def thaw(pid: int) -> None:

@@ -7,7 +7,9 @@ hit once the one before has settled:
 - the critic's pod cut off from everything (head, other roles, API server) for 20 s, then healed;
 - 5 % of the actor pod's packets dropped for 40 s;
 - the critic's pod cut off for 120 s, then healed;
-- the driver's pod cut off (from the head and every role) for 20 s, then healed.
+- the driver's pod cut off (from the head and every role) for 20 s, then healed;
+- the Ray head's container killed: the whole Ray cluster and the driver start again, and the driver resumes from
+  the last checkpoint, the steps lost in status.
 
 Faults come from the host into the pod's own namespaces (`tests/e2e/chaos.py`). After each, what the docs
 (docs/operations.md, "Chaos") promise is checked: which role restarted (only the hit one, or none), the cause the
@@ -136,17 +138,18 @@ def job(real_cluster, installed: Kubectl) -> Iterator[Chaos]:
 
 @pytest.fixture(scope="module")
 def frozen(job: Chaos) -> Hit:
-    """The critic's Ray worker SIGSTOPped for 60 s (past the 30 s hang bound of the CPU job's calls), then
-    continued."""
+    """The critic's Ray worker SIGSTOPped past the hang bound of its call in flight (30 s, or 10 x the slowest such
+    call: a first call slowed by a loaded machine raises it), until its recovery is recorded, then continued."""
     def fault() -> None:
-        pid = ray_worker(pod_pids(job.cluster, job.k, "critic"))
+        pid, seen = ray_worker(pod_pids(job.cluster, job.k, "critic")), len(recoveries(job.metrics))
         chaos.freeze(pid)
         try:
-            time.sleep(60)
+            wait_for(lambda: len(recoveries(job.metrics)) > seen, 600, "the stopped critic's recovery",
+                     lambda: describe(job.k, JOB), interval=1)
         finally:
             chaos.thaw(pid)
 
-    return job.hit("critic's Ray worker stopped 60 s", "critic", fault)
+    return job.hit("critic's Ray worker stopped until it is restarted", "critic", fault)
 
 
 @pytest.fixture(scope="module")
@@ -250,3 +253,34 @@ def driver_cut(job: Chaos, long_cut: Hit) -> Hit:
 def test_a_driver_cut_off_for_a_moment_goes_on(driver_cut: Hit) -> None:
     """Every role looks cut off from the driver: the calls in flight are sent again; at most one restart."""
     assert_at_most_one_unreachable(driver_cut)
+
+
+@pytest.fixture(scope="module")
+def head_lost(job: Chaos, driver_cut: Hit) -> tuple[Hit, dict[str, Any], dict[str, Any]]:
+    """The head's container killed (every process of its pod but the sandbox): returns the hit and the job's status
+    before and after."""
+    before = status(job.k, JOB)
+
+    def fault() -> None:
+        assert chaos.kill_containers(pod_pids(job.cluster, job.k, "head"))
+
+    hit = job.hit("Ray head's container killed", "head", fault, settle_steps=SETTLE)
+    return hit, before, status(job.k, JOB)
+
+
+def test_a_lost_head_restarts_the_whole_cluster_and_the_driver_resumes_saying_what_it_lost(
+        head_lost: tuple[Hit, dict[str, Any], dict[str, Any]]) -> None:
+    """docs/operator.md, "The Ray head is the whole cluster": every pod of the Ray cluster is made anew, no role's
+    budget is charged, and the driver's next pod resumes from the newest complete checkpoint, its status saying from
+    which step and how many completed steps it trains again (at most about one checkpoint interval: 5 steps, and the
+    steps done while the checkpoint after it was written)."""
+    hit, before, after = head_lost
+    assert {"head", "actor", "critic", "ref", "reward"} <= hit.replaced, hit
+    assert after["head"]["restarts"] == before["head"]["restarts"] + 1, after["head"]
+    assert {r: s["restarts"] for r, s in after["roles"].items()} == {
+        r: s["restarts"] for r, s in before["roles"].items()}, (before["roles"], after["roles"])
+    resumed, lost = after.get("resumedFrom"), after.get("stepsLost")
+    assert resumed is not None and resumed % 5 == 0 and resumed <= hit.step + 2, after
+    assert lost is not None and 0 <= lost <= 10, after
+    print(f"head container killed at step {hit.step}: the driver resumed from step {resumed}, {lost} steps lost "
+          f"({after['head'].get('lastFailure')})")
