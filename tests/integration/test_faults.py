@@ -16,6 +16,7 @@ from kuberl import checkpoint
 from kuberl.driver import Driver, Fault, JobFailed
 from kuberl.groups import LinkBroken, RayWorkerGroup, WorkerFailure
 from kuberl.metrics import read_jsonl
+from kuberl.proxies import ActorProxy
 from kuberl.record import Reason
 from kuberl.spec.contract import PROGRESS_FILE, Env, ProgressDocument
 
@@ -232,6 +233,41 @@ def test_a_call_whose_answer_was_lost_is_never_applied_twice(ray_session, tmp_pa
     assert CountingGroup.sent["critic", "update"] == 6  # steps 2 and 3 each sent twice
     assert after[3] == AnswerLosingGroup.states["critic", 4]  # restored and sent again, applied once
     assert all(driver.history[r].recoveries == [] for r in ("actor", "reward"))
+
+
+def test_an_update_sent_again_while_the_first_still_runs_waits_for_it_and_applies_nothing(netns):
+    """The actor of the one-step-off rollout runs two calls at once (`RayWorkerGroup.concurrency`): an update sent
+    again while the first still runs (its link broke, not the update) waits for it, then answers what it answered.
+    Two threads call the same worker at once; its state is the one a single update leaves, byte for byte."""
+    import threading
+
+    from kuberl.groups import LocalWorkerGroup
+    from kuberl.workers import ActorWorker
+
+    from .test_offload import train_batch
+
+    spec = spec_for(**{"trainer.ppoEpochs": 1, "trainer.miniBatchSize": 8, "trainer.microBatchSize": 4,
+                       "data.batchSize": 16})
+    keys = ("input_ids", "attention_mask", "responses", "response_mask", "old_logprobs", "advantages")
+    groups = [LocalWorkerGroup("actor", spec, "cpu", worker_cls=PROBED["actor"]) for _ in range(2)]
+    for g in groups:
+        g.start()
+    try:
+        batch = train_batch(spec, ActorProxy(groups[0])).select(*keys)
+        once = groups[1].call(ActorWorker.update, batch, 0)
+        answers: list[dict] = []
+        twice = [threading.Thread(target=lambda: answers.append(groups[0].worker.execute(ActorWorker.update,
+                                                                                         (batch, 0), {})))
+                 for _ in range(2)]
+        for t in twice:
+            t.start()
+        for t in twice:
+            t.join()
+        assert answers[0] == answers[1] == once
+        assert groups[0].call(Probes.state_digest) == groups[1].call(Probes.state_digest)
+    finally:
+        for g in groups:
+            g.shutdown()
 
 
 @pytest.mark.parametrize("role, fault_step, final_ckpt", [("critic", 5, 3), ("reward", 4, 3)])

@@ -59,6 +59,9 @@ class Worker:
             torch.set_num_threads(threads)
         self.tokenizer = load_tokenizer(self.spec.model)
         self._promoted = threading.Event()  # set: this standby took its role's place (it follows no more)
+        # one call of a method at a time: a call sent again while the first still runs (the link broke, not the
+        # call) waits for it, so an update sent twice finds itself applied (two methods may still overlap)
+        self._running: dict[str, threading.Lock] = {}  # method name -> its lock (setdefault: atomic)
 
     # -- lifecycle, called by the WorkerGroup ------------------------------------------------------
     @register(Dispatch.ALL, faults=False, control=True)
@@ -257,7 +260,8 @@ class Worker:
         if resident is not None and info.state:
             resident.wake()
         try:
-            return bound(*(a.to(self.device) if isinstance(a, Batch) else a for a in args), **kwargs)
+            with contextlib.nullcontext() if info.control else self._running.setdefault(fn.__name__, threading.Lock()):
+                return bound(*(a.to(self.device) if isinstance(a, Batch) else a for a in args), **kwargs)
         finally:
             if resident is not None:
                 if self.trainer is not None:
