@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import traceback
 from collections.abc import Callable, Sequence
 
 from .spec import SpecInvalid, crd_yaml, load_manifest
@@ -135,12 +136,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Bad input is one line and exit 1 (the commands catch it); an error nothing expected is a crash: its traceback
+    and exit 5 (`ExitCode.CRASHED`), which the driver Job retries (Python's own exit 1 would read as bad input)."""
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return ExitCode.INTERRUPTED
+    except Exception:  # a crash: reported whole
+        traceback.print_exc()
+        print(f"kuberl {args.command}: crashed (exit {ExitCode.CRASHED.value})", file=sys.stderr, flush=True)
+        return ExitCode.CRASHED
 
 
 if __name__ == "__main__":

@@ -32,6 +32,22 @@ def test_exit_codes_the_driver_job_fails_on():
     assert rules[0]["onExitCodes"]["values"] == [ExitCode.BAD_INPUT, ExitCode.GAVE_UP] == [1, 3]
 
 
+def test_a_crash_exits_with_a_code_the_driver_job_retries(monkeypatch, capsys):
+    """An error nothing expected (on Kubernetes: the Ray cluster gone with its head, which Ray's client reports
+    as it pleases) is no bad input: its traceback and exit 5, which the podFailurePolicy leaves to the retries
+    (Python's own exit code for an uncaught exception is 1, bad input's)."""
+    from kuberl import cli
+
+    def crash(args):
+        raise RuntimeError("the GCS has restarted")
+
+    monkeypatch.setattr(cli, "cmd_crd", crash)
+    assert cli.main(["crd"]) == ExitCode.CRASHED == 5
+    err = capsys.readouterr().err
+    assert "Traceback" in err and "RuntimeError: the GCS has restarted" in err
+    assert err.rstrip().endswith("kuberl crd: crashed (exit 5)")
+
+
 def test_progress_document_round_trip_and_wire_names():
     doc = ProgressDocument(step=3, total_steps=9, tokens_per_sec=1.5, phase="Failed", message="m",
                            reason=Reason.PLACEMENT_DEGRADED.value,
