@@ -77,7 +77,9 @@ def process_state(pid: int) -> str:
 def absent_cause(state: str | None, pid: int, waited_s: float) -> tuple[str, str]:
     """(kind, text) for a rank that did not answer its stack dump, from its process's `state` as its node read it
     (`process_state`; None: the node did not answer within `waited_s` either). kind: unreachable, stopped,
-    gone or unanswered."""
+    gone or unanswered. A process that sleeps (S: waiting, its control thread free to answer) and still does not
+    answer is cut off from the driver: unreachable too (a cut that healed while the driver's connection to it did
+    not). One running (R: a thread holding the GIL) or in uninterruptible I/O (D) is unanswered: hung."""
     if state is None:
         return "unreachable", (f"unreachable: neither the rank nor its node answered within {waited_s:.0f}s "
                                f"(a network partition, or a lost node)")
@@ -86,6 +88,9 @@ def absent_cause(state: str | None, pid: int, waited_s: float) -> tuple[str, str
     if state[:1] in ("T", "t"):
         return "stopped", (f"stopped: its process {pid} is in state {state} (SIGSTOP, or a debugger), so it "
                            f"cannot dump its stacks")
+    if state[:1] == "S":
+        return "unreachable", (f"unreachable: its process {pid} waits on its node (state {state}) and does not "
+                               f"answer: the driver's link to it is broken")
     return "unanswered", f"does not answer while its node does (process {pid} in state {state})"
 
 

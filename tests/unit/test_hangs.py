@@ -107,6 +107,11 @@ def test_a_silent_rank_is_named_by_what_its_node_saw():
     assert hangs.absent_cause("gone", 7, 15)[0] == "gone"
     assert hangs.absent_cause("D (disk sleep)", 7, 15) == (
         "unanswered", "does not answer while its node does (process 7 in state D (disk sleep))")
+    assert hangs.absent_cause("R (running)", 7, 15)[0] == "unanswered"  # a thread holds the GIL
+    # waiting, so its control thread could answer: the link is what is broken (a cut healed on one side only)
+    assert hangs.absent_cause("S (sleeping)", 7, 15) == (
+        "unreachable", "unreachable: its process 7 waits on its node (state S (sleeping)) and does not answer: the "
+                       "driver's link to it is broken")
     cut = hangs.absent_cause(None, 7, 15)
     assert hangs.summarize("critic", {0: None}, {0: cut}) == (
         "role critic rank 0 unreachable: neither the rank nor its node answered within 15s (a network partition, "
