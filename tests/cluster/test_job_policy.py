@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 from localkube.api import EVENTS, JOBS, NAMESPACES, RAYCLUSTERS, RLTJ, SECRETS, Api, ApiError
 
+from kuberl.spec.contract import ExitCode
 from kuberl.spec.model import CONFIG_MAX_DEPTH
 from tests.chart.render import Helm
 from tests.policy_cases import DEFAULT_ALLOWED, DEFAULT_REFUSED, STRICT, STRICT_ALLOWED, STRICT_REFUSED
@@ -70,8 +71,8 @@ def test_a_config_nested_too_deep_is_refused_and_other_jobs_run(ns: Api, admin: 
 def test_a_job_the_watch_cannot_parse_ends_the_operator_until_deleted(ns: Api, admin: Api, release: str,
                                                             operator: OperatorProcess, job_name: str) -> None:
     """Made while the policy is unbound (as before the chart had it), a deep job fails kopf's watch, and kopf ends
-    the operator (exit 1, the watch and the RecursionError in its log); once it is deleted, a new operator process
-    runs jobs again."""
+    the operator (a crash: exit 5, the watch and the RecursionError in its log); once it is deleted, a new operator
+    process runs jobs again."""
     with unbound(admin, ns):
         deep = with_config(f"{job_name}-deep", 3000)
         wait_for(lambda: try_create(ns, deep), 30, "the deep job made, the policy unbound")
@@ -79,7 +80,7 @@ def test_a_job_the_watch_cannot_parse_ends_the_operator_until_deleted(ns: Api, a
         proc = operator.proc
         assert proc is not None
         wait_for(lambda: proc.poll() is not None, 60, "the operator to exit", operator.tail)
-        assert proc.returncode == 1, operator.tail()
+        assert proc.returncode == ExitCode.CRASHED, operator.tail()
         log = operator.log_path.read_text()
         assert "Watcher for rltrainingjobs" in log and "maximum recursion depth exceeded" in log, operator.tail()
     finally:
