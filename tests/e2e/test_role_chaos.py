@@ -291,7 +291,9 @@ def test_a_lost_head_restarts_the_whole_cluster_and_the_driver_resumes_saying_wh
     assert after["head"]["restarts"] == before["head"]["restarts"] + 1, after["head"]
     counted = {r: s["restarts"] - before["roles"][r]["restarts"] for r, s in after["roles"].items()}
     resumed, lost = after.get("resumedFrom"), after.get("stepsLost")
-    assert resumed is not None and resumed % 5 == 0 and resumed <= hit.step + 2, after
+    # the driver trains on after the head is gone (its calls to the roles need no GCS) until one needs it: the
+    # checkpoint it resumes from can be newer than the step the status showed at the kill, never an old one
+    assert resumed is not None and resumed % 5 == 0 and resumed >= hit.step - 10, (hit.step, after)
     assert lost is not None and 0 <= lost <= 10, after
     print(f"head container killed at step {hit.step}: counted in status after {hit.step_s['counted']:.1f}s, the "
           f"driver resumed from step {resumed}, {lost} steps lost, past the step of the loss after "
