@@ -244,10 +244,9 @@ def test_an_update_sent_again_while_the_first_still_runs_waits_for_it_and_applie
     from kuberl.groups import LocalWorkerGroup
     from kuberl.workers import ActorWorker
 
-    from .test_offload import train_batch
+    from .test_offload import OVERRIDES, train_batch
 
-    spec = spec_for(**{"trainer.ppoEpochs": 1, "trainer.miniBatchSize": 8, "trainer.microBatchSize": 4,
-                       "data.batchSize": 16})
+    spec = spec_for(**OVERRIDES)
     keys = ("input_ids", "attention_mask", "responses", "response_mask", "old_logprobs", "advantages")
     groups = [LocalWorkerGroup("actor", spec, "cpu", worker_cls=PROBED["actor"]) for _ in range(2)]
     for g in groups:
