@@ -34,9 +34,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.tensor import DTensor
 from torch.optim import Optimizer
+from torch.utils.serialization import config as serialization_config
 
 from . import snapshots
 from .snapshots import NoRoom, Unusable
@@ -128,14 +130,22 @@ class Snap:
     keys: dict[tuple[int, torch.dtype, tuple[int, ...]], int]
 
 
-def writer(path: str, sync: bool) -> Any:
+class _Writer(FileSystemWriter):
+    """DCP's file writer, its tensors serialised without a CRC-32 of their bytes: torch.load never checks it, and
+    computing it made the write several times slower (bench/checkpoint_write.py). Process-wide while a write
+    runs, since that setting is torch's (a `torch.save` in another thread meanwhile skips it too)."""
+
+    def write_data(self, plan: Any, planner: Any) -> Future:
+        with serialization_config.patch({"save.compute_crc32": False}):
+            return super().write_data(plan, planner)
+
+
+def writer(path: str, sync: bool) -> FileSystemWriter:
     """DCP's file writer for host-memory tensors, without its copy-ahead: that loader synchronises the writing
     thread's CUDA stream every megabyte, which ties the write to the training kernels queued on the device. One
     writing thread: with more, DCP drops an exception raised in an extra thread and writes `.metadata` without
     that thread's items, a torn checkpoint that looks complete. `sync`: each file fsynced as it is written."""
-    from torch.distributed.checkpoint import FileSystemWriter
-
-    return FileSystemWriter(path, sync_files=sync, thread_count=1, per_thread_copy_ahead=0)
+    return _Writer(path, sync_files=sync, thread_count=1, per_thread_copy_ahead=0)
 
 
 def fsync_tree(path: str | Path) -> None:

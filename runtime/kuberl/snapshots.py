@@ -104,8 +104,13 @@ def slot_size(tensors: list[torch.Tensor]) -> int:
 
 
 def _views(buf: torch.Tensor, layout: list[Entry]) -> list[torch.Tensor]:
-    """Typed views, each of the layout's shape, into the flat uint8 buffer `buf`."""
-    return [buf[e.offset:e.offset + e.nbytes].view(getattr(torch, e.dtype)).view(e.shape) for e in layout]
+    """Typed views, each of the layout's shape, into the flat uint8 buffer `buf`. Each has a storage of its own
+    bytes only (a slice of `buf`'s, sharing its memory): a checkpoint writer copies a tensor whose storage is
+    larger than the tensor before it writes it (torch DCP's loader), which for a view into the whole slot was a
+    second copy of the state, in fresh memory."""
+    storage = buf.untyped_storage()
+    return [torch.empty(0, dtype=getattr(torch, e.dtype)).set_(storage[e.offset:e.offset + e.nbytes], 0, e.shape)
+            for e in layout]
 
 
 class Unusable(OSError):

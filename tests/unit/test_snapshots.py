@@ -38,6 +38,19 @@ def test_a_written_step_reads_back_bit_identical_and_the_older_slot_survives(tmp
     writer.close()
 
 
+def test_each_view_of_a_slot_has_its_own_bytes_as_storage(tmp_path):
+    """A checkpoint writer (torch DCP's loader) copies a tensor whose storage is larger than the tensor before it
+    writes it; a slot's views are written as they are: each one's storage is its own bytes, in the slot's memory."""
+    writer = snapshots.SlotWriter(tmp_path, rank=0)
+    writer.write(state(2), step=2)
+    views = writer.views(2)
+    base = writer.bufs[0].data_ptr()
+    assert all(v.untyped_storage().size() == v.nbytes for v in views)
+    assert [v.data_ptr() - base for v in views] == [e.offset for e in snapshots.layout_of(state(2))]
+    assert all(torch.equal(v, t) for v, t in zip(views, state(2)))
+    writer.close()
+
+
 def test_a_torn_slot_is_never_read(tmp_path):
     writer = snapshots.SlotWriter(tmp_path, rank=0)
     writer.write(state(1), step=1)
