@@ -6,7 +6,8 @@ trained step s is written from the snapshot slot that holds step s (`kuberl.snap
 nothing is staged on the training path but the state dict's structure, and the slot is not rewritten (by the
 snapshot of step s + 2) until the checkpoint is written. Without snapshots it is a DCP `async_save`, which copies
 the state to host memory before it returns. Writes run one at a time, in the order they were started, so the
-ranks' collectives inside DCP always meet. DCP writes a folder's `.metadata` last, after every rank's shards: a
+ranks' collectives inside DCP always meet; a save waits for the previous write's collectives only, not for its
+fsyncs (a periodic save otherwise waited on the training path for the last one's disk). DCP writes a folder's `.metadata` last, after every rank's shards: a
 folder without it is torn and is never loaded.
 
 Snapshots (`kuberl.snapshots`): after every update, each rank copies its own shards (parameters and optimizer
@@ -26,6 +27,7 @@ import shutil
 import threading
 import time
 from collections.abc import Callable
+from concurrent import futures
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -204,6 +206,7 @@ class AsyncSaver:
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kuberl-snapshot")
         self.writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kuberl-checkpoint")  # from a slot
         self.last: Snap | None = None  # the newest snapshot started
+        self.collectives: Future | None = None  # done once the newest checkpoint write's DCP collectives are over
         self.staged_s = self.waited_s = 0.0  # seconds on the training path: snapshot staging, waits for copies
         self.copies_s: list[float] = []  # each snapshot copy's seconds in the background, from its start
         self.doom_next = False  # fault injection: the next snapshot write never ends (set by `Worker.execute`)
@@ -241,13 +244,15 @@ class AsyncSaver:
 
         from .checkpoint import trainable_state
 
-        self.wait(snapshots=False)  # one write at a time, so every rank's DCP collectives come in the same order
+        if self.collectives is not None:  # one write's collectives at a time, in the order the writes started, so
+            futures.wait([self.collectives])  # that every rank's meet; a write's fsyncs go on meanwhile
         state = trainable_state(model, optimizer, trainable_only)
         last, slots = self.last, self._slots
         if slots is not None and last is not None and last.step == step:
             plan, released = plan_from_slot(state, last.keys), Future()
             slots.readers[step % snapshots.SLOTS] = (step, released)
             future = self.writer.submit(self._write_from_slot, slots, last, plan, path, released)
+            self.collectives = released  # DCP's collectives are over once the slot is given back
         else:
             try:
                 self._ready_everywhere(lambda: check_room(path, sum(t.nbytes for t in shard_tensors(model,
@@ -256,6 +261,7 @@ class AsyncSaver:
             except Exception as exc:  # void, with the warning `wait` gives any failed write
                 future = Future()
                 future.set_exception(exc)
+            self.collectives = future
         self.writes.append((path, future))
 
     def _ready_everywhere(self, check: Callable[[], Any]) -> Any:

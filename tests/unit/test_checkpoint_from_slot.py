@@ -226,3 +226,24 @@ def test_a_rank_without_room_makes_every_rank_give_up_the_checkpoint(netns, tmp_
     mp.start_processes(_agree, args=(str(tmp_path / "store"), str(tmp_path)), nprocs=2, start_method="spawn")
     assert (tmp_path / "1").read_text() == "NoRoom: full"
     assert (tmp_path / "0").read_text().startswith("Unusable: another rank of the role cannot write its part")
+
+
+def test_a_save_waits_for_the_previous_writes_collectives_not_its_disk(one_rank_group, tmp_path: Path,
+                                                                        monkeypatch) -> None:
+    """Two saves two steps apart: the second starts while the first one's files are still being made durable (a
+    slow disk), instead of waiting for that on the training path; both end complete."""
+    from kuberl import saves
+
+    real_fsync = saves.fsync_tree
+    monkeypatch.setattr(saves, "fsync_tree", lambda path: (time.sleep(2.0), real_fsync(path)))
+    t = trainer()
+    t.enable_snapshots(str(tmp_path / "snapshots"))
+    update(t)
+    t.save(str(tmp_path / "step_1" / "actor"))
+    update(t)
+    t0 = time.perf_counter()
+    t.save(str(tmp_path / "step_2" / "actor"))
+    assert time.perf_counter() - t0 < 1.0 and t.saver.pending()
+    assert len(t.saver.wait(snapshots=False)) == 2
+    assert saves.complete(tmp_path / "step_1" / "actor") and saves.complete(tmp_path / "step_2" / "actor")
+    t.saver.close()
