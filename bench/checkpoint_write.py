@@ -10,7 +10,9 @@
     before      views into the whole slot and a CRC: the runtime's way before 2026-12-04 (issue 27)
 
 Each write goes to the page cache (no fsync: the runtime gives the slot back before it syncs), into a fresh
-folder under --dir. Prints one JSON line per variant (the median of --reps writes), then a table.
+folder under --dir. Beside each write a Python thread loops (as a training thread issuing kernels would): the
+longest it waited for the interpreter during the write (`probe_max_gap_ms`) shows whether the write holds the GIL.
+Prints one JSON line per variant (the median of --reps writes), then a table.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import shutil
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -40,14 +43,39 @@ def whole_slot_views(buf: torch.Tensor, layout: list[snapshots.Entry]) -> list[t
     return [buf[e.offset:e.offset + e.nbytes].view(getattr(torch, e.dtype)).view(e.shape) for e in layout]
 
 
-def write_rate(views: list[torch.Tensor], folder: Path, own_writer: bool) -> float:
-    """GB/s of one DCP save of `views` into `folder` (no process group)."""
+class Probe:
+    """A thread of short Python steps; `max_gap_s`: the longest time between two of them (its wait for the GIL)."""
+
+    def __init__(self):
+        self.stop, self.max_gap_s = threading.Event(), 0.0
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _loop(self) -> None:
+        last = time.perf_counter()
+        while not self.stop.is_set():
+            sum(range(100))
+            now = time.perf_counter()
+            self.max_gap_s, last = max(self.max_gap_s, now - last), now
+
+    def __enter__(self) -> Probe:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join()
+
+
+def write_rate(views: list[torch.Tensor], folder: Path, own_writer: bool) -> tuple[float, float]:
+    """(GB/s, the probe's longest wait in ms) of one DCP save of `views` into `folder` (no process group)."""
     shutil.rmtree(folder, ignore_errors=True)
     make = saves.writer(str(folder), sync=False) if own_writer else FileSystemWriter(
         str(folder), sync_files=False, thread_count=1, per_thread_copy_ahead=0)
-    t0 = time.perf_counter()
-    dcp.save({f"t{i}": v for i, v in enumerate(views)}, storage_writer=make, no_dist=True)
-    return sum(v.nbytes for v in views) / (time.perf_counter() - t0) / 1e9
+    with Probe() as probe:
+        t0 = time.perf_counter()
+        dcp.save({f"t{i}": v for i, v in enumerate(views)}, storage_writer=make, no_dist=True)
+        seconds = time.perf_counter() - t0
+    return sum(v.nbytes for v in views) / seconds / 1e9, 1e3 * probe.max_gap_s
 
 
 def main() -> None:
@@ -70,16 +98,17 @@ def main() -> None:
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         for name in VARIANTS:
             views, own_writer = ways[name]
-            rates = [write_rate(views, Path(tmp) / name, own_writer) for _ in range(args.reps)]
+            rates, gaps = zip(*(write_rate(views, Path(tmp) / name, own_writer) for _ in range(args.reps)))
             rows.append({"variant": name, "gb_per_s": statistics.median(rates), "all": rates,
-                         "state_gb": sum(v.nbytes for v in views) / 1e9})
+                         "probe_max_gap_ms": max(gaps), "state_gb": sum(v.nbytes for v in views) / 1e9})
             print(json.dumps(rows[-1]), flush=True)
     print(f"\n{rows[0]['state_gb']:.2f} GB of fp32 state, median of {args.reps} writes, "
           f"{torch.get_num_threads()} threads")
-    print("| variant | GB/s | vs runtime |")
-    print("| --- | --- | --- |")
+    print("| variant | GB/s | vs runtime | longest wait of a Python thread beside it, ms |")
+    print("| --- | --- | --- | --- |")
     for r in rows:
-        print(f"| {r['variant']} | {r['gb_per_s']:.2f} | {r['gb_per_s'] / rows[0]['gb_per_s']:.2f}x |")
+        print(f"| {r['variant']} | {r['gb_per_s']:.2f} | {r['gb_per_s'] / rows[0]['gb_per_s']:.2f}x | "
+              f"{r['probe_max_gap_ms']:.1f} |")
 
 
 if __name__ == "__main__":
