@@ -32,6 +32,7 @@ class Resource:
 
 
 PODS = Resource("", "v1", "pods")
+EVENTS = Resource("", "v1", "events")
 CONFIGMAPS = Resource("", "v1", "configmaps")
 SECRETS = Resource("", "v1", "secrets")
 SERVICEACCOUNTS = Resource("", "v1", "serviceaccounts")
@@ -43,7 +44,8 @@ RESOURCECLAIMTEMPLATES = Resource("resource.k8s.io", "v1", "resourceclaimtemplat
 RLTRAININGJOBS = Resource("kuberl.io", "v1alpha1", "rltrainingjobs")
 
 BY_KIND = {
-    ("v1", "ConfigMap"): CONFIGMAPS, ("v1", "Secret"): SECRETS, ("v1", "ServiceAccount"): SERVICEACCOUNTS,
+    ("v1", "Event"): EVENTS, ("v1", "ConfigMap"): CONFIGMAPS, ("v1", "Secret"): SECRETS,
+    ("v1", "ServiceAccount"): SERVICEACCOUNTS,
     ("batch/v1", "Job"): JOBS, ("rbac.authorization.k8s.io/v1", "Role"): ROLES,
     ("rbac.authorization.k8s.io/v1", "RoleBinding"): ROLEBINDINGS, ("ray.io/v1", "RayCluster"): RAYCLUSTERS,
     ("resource.k8s.io/v1", "ResourceClaimTemplate"): RESOURCECLAIMTEMPLATES,

@@ -49,6 +49,7 @@ from .status import (
     PLACEMENT_DEGRADED,
     POLICY_DENIED,
     TIME_FORMAT,
+    Event,
     Observed,
     decide,
     infeasible_status,
@@ -119,6 +120,29 @@ class Indices:
 
 def now() -> str:
     return datetime.datetime.now(datetime.UTC).strftime(TIME_FORMAT)
+
+
+def event_object(body: Mapping[str, Any], event: Event, at: str) -> dict[str, Any]:
+    """A core/v1 Event about the job `body`, at time `at`."""
+    meta = body["metadata"]
+    return {"apiVersion": "v1", "kind": "Event",
+            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+            "involvedObject": {"apiVersion": body["apiVersion"], "kind": body["kind"], "name": meta["name"],
+                               "namespace": meta["namespace"], "uid": meta["uid"]},
+            "type": event.type, "reason": event.reason, "message": event.message[:1024],
+            "source": {"component": "kuberl-operator"}, "firstTimestamp": at, "lastTimestamp": at, "count": 1}
+
+
+async def post_events(ctx: Context, body: Mapping[str, Any], events: Sequence[Event]) -> None:
+    """Post the Events of a status just written, each before this returns: kopf's `event` queues them for a
+    background poster, and an operator stopped meanwhile (a rollout, a node drain) lost them while the status it
+    had written counted the failure they report, so the next operator never posted them."""
+    for event in events:
+        try:
+            await ctx.kube.create(event_object(body, event, now()))
+        except ApiError as exc:
+            log.warning("could not post the %s Event of %s/%s: %s", event.reason, body["metadata"]["namespace"],
+                        body["metadata"]["name"], exc)
 
 
 def validated(body: kopf.Body, patch: kopf.Patch) -> RLTrainingJob:
@@ -392,8 +416,7 @@ async def reconcile_once(ctx: Context, namespace: str, name: str, indices: Indic
                    message=f"the driver's progress report was malformed or past its bounds in "
                            f"{', '.join(refused[:8])}{more}: that part is ignored, the rest is used")
     ctx.refused[(namespace, name)] = refused
-    for event in decision.events:
-        kopf.event(body, type=event.type, reason=event.reason, message=event.message)
+    await post_events(ctx, body, decision.events)
     resize = rescale.cluster_patch(cluster, decision.groups, decision.leaving) if live else None
     if resize is not None:  # before any pod goes: KubeRay must not replace a pod a shrink gives up
         await ctx.kube.patch(RAYCLUSTERS, namespace, names.cluster(name), resize)
