@@ -297,6 +297,21 @@ class Cluster:
         )
         self._wait(proc, lambda: http_ok(f"http://127.0.0.1:{self.ports['kuberay-probe']}/readyz"), 60, "see the log")
 
+    def restart(self, *components: str, down_s: float = 0.0) -> None:
+        """The control plane blinks: stop the named processes (of etcd, kube-apiserver, ray-operator), leave them
+        down `down_s` seconds, then start them again in start order, each waited for as at the start. Their state
+        (etcd's data folder, the ports) is kept; every client of the API server sees its connections break."""
+        starts = {"etcd": self._etcd, "kube-apiserver": self._apiserver, "ray-operator": self._kuberay}
+        if unknown := set(components) - set(starts):
+            raise ValueError(f"cannot restart {', '.join(sorted(unknown))}: only {', '.join(starts)}")
+        for proc in [p for p in self.procs if p.name in components]:
+            proc.stop()
+            self.procs.remove(proc)
+        time.sleep(down_s)
+        for name, start in starts.items():
+            if name in components:
+                start()
+
     def add_nodes(self, nodes: Iterable[NodeSpec], timeout: float = 30) -> list[dict[str, Any]]:
         """Create kwok nodes and wait until each is Ready."""
         admin = self.admin()

@@ -8,6 +8,9 @@ hit once the one before has settled:
 - 5 % of the actor pod's packets dropped for 40 s;
 - the critic's pod cut off for 120 s, then healed;
 - the driver's pod cut off (from the head and every role) for 20 s, then healed;
+- etcd and kube-apiserver stopped for 20 s, then started again;
+- the reward pod deleted, and while its restart is in flight the KubeRay operator stopped for 10 s and the kuberl
+  operator's pod deleted;
 - the Ray head's container killed: the whole Ray cluster and the driver start again, and the driver resumes from
   the last checkpoint, the steps lost in status.
 
@@ -31,8 +34,8 @@ from kuberl_operator import names
 from tests.cluster.waits import wait_for
 
 from . import chaos
-from .conftest import Kubectl
-from .test_real_pods import describe, pods_by_role, status
+from .conftest import OPERATOR_NAMESPACE, RELEASE, Kubectl, operator_ready
+from .test_real_pods import describe, events_of, pods_by_role, status
 from .test_role_failures import job_folder, quickstart_with_claim, recoveries
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(2400)]
@@ -53,6 +56,10 @@ class Hit:
     last_failure: str | None  # the role's status.roles.<role>.lastFailure afterwards
     resent: int  # calls the driver sent again to the same ranks after their link broke
     step_s: dict[str, float] = field(default_factory=dict)  # seconds measured: median steps before and during, ...
+
+
+OperatorsBlink = tuple[Hit, dict[str, Any], dict[str, Any], dict[str, int]]  # the hit, reward's status before and
+# after, RoleRestart Events for reward before and after with the job's children counted afterwards
 
 
 def uids(k: Kubectl) -> dict[str, str]:
@@ -255,8 +262,107 @@ def test_a_driver_cut_off_for_a_moment_goes_on(driver_cut: Hit) -> None:
     assert_at_most_one_unreachable(driver_cut)
 
 
+def last_trained(metrics: Path) -> int:
+    """The newest step in the job's metrics.jsonl (read from the volume on the host: no API server needed)."""
+    import json
+
+    rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+    return max((r["step"] for r in rows if "step" in r), default=0)
+
+
+def restart_events(job: Chaos, role: str) -> int:
+    return sum(1 for e in events_of(job.k, JOB, "RoleRestart") if e["message"].startswith(f"role {role}"))
+
+
+def children(job: Chaos) -> dict[str, int]:
+    """How many of each kind the operator made for the job: a child made twice shows here."""
+    rayclusters = [c for c in job.k.list("rayclusters") if c["metadata"].get("labels", {}).get(names.LABEL_JOB) == JOB]
+    live = {role: len(ps) for role, ps in pods_by_role(job.k, JOB).items()}
+    return {"rayclusters": len(rayclusters), **live}
+
+
 @pytest.fixture(scope="module")
-def head_lost(job: Chaos, driver_cut: Hit) -> tuple[Hit, dict[str, Any], dict[str, Any]]:
+def api_blink(job: Chaos, driver_cut: Hit) -> Hit:
+    """etcd and kube-apiserver stopped for 20 s and started again: the steps trained meanwhile (from the volume)
+    and the seconds until the status shows them are in the hit's `step_s`."""
+    seconds: dict[str, float] = {}
+
+    def fault() -> None:
+        first = last_trained(job.metrics)
+        t0 = time.monotonic()
+        job.cluster.restart("etcd", "kube-apiserver", down_s=20)
+        back, trained = time.monotonic(), last_trained(job.metrics)
+        seconds.update(down=back - t0, trained=trained - first)
+        wait_for(lambda: job.step() >= trained, 120, f"the status at step {trained}", lambda: describe(job.k, JOB),
+                 interval=0.5)
+        seconds["caught_up"] = time.monotonic() - back
+
+    before = children(job)
+    hit = job.hit("etcd and kube-apiserver down 20 s", "api", fault)
+    hit.step_s = {**seconds, "children_same": float(children(job) == before)}
+    return hit
+
+
+def test_training_goes_on_while_the_api_server_and_etcd_are_down(api_blink: Hit) -> None:
+    """Nothing in the pods needs the API server to train: steps complete while it is down, no role restarts, no
+    pod is made anew nor any child twice, and the status catches up once it is back."""
+    assert api_blink.recoveries == [] and api_blink.replaced == set(), api_blink
+    assert api_blink.step_s["trained"] > 0 and api_blink.step_s["children_same"] == 1.0, api_blink
+    print(f"etcd and kube-apiserver down {api_blink.step_s['down']:.1f}s (stopped, 20 s, started, ready): "
+          f"{api_blink.step_s['trained']:.0f} steps trained meanwhile, the status caught up "
+          f"{api_blink.step_s['caught_up']:.1f}s after")
+
+
+@pytest.fixture(scope="module")
+def operators_blink(job: Chaos, api_blink: Hit) -> OperatorsBlink:
+    """The reward pod deleted, and while its restart is in flight the KubeRay operator stopped for 10 s and the
+    kuberl operator's pod deleted (its Deployment makes another). Returns the hit, the reward role's status
+    before and after, and the RoleRestart Events for reward before and after."""
+    operator = job.k.in_namespace(OPERATOR_NAMESPACE)
+    before = {"status": status(job.k, JOB)["roles"]["reward"], "events": restart_events(job, "reward")}
+
+    def fault() -> None:
+        seen = len(recoveries(job.metrics))
+        (pod,) = pods_by_role(job.k, JOB)["reward"]
+        job.k.delete("pod", pod["metadata"]["name"])
+        operator("delete", "pod", "-l", f"app.kubernetes.io/instance={RELEASE}", "--wait=false")
+        job.cluster.restart("ray-operator", down_s=10)
+        wait_for(lambda: operator_ready(operator), 240, "the operator's new pod Ready",
+                 lambda: operator("get", "pods", "-o", "wide"), interval=1)
+        wait_for(lambda: len(recoveries(job.metrics)) > seen, 400, "the reward role's recovery",
+                 lambda: describe(job.k, JOB), interval=1)
+
+    hit = job.hit("reward pod deleted while both operators restart", "reward", fault)
+
+    def mirrored() -> dict[str, Any] | None:
+        now = status(job.k, JOB)["roles"]["reward"]
+        return now if now.get("podRestarts", 0) > before["status"].get("podRestarts", 0) else None
+
+    after = wait_for(mirrored, 120, "the reward pod's restart in status", lambda: describe(job.k, JOB), interval=1)
+    time.sleep(5)  # a second count, if one were coming, lands meanwhile
+    after = status(job.k, JOB)["roles"]["reward"]
+    counts = {"before": before["events"], "after": restart_events(job, "reward")}
+    return hit, before["status"], after, {**counts, **children(job)}
+
+
+def test_a_restart_in_flight_while_both_operators_restart_completes_once(
+        operators_blink: OperatorsBlink) -> None:
+    """The reward pod's restart completes exactly once: one recovery, one pod made anew (the reward's), counted
+    once in status and by one RoleRestart Event, one RayCluster and one pod per role afterwards."""
+    hit, before, after, seen = operators_blink
+    assert_alone(hit)
+    assert len(hit.recoveries) == 1 and hit.replaced == {"reward"}, hit
+    assert after["podRestarts"] == before.get("podRestarts", 0) + 1, (before, after)
+    assert after["restarts"] == before.get("restarts", 0) + 1, (before, after)
+    assert seen["after"] == seen["before"] + 1, seen
+    assert seen["rayclusters"] == 1 and all(seen[r] == 1 for r in ("head", "actor", "critic", "ref", "reward")), seen
+    rec = hit.recoveries[0]
+    print(f"reward pod deleted while KubeRay's operator (10 s) and ours restarted: recovered once in "
+          f"{rec['total_s']:.1f}s (detected in {rec['detect_s']:.1f}s), one RoleRestart Event, {seen}")
+
+
+@pytest.fixture(scope="module")
+def head_lost(job: Chaos, operators_blink: OperatorsBlink) -> tuple[Hit, dict[str, Any], dict[str, Any]]:
     """The head's container killed (every process of its pod but the sandbox): returns the hit and the job's status
     before and after. The fault lasts until the resumed driver is past the step the head was lost at; the seconds
     to the failure counted in status and to that step are in the hit's `step_s`."""
