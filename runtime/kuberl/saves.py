@@ -7,8 +7,8 @@ nothing is staged on the training path but the state dict's structure, and the s
 snapshot of step s + 2) until the checkpoint is written. Without snapshots it is a DCP `async_save`, which copies
 the state to host memory before it returns. Writes run one at a time, in the order they were started, so the
 ranks' collectives inside DCP always meet; a save waits for the previous write's collectives only, not for its
-fsyncs (a periodic save otherwise waited on the training path for the last one's disk). DCP writes a folder's `.metadata` last, after every rank's shards: a
-folder without it is torn and is never loaded.
+fsyncs (a periodic save otherwise waited on the training path for the last one's disk). DCP writes a folder's
+`.metadata` last, after every rank's shards: a folder without it is torn and is never loaded.
 
 Snapshots (`kuberl.snapshots`): after every update, each rank copies its own shards (parameters and optimizer
 state, as FSDP2 holds them) in a background thread into the one of its two slot files that does not hold the

@@ -23,7 +23,8 @@ from .render import REPO, Helm, by_kind, one
 
 Needs = dict[tuple[str, str], set[str]]
 OPERATOR = REPO / "operator" / "kuberl_operator"
-GENERIC = {"ensure": {"get", "create", "patch"}, "create_once": {"create"}, "delete_owned": {"get", "delete"}}
+GENERIC = {"ensure": {"get", "create", "patch"}, "create_once": {"create"}, "delete_owned": {"get", "delete"},
+           "post_events": {"create"}}
 KOPF_CLUSTER = {("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"}}
 KOPF_NAMESPACES = {("", "namespaces"): {"list", "watch"}}
 
@@ -89,6 +90,11 @@ def api_calls() -> Needs:
             needs[(res.group, res.plural)] |= GENERIC["create_once" if res in reconcile.CREATE_ONLY else "ensure"]
     for res, _ in reconcile.children("job"):
         needs[(res.group, res.plural)] |= GENERIC["delete_owned"]
+    event = reconcile.event_object({"apiVersion": "v", "kind": "K", "metadata": {"name": "j", "namespace": "ns",
+                                                                                "uid": "u"}},
+                                   reconcile.Event("Normal", "R", "m"), "t")
+    res = kube.resource_of(event)
+    needs[(res.group, res.plural)] |= GENERIC["post_events"]
     return needs
 
 
