@@ -132,13 +132,36 @@ class Snap:
     keys: dict[tuple[int, torch.dtype, tuple[int, ...]], int]
 
 
+class _CrcOff:
+    """torch.save's CRC-32 off while any checkpoint write of this process runs: the setting is process-wide (a
+    `torch.save` in another thread meanwhile skips it too), and two roles in one process write at once."""
+
+    def __init__(self):
+        self.lock, self.writes, self.saved = threading.Lock(), 0, True
+
+    def __enter__(self) -> None:
+        with self.lock:
+            if self.writes == 0:
+                self.saved = serialization_config.save.compute_crc32
+                serialization_config.save.compute_crc32 = False
+            self.writes += 1
+
+    def __exit__(self, *exc: object) -> None:
+        with self.lock:
+            self.writes -= 1
+            if self.writes == 0:
+                serialization_config.save.compute_crc32 = self.saved
+
+
+_NO_CRC = _CrcOff()
+
+
 class _Writer(FileSystemWriter):
     """DCP's file writer, its tensors serialised without a CRC-32 of their bytes: torch.load never checks it, and
-    computing it made the write several times slower (bench/checkpoint_write.py). Process-wide while a write
-    runs, since that setting is torch's (a `torch.save` in another thread meanwhile skips it too)."""
+    computing it made the write several times slower (bench/checkpoint_write.py)."""
 
     def write_data(self, plan: Any, planner: Any) -> Future:
-        with serialization_config.patch({"save.compute_crc32": False}):
+        with _NO_CRC:
             return super().write_data(plan, planner)
 
 

@@ -175,3 +175,17 @@ def test_a_slot_larger_than_the_free_space_is_refused_before_it_is_allocated(tmp
     with pytest.raises(snapshots.NoRoom, match="GiB free"):
         writer._check_room(2**62)
     assert snapshots.fs_type(Path("/proc/self")) == "proc"
+
+
+def test_checkpoint_writes_turn_the_crc_off_while_any_runs_and_back_after_the_last() -> None:
+    """Two roles of one process write at once: the process-wide setting is restored only after both."""
+    from torch.utils.serialization import config
+
+    from kuberl.saves import _NO_CRC
+
+    assert config.save.compute_crc32
+    with _NO_CRC:
+        with _NO_CRC:
+            assert not config.save.compute_crc32
+        assert not config.save.compute_crc32  # the other write still runs
+    assert config.save.compute_crc32
