@@ -61,16 +61,33 @@ for pid in filter(str.isdigit, os.listdir('/proc')):
 """
 
 # Inside the critic's container: make its worker the kernel's choice (oom_score_adj 1000; raising it needs no
-# privilege), then fill memory in 64 MiB pages written through until the worker is gone: the container's memory
-# cgroup reaches its limit and the kernel's OOM killer kills the worker.
+# privilege), then fill memory in 64 MiB pages written through until the container's memory cgroup counts an OOM
+# kill (its limit reached: the kernel kills the worker), then free it and wait for the worker to be gone. Filling on
+# until the worker's /proc entry went (its memory is freed after the kill, not at once) made the filler the next
+# victim under load.
 OOM = """
 import os, sys, time
 pid = int(sys.argv[1])
+def kills():
+    for path in ('/sys/fs/cgroup/memory.events', '/sys/fs/cgroup/memory/memory.oom_control'):
+        try:
+            for line in open(path):
+                if line.startswith('oom_kill '):
+                    return int(line.split()[1])
+        except OSError:
+            pass
+    return 0
+before = kills()
 open(f'/proc/{pid}/oom_score_adj', 'w').write('1000')
 hog = []
-while os.path.exists(f'/proc/{pid}') and len(hog) < 256:
+while os.path.exists(f'/proc/{pid}') and kills() == before and len(hog) < 256:
     hog.append(b'\\1' * (64 << 20))
-print('worker gone' if not os.path.exists(f'/proc/{pid}') else 'worker alive', len(hog) * 64, 'MiB')
+filled = len(hog) * 64
+del hog
+deadline = time.monotonic() + 30
+while os.path.exists(f'/proc/{pid}') and time.monotonic() < deadline:
+    time.sleep(0.1)
+print('worker gone' if not os.path.exists(f'/proc/{pid}') else 'worker alive', filled, 'MiB', kills() - before, 'kills')
 """
 
 
