@@ -21,6 +21,7 @@ recovery names, the seconds to detect and to recover, and that no completed step
 
 from __future__ import annotations
 
+import json
 import statistics
 import time
 from collections.abc import Callable, Iterator
@@ -87,11 +88,13 @@ def ray_worker(pids: list[int]) -> int:
     return found[0]
 
 
-def step_seconds(metrics: Path, first: int, last: int) -> list[float]:
-    import json
+def metric_rows(metrics: Path) -> list[dict[str, Any]]:
+    """The job's metrics.jsonl rows, read from the volume on the host (no API server needed)."""
+    return [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
 
-    rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
-    return [r["time_step_s"] for r in rows if first <= r["step"] <= last and "time_step_s" in r]
+
+def step_seconds(metrics: Path, first: int, last: int) -> list[float]:
+    return [r["time_step_s"] for r in metric_rows(metrics) if first <= r["step"] <= last and "time_step_s" in r]
 
 
 class Chaos:
@@ -263,11 +266,8 @@ def test_a_driver_cut_off_for_a_moment_goes_on(driver_cut: Hit) -> None:
 
 
 def last_trained(metrics: Path) -> int:
-    """The newest step in the job's metrics.jsonl (read from the volume on the host: no API server needed)."""
-    import json
-
-    rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
-    return max((r["step"] for r in rows if "step" in r), default=0)
+    """The newest step in the job's metrics.jsonl."""
+    return max((r["step"] for r in metric_rows(metrics) if "step" in r), default=0)
 
 
 def restart_events(job: Chaos, role: str) -> int:
@@ -338,7 +338,7 @@ def operators_blink(job: Chaos, api_blink: Hit) -> OperatorsBlink:
         now = status(job.k, JOB)["roles"]["reward"]
         return now if now.get("podRestarts", 0) > before["status"].get("podRestarts", 0) else None
 
-    after = wait_for(mirrored, 120, "the reward pod's restart in status", lambda: describe(job.k, JOB), interval=1)
+    wait_for(mirrored, 120, "the reward pod's restart in status", lambda: describe(job.k, JOB), interval=1)
     time.sleep(5)  # a second count, if one were coming, lands meanwhile
     after = status(job.k, JOB)["roles"]["reward"]
     counts = {"before": before["events"], "after": restart_events(job, "reward")}
