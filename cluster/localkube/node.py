@@ -544,33 +544,17 @@ def start(cluster: Cluster, images: list[Path], timeout: float = 90) -> NodeStat
     apply_objects(cluster.admin())
     volumes.apply(cluster.admin(), Path(st.dir))
     inside = procs.netns(holder.pid)
-    env = {"PATH": f"{cluster.cache / 'bin'}:{os.environ.get('PATH', '/usr/sbin:/usr/bin:/sbin:/bin')}"}
+    env = tool_path(cluster)
     containerd = cluster._start(
         "containerd", [cluster.bin("containerd"), "--config", str(files["containerd"])], env=env, prefix=inside
     )
     cluster._wait(containerd, lambda: Path(st.containerd_sock).exists(), 30, "see the log")
     for tar in images:
         load(tar, Path(st.containerd_sock))  # imports only what containerd lacks: the root is kept between runs
-    kubelet = cluster._start(
-        "kubelet",
-        [
-            cluster.bin("kubelet"),
-            f"--config={files['kubelet']}",
-            f"--kubeconfig={files['kubelet.kubeconfig']}",
-            f"--root-dir={Path(st.dir) / 'kubelet'}",
-            f"--hostname-override={pki.NODE_NAME}",
-            f"--node-ip={pki.NODE_LINK_NODE}",
-            "--node-labels=type=real,kuberl.io/real-node=true",
-        ],
-        env=env,
-        prefix=inside,
-    )
+    start_kubelet(cluster, timeout)
     admin = cluster.admin()
-    from .stack import http_ok, node_ready  # (stack imports this module)
+    from .stack import http_ok  # (stack imports this module)
 
-    cluster._wait(
-        kubelet, lambda: node_ready(admin.get(kapi.NODES, pki.NODE_NAME, namespace=None)), timeout, "see the log"
-    )
     proxy = cluster._start("kube-proxy", [cluster.bin("kube-proxy"), f"--config={files['kube-proxy']}"], prefix=inside)
     cluster._wait(proxy, lambda: http_ok(f"http://{pki.NODE_LINK_NODE}:10256/healthz"), 30, "see the log")
     dns = cluster._start("coredns", [cluster.bin("coredns"), "-conf", str(files["coredns"])], prefix=inside)
@@ -581,6 +565,42 @@ def start(cluster: Cluster, images: list[Path], timeout: float = 90) -> NodeStat
                                                    str(Path(st.dir) / "kubelet")), prefix=inside)
         cluster._wait(gpus, lambda: _published(admin), 30, "see the log")
     return st
+
+
+def tool_path(cluster: Cluster) -> dict[str, str]:
+    """The node's processes find the cluster's tools (runc, the CNI plugins) first."""
+    return {"PATH": f"{cluster.cache / 'bin'}:{os.environ.get('PATH', '/usr/sbin:/usr/bin:/sbin:/bin')}"}
+
+
+def start_kubelet(cluster: Cluster, timeout: float = 90) -> procs.Proc:
+    """Start the real node's kubelet (in the node's network namespace, with the configs `start` wrote) and return
+    once the Node is Ready: at the node's start, and again after a `Cluster.halt("kubelet")`."""
+    st = NodeState.load(cluster.state)
+    holder = next((p for p in cluster.procs if p.name == "netns"), None)
+    if st is None or holder is None:
+        raise NodeError(f"no real node in {cluster.state} to start a kubelet on")
+    conf = Path(st.dir) / "conf"
+    kubelet = cluster._start(
+        "kubelet",
+        [
+            cluster.bin("kubelet"),
+            f"--config={conf / 'kubelet.json'}",
+            f"--kubeconfig={conf / 'kubelet.kubeconfig'}",
+            f"--root-dir={Path(st.dir) / 'kubelet'}",
+            f"--hostname-override={pki.NODE_NAME}",
+            f"--node-ip={pki.NODE_LINK_NODE}",
+            "--node-labels=type=real,kuberl.io/real-node=true",
+        ],
+        env=tool_path(cluster),
+        prefix=procs.netns(holder.pid),
+    )
+    admin = cluster.admin()
+    from .stack import node_ready  # (stack imports this module)
+
+    cluster._wait(
+        kubelet, lambda: node_ready(admin.get(kapi.NODES, pki.NODE_NAME, namespace=None)), timeout, "see the log"
+    )
+    return kubelet
 
 
 def _published(admin: kapi.Api) -> bool:

@@ -298,19 +298,33 @@ class Cluster:
         self._wait(proc, lambda: http_ok(f"http://127.0.0.1:{self.ports['kuberay-probe']}/readyz"), 60, "see the log")
 
     def restart(self, *components: str, down_s: float = 0.0) -> None:
-        """The control plane blinks: stop the named processes (of etcd, kube-apiserver, ray-operator), leave them
-        down `down_s` seconds, then start them again in start order, each waited for as at the start. Their state
-        (etcd's data folder, the ports) is kept; every client of the API server sees its connections break."""
-        starts = {"etcd": self._etcd, "kube-apiserver": self._apiserver, "ray-operator": self._kuberay}
+        """The control plane blinks: `halt` the named components, leave them down `down_s` seconds, `resume` them."""
+        self.halt(*components)
+        time.sleep(down_s)
+        self.resume(*components)
+
+    def _starts(self, components: tuple[str, ...]) -> dict[str, Callable[[], Any]]:
+        """The start of each restartable component, in start order; an unknown name is refused."""
+        starts = {"etcd": self._etcd, "kube-apiserver": self._apiserver, "ray-operator": self._kuberay,
+                  "kubelet": lambda: node.start_kubelet(self)}
         if unknown := set(components) - set(starts):
             raise ValueError(f"cannot restart {', '.join(sorted(unknown))}: only {', '.join(starts)}")
+        return {name: start for name, start in starts.items() if name in components}
+
+    def halt(self, *components: str) -> None:
+        """Stop the named processes (of etcd, kube-apiserver, ray-operator, the real node's kubelet) and forget them.
+        Their state (etcd's data folder, the ports, the kubelet's root and its containers) is kept: every client of
+        the API server sees its connections break; a node without its kubelet keeps its containers running and
+        goes NotReady once its lease runs out."""
+        self._starts(components)
         for proc in [p for p in self.procs if p.name in components]:
             proc.stop()
             self.procs.remove(proc)
-        time.sleep(down_s)
-        for name, start in starts.items():
-            if name in components:
-                start()
+
+    def resume(self, *components: str) -> None:
+        """Start the named components again, in start order, each waited for as at the start."""
+        for start in self._starts(components).values():
+            start()
 
     def add_nodes(self, nodes: Iterable[NodeSpec], timeout: float = 30) -> list[dict[str, Any]]:
         """Create kwok nodes and wait until each is Ready."""
