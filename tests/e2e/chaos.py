@@ -5,8 +5,8 @@ cgroupfs driver: `localkube.node`), and its network namespace through any of the
 
 - `cut(pid)` / `heal(pid)`: an nftables table in the pod's own network namespace that drops every packet but
   loopback's, in and out: the pod is cut off from the head, the other roles and the API server;
-- `lossy(pid, percent)`: drops that share of the packets at random (nftables `numgen`). This kernel has no
-  `netem` (CONFIG_NET_SCH_NETEM is unset), so no delay is added;
+- `slow(pid, delay_ms, loss)`: every packet the pod sends held back `delay_ms` and `loss` percent of them dropped,
+  as `netem` would on its interface (this kernel has none: `tests/e2e/netem.py` does it through NFQUEUE);
 - `freeze(pid)` / `thaw(pid)`: SIGSTOP and SIGCONT;
 - `kill_containers(pids)`: SIGKILL every process of a pod but its sandbox's `pause`: its containers exit.
 
@@ -15,9 +15,12 @@ Every rule lives in the pod's namespace alone and goes with the pod; `heal` remo
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 from localkube.node import NodeState, cgroup_dirs
@@ -69,9 +72,19 @@ def cut(pid: int) -> None:
     _rules(pid, "drop")
 
 
-def lossy(pid: int, percent: int) -> None:
-    """`percent` of the pod's packets dropped at random, in and out."""
-    _rules(pid, f"numgen random mod 100 < {percent} drop")
+@contextlib.contextmanager
+def slow(pid: int, delay_ms: float, loss: float) -> Iterator[None]:
+    """While in the block, every packet the pod sends is held back `delay_ms` and `loss` percent are dropped."""
+    link = subprocess.Popen(["nsenter", "-t", str(pid), "-n", sys.executable, "-m", "tests.e2e.netem",
+                             f"--delay-ms={delay_ms}", f"--loss={loss}"], stdout=subprocess.PIPE, text=True,
+                            cwd=Path(__file__).parents[2])
+    try:
+        if link.stdout.readline().strip() != "ready":
+            raise RuntimeError(f"the slow link in the netns of {pid} did not start (exit {link.wait(10)})")
+        yield
+    finally:
+        link.terminate()
+        print(f"[chaos] slow link of {pid}: {link.communicate(timeout=30)[0].strip()}")
 
 
 def freeze(pid: int) -> None:
