@@ -455,6 +455,11 @@ def driver_job(job: RLTrainingJob, opts: BuildOptions) -> dict[str, Any]:
                                                        "values": [ExitCode.BAD_INPUT.value,
                                                                   ExitCode.GAVE_UP.value]}},
                 {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+                # A driver whose Ray node or cluster is gone (the head restarted, Ray declared its node dead after a
+                # cut) exits 6: the cluster's loss, not the driver's, retried as an eviction is. A long job would
+                # otherwise spend its retries on such losses over its life.
+                {"action": "Ignore", "onExitCodes": {"containerName": "driver", "operator": "In",
+                                                      "values": [ExitCode.RAY_LOST.value]}},
             ]},
             "template": {
                 "metadata": {"labels": names.labels(name, "driver")},

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import hangs
+from . import hangs, ownlink
 from .colocation import SharedPlacement, gpu_share, rank_cpus, sharing
 from .dispatch import MethodInfo, gather, method_info, scatter
 from .kernels import KernelOptions
@@ -320,6 +320,7 @@ class RayWorkerGroup(WorkerGroup):
             while pending:
                 ready, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
                 if not ready:
+                    self._unless_driver_cut_off()
                     reason, summary, idle = self.diagnose()
                     detail = f"no answer within {timeout:.0f}s ({why or 'spec.resilience.callTimeoutSeconds'})"
                     if idle:  # it ran, or never arrived; its answer is lost on the way (a broken link)
@@ -348,6 +349,7 @@ class RayWorkerGroup(WorkerGroup):
         except (ray.exceptions.RayActorError, ray.exceptions.ActorDiedError,
                 ray.exceptions.ActorUnavailableError) as exc:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            self._unless_driver_cut_off()
             if isinstance(exc, ray.exceptions.ActorUnavailableError) and self._all_alive():
                 raise LinkBroken(self.role, f"unreachable: the connection to a rank broke during the call, and the "
                                  f"rank is alive ({first}); the call may or may not have run") from None
@@ -355,6 +357,15 @@ class RayWorkerGroup(WorkerGroup):
                 raise WorkerFailure(self.role, Reason.WORKER_UNREACHABLE, f"unreachable: Ray marked the node of a rank "
                                     f"dead after it missed its health checks ({first})") from None
             raise WorkerFailure(self.role, Reason.WORKER_DIED, f"worker died ({type(exc).__name__}: {first})") from None
+
+    def _unless_driver_cut_off(self) -> None:
+        """Raise LinkBroken when the silence was this driver's own cut (`kuberl.ownlink`: it could not reach the
+        Ray head) and every rank answers once the link is back; return, to blame the role, otherwise."""
+        link = ownlink.current()
+        waited = link.wait_if_cut_off() if link is not None else None
+        if waited is not None and self._all_alive():
+            raise LinkBroken(self.role, f"unreachable: this driver was cut off from the Ray head for {waited:.0f}s "
+                                        f"and every rank is alive: the call or its answer was lost on the way")
 
     def diagnose(self, timeout_s: float = 5.0, probe_s: float = 10.0) -> tuple[Reason, str, bool]:
         """Every rank's Python stacks (all threads) into the driver's log, and for a rank that did not answer, its

@@ -146,7 +146,11 @@ def run_job(job: RLTrainingJob, out: Path, backend: str = "ray", device: str = "
             reporter.report(progress_of(rec, total, resumed=driver.resumed))
         driver.on_step = on_step
         driver.replicas_source = reporter.desired_replicas  # the operator's data.replicas, read between steps
+    from . import ownlink
+
     try:
+        if backend == "ray":
+            ownlink.start()  # a driver whose own Ray node is gone exits rather than wait forever
         driver.start()
         records = driver.run()
     except (JobFailed, RoleError, WorkerFailure) as exc:
@@ -157,6 +161,7 @@ def run_job(job: RLTrainingJob, out: Path, backend: str = "ray", device: str = "
                                         driver.worst_links, driver.resumed))
         raise
     finally:
+        ownlink.stop()
         driver.shutdown()
     if reporter is not None:
         reporter.report(progress_of(last[-1] if last else None, total, "Succeeded", f"finished {total} steps",

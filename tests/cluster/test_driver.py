@@ -10,6 +10,8 @@ import pytest
 from localkube.api import JOBS, PODS, RLTJ, SECRETS, Api
 from localkube.stack import Cluster
 
+from kuberl.spec.contract import ExitCode
+
 from .faults import EXITS, exit_with
 from .jobs import condition, describe, manifest, pods_of, status
 from .local_driver import driver_env, start_driver
@@ -63,7 +65,7 @@ def test_exit_4_and_eviction_are_retried_within_the_backoff_limit(
     ns: Api, operator: OperatorProcess, job_name: str
 ) -> None:
     """Fact: exit 4 (no capacity in time) is retried and counts against backoffLimit (2); an evicted
-    driver (DisruptionTarget) is retried without counting."""
+    driver (DisruptionTarget) and one whose Ray node or cluster is gone (exit 6) are retried without counting."""
     ns.create(RLTJ, manifest(job_name))
     ctx = lambda: describe(ns, job_name) + operator.tail(30)  # noqa: E731
     first = running_driver(ns, job_name, ctx)
@@ -79,7 +81,19 @@ def test_exit_4_and_eviction_are_retried_within_the_backoff_limit(
     )
     job = ns.get(JOBS, f"{job_name}-driver")["status"]
     assert job.get("failed", 0) == 0 and not job_condition(ns, job_name, "Failed")  # the Ignore rule: not counted
-    seen = {first, second}
+    exit_with(ns, second, ExitCode.RAY_LOST)  # its Ray node or cluster gone: retried, not counted either
+    third = wait_for(
+        lambda: (
+            (p := [x for x in driver_pods(ns, job_name, "Running") if x["metadata"]["name"] not in (first, second)])
+            and p[0]["metadata"]["name"]
+        ),
+        60,
+        "a new driver pod after exit 6",
+        ctx,
+    )
+    job = ns.get(JOBS, f"{job_name}-driver")["status"]
+    assert job.get("failed", 0) == 0 and not job_condition(ns, job_name, "Failed"), job
+    seen = {first, second, third}
     for attempt in range(3):  # backoffLimit 2: the third counted failure ends the Job
         exit_with(ns, sorted(p["metadata"]["name"] for p in driver_pods(ns, job_name, "Running"))[0], 4)
         if attempt < 2:

@@ -158,6 +158,8 @@ def test_driver_job_runs_kuberl_against_the_head_with_the_spec_mounted() -> None
     assert rules[0] == {"action": "FailJob",
                         "onExitCodes": {"containerName": "driver", "operator": "In", "values": [1, 3]}}
     assert rules[1]["action"] == "Ignore" and rules[1]["onPodConditions"][0]["type"] == "DisruptionTarget"
+    assert rules[2] == {"action": "Ignore",  # a lost Ray node or cluster costs no retry
+                        "onExitCodes": {"containerName": "driver", "operator": "In", "values": [6]}}
 
 
 def test_driver_may_only_get_and_patch_its_progress_configmap() -> None:

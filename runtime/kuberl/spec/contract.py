@@ -24,7 +24,9 @@ class ExitCode(enum.IntEnum):
     BAD_INPUT = 1  # the manifest, the data, an import path: retrying cannot help
     GAVE_UP = 3  # a role spent its restart budget, placement is degraded, a role's code raised
     NO_CAPACITY = 4  # a role could not start in time (no capacity): worth a retry
-    CRASHED = 5  # an error nothing expected (the Ray cluster lost with its head, a bug): traceback on stderr; retried
+    CRASHED = 5  # an error nothing expected (a bug): traceback on stderr; retried, counted by backoffLimit
+    RAY_LOST = 6  # the driver's Ray node or cluster is gone (Ray declared its node dead, the head restarted): retried,
+    # not counted (`kuberl.ownlink`), as an evicted driver is not
     INTERRUPTED = 130
 
 
