@@ -374,14 +374,17 @@ def ray_cluster(job: RLTrainingJob, opts: BuildOptions) -> dict[str, Any]:
     }
 
 
-def join_ray(head: str) -> str:
+def join_ray(head: str, attempts: int = 3) -> str:
     """The driver container's shell line: join the Ray cluster as a node that runs nothing (a Ray driver needs
     a raylet of its own on its machine: without one ``ray.init`` finds "no node info"), then become the
-    container's args (`kuberl run`), so its exit code is the container's. A failed join exits
-    ``NO_CAPACITY`` (retried), with `ray start`'s output."""
+    container's args (`kuberl run`), so its exit code is the container's. `ray start` gives its raylet 30 s to
+    register, too little while a whole Ray cluster starts again on a busy node (after its head's loss), so a failed
+    join is tried `attempts` times; the last failure exits ``NO_CAPACITY`` (retried), with `ray start`'s output."""
     log = "/tmp/ray-start.log"
-    return (f"ray start --address={head} --num-cpus=0 --num-gpus=0 --disable-usage-stats > {log} 2>&1 "
-            f"|| {{ cat {log}; exit {ExitCode.NO_CAPACITY.value}; }}; exec \"$@\"")
+    start = f"ray start --address={head} --num-cpus=0 --num-gpus=0 --disable-usage-stats > {log} 2>&1"
+    return (f"for attempt in $(seq {attempts}); do {start} && break; ray stop --force > /dev/null 2>&1; "
+            f"[ $attempt = {attempts} ] && {{ cat {log}; exit {ExitCode.NO_CAPACITY.value}; }}; sleep 5; done; "
+            f"exec \"$@\"")
 
 
 def api_token_volume() -> dict[str, Any]:

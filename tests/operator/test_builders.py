@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import json
 import re
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -160,6 +161,22 @@ def test_driver_job_runs_kuberl_against_the_head_with_the_spec_mounted() -> None
     assert rules[1]["action"] == "Ignore" and rules[1]["onPodConditions"][0]["type"] == "DisruptionTarget"
     assert rules[2] == {"action": "Ignore",  # a lost Ray node or cluster costs no retry
                         "onExitCodes": {"containerName": "driver", "operator": "In", "values": [6]}}
+
+
+@pytest.mark.parametrize("joins_at, code, starts", [(1, 0, 1), (3, 0, 3), (None, 4, 3)])
+def test_the_driver_tries_to_join_ray_three_times_then_exits_no_capacity(tmp_path: Path, joins_at: int | None,
+                                                                         code: int, starts: int) -> None:
+    """The driver's shell line, run with a `ray` that fails its first starts: it execs `kuberl run` once a join
+    works, and after three failed joins exits 4 (retried) with the last `ray start` output."""
+    fake = tmp_path / "ray"
+    fake.write_text(f'#!/bin/sh\n[ "$1" = stop ] && exit 0\necho start >> {tmp_path}/starts\n'
+                    f'echo "ray start output"\n[ $(wc -l < {tmp_path}/starts) -ge {joins_at or 99} ]\n')
+    fake.chmod(0o755)
+    line = builders.join_ray("j-head-svc:6379").replace("sleep 5", "sleep 0")
+    done = subprocess.run(["sh", "-c", line, "join-ray", "echo", "kuberl run"], capture_output=True, text=True,
+                          env={"PATH": f"{tmp_path}:/usr/bin:/bin"}, timeout=30)
+    assert done.returncode == code and len((tmp_path / "starts").read_text().split()) == starts, done
+    assert ("kuberl run" in done.stdout) == (code == 0) and ("ray start output" in done.stdout) == (code == 4), done
 
 
 def test_driver_may_only_get_and_patch_its_progress_configmap() -> None:
