@@ -436,8 +436,9 @@ class RayWorkerGroup(WorkerGroup):
         why = ("spec.resilience.callTimeoutSeconds" if timeout == self.timeout_s else
                f"{hangs.HANG_FACTOR:g} x its slowest call {slowest:.2f}s, at least {hangs.HANG_FLOOR_S:g}s")
         out = gather(call.info, self._get(call.refs, timeout, why))
-        if not call.info.control:
-            self.slowest[call.name] = max(slowest or 0.0, time.perf_counter() - call.sent_at)
+        # control calls too: a rank stopped while the step's end awaits its memory peak is hung after 30 s, not
+        # after callTimeoutSeconds
+        self.slowest[call.name] = max(slowest or 0.0, time.perf_counter() - call.sent_at)
         return out
 
     def done(self, call: GroupCall) -> bool:

@@ -179,6 +179,29 @@ def test_a_stopped_worker_is_named_stopped_by_its_node_and_recovers_alone(ray_se
     assert CountingGroup.starts == {"actor": 1, "critic": 1, "ref": 2, "reward": 1}
 
 
+def test_a_worker_stopped_during_a_control_call_is_hung_after_the_floor_not_the_ceiling(ray_session, tmp_path):
+    """Control calls (ping, memory peak, stack dump) are bounded by their slowest call like any other: a rank
+    SIGSTOPped while the step's end awaits its memory peak is hung after 30 s, not after callTimeoutSeconds (the
+    chaos test once waited 432 s for it)."""
+    from kuberl.workers import Worker
+
+    group = RayWorkerGroup("reward", spec_for(), timeout_s=600)
+    group.start()
+    pid = group.where[0]["pid"]
+    try:
+        group.call(Worker.memory)
+        os.kill(pid, signal.SIGSTOP)
+        t0 = time.monotonic()
+        with pytest.raises(WorkerFailure) as failed:
+            group.call(Worker.memory)
+        elapsed = time.monotonic() - t0
+    finally:
+        os.kill(pid, signal.SIGCONT)
+        group.shutdown()
+    assert failed.value.reason == Reason.WORKER_HUNG and "stopped" in failed.value.diagnosis, failed.value
+    assert 30 <= elapsed < 60, elapsed  # 30 s, then up to 15 s for the stack dump and the look from its node
+
+
 class AnswerLosingGroup(CountingGroup):
     """A CountingGroup whose n-th collect of the calls named in `losses` ((role, method, n) -> what) waits for the
     real result and then loses it: "link" raises LinkBroken, as RayWorkerGroup does for Ray's ActorUnavailableError
