@@ -137,8 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Bad input is one line and exit 1 (the commands catch it); an error nothing expected is a crash: its traceback
-    and exit 5 (`ExitCode.CRASHED`), which the driver Job retries (Python's own exit 1 would read as bad input), or
-    exit 6 (`ExitCode.RAY_LOST`) when the driver's Ray node went with its cluster (`kuberl.ownlink.lost`)."""
+    and exit 5 (`ExitCode.CRASHED`), which the driver Job retries (Python's own exit 1 would read as bad input)."""
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)
@@ -147,12 +146,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return ExitCode.INTERRUPTED
     except Exception:  # a crash: reported whole
         traceback.print_exc()
-        from . import ownlink
-
-        if ownlink.lost():
-            print(f"kuberl {args.command}: its Ray node is gone with its cluster (exit {ExitCode.RAY_LOST.value}: "
-                  f"retried, not counted)", file=sys.stderr, flush=True)
-            return ExitCode.RAY_LOST
         print(f"kuberl {args.command}: crashed (exit {ExitCode.CRASHED.value})", file=sys.stderr, flush=True)
         return ExitCode.CRASHED
 

@@ -10,8 +10,9 @@ one) exits once the cut heals, and the driver, which can do nothing without it, 
 watch thread (`watch`) checks the raylet's Unix socket every few seconds and, when it is gone, ends the
 process with `ExitCode.RAY_LOST`: the driver Job's next pod joins the cluster anew and resumes from the newest
 complete checkpoint (a checkpoint marked complete is whole, whatever moment the exit comes at), and the retry
-does not count against the Job's backoffLimit. A driver that crashes because its Ray cluster went with the head
-(Ray's client raises on the new cluster's ID) exits the same way (`lost`, asked by `kuberl.cli`).
+does not count against the Job's backoffLimit. A driver whose run raises while its raylet goes (Ray's client
+raising on the new cluster's ID after the head's loss) exits the same way: `kuberl.run` asks `lost` and raises
+`RayLost`.
 """
 
 from __future__ import annotations
@@ -26,6 +27,10 @@ from dataclasses import dataclass, field
 from .spec.contract import ExitCode
 
 CHECK_S = 2.0  # seconds between two looks at the link while cut off, or at the raylet
+
+
+class RayLost(RuntimeError):
+    """The driver's Ray node is gone with its cluster: `kuberl run` exits `ExitCode.RAY_LOST`."""
 
 
 def gcs_answers(address: str, timeout_s: float = 3.0) -> bool:
@@ -101,16 +106,15 @@ class OwnLink:
 
 
 _current: OwnLink | None = None
-_last: OwnLink | None = None  # the newest link started in this process, kept after `stop` for `lost`
 
 
 def start() -> OwnLink:
     """The link of this process's Ray driver (after `ray.init`), watched from now on; `current()` returns it."""
     import ray
 
-    global _current, _last
+    global _current
     node = ray._private.worker.global_worker.node
-    _current = _last = OwnLink(node.gcs_address, node.raylet_socket_name)
+    _current = OwnLink(node.gcs_address, node.raylet_socket_name)
     _current.watch()
     return _current
 
@@ -124,12 +128,13 @@ def stop() -> None:
 
 
 def lost(wait_s: float = 10.0) -> bool:
-    """Whether this process was a Ray driver whose raylet is gone, or goes within `wait_s` (it ends soon after the
-    driver's own client sees its cluster gone): a crash then is the cluster's loss, not a bug."""
-    if _last is None:
+    """Whether this process is a Ray driver (`start` ran, `stop` not yet) whose raylet is gone, or goes within
+    `wait_s` (it ends soon after the driver's own client sees its cluster gone): an error then is the cluster's
+    loss, not a bug."""
+    if _current is None:
         return False
     deadline = time.monotonic() + wait_s
-    while raylet_alive(_last.raylet_socket):
+    while raylet_alive(_current.raylet_socket):
         if time.monotonic() > deadline:
             return False
         time.sleep(0.5)

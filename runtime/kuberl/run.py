@@ -160,6 +160,12 @@ def run_job(job: RLTrainingJob, out: Path, backend: str = "ray", device: str = "
             reporter.report(progress_of(last[-1] if last else None, total, "Failed", public, reason,
                                         driver.worst_links, driver.resumed))
         raise
+    except Exception as exc:  # an error nothing expected: the cluster's loss when this driver's raylet goes with it
+        if ownlink.lost():
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            raise ownlink.RayLost(f"this driver's Ray node is gone with its cluster ({type(exc).__name__}: "
+                                  f"{first})") from exc
+        raise
     finally:
         ownlink.stop()
         driver.shutdown()
@@ -199,6 +205,7 @@ def run_command(args: argparse.Namespace) -> int:
         return ExitCode.BAD_INPUT
     if job is None:
         return ExitCode.OK
+    from . import ownlink
     from .driver import JobFailed
     from .groups import RoleError, WorkerFailure
     from .rewards import RewardFunctionError
@@ -218,6 +225,9 @@ def run_command(args: argparse.Namespace) -> int:
     except (WorkerFailure, LocalRayFailed) as exc:  # a role or Ray could not start (no capacity in time): retry
         print(f"error: job could not start: {exc}", file=sys.stderr)
         return ExitCode.NO_CAPACITY
+    except ownlink.RayLost as exc:  # not the driver's failure: its Job retries it without counting
+        print(f"error: {exc}; exit {ExitCode.RAY_LOST.value}, retried", file=sys.stderr)
+        return ExitCode.RAY_LOST
     this_run = f"steps {records[0].step}-{records[-1].step} in this run" if records else "no steps in this run"
     print(f"done: job {job.metadata.name!r}, {job.spec.trainer.steps} steps ({this_run}); {summary(out)}")
     return ExitCode.OK

@@ -376,6 +376,41 @@ def test_killed_driver_leaves_no_ray_process_behind(netns, tmp_path):
             os.killpg(proc.pid, signal.SIGKILL)
 
 
+def test_a_driver_whose_raylet_dies_exits_6_rather_than_wait(netns, tmp_path):
+    """`kuberl run`'s own raylet SIGKILLed mid-run (as Ray ends a node it declared dead): the driver exits 6
+    (RAY_LOST, which its Job retries without counting) within seconds, saying so, instead of waiting forever on a
+    Ray that is gone (kuberl.ownlink)."""
+    from kuberl import reaper
+    from kuberl.spec.contract import ExitCode
+
+    out = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "kuberl.cli", "run", "examples/quickstart.yaml", "--out", str(out),
+                             "--steps", "500", "--no-progress"], cwd=REPO, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.time() + 240
+        while time.time() < deadline and not read_jsonl(out / "metrics.jsonl"):
+            time.sleep(0.2)
+        tree = reaper.descendants(proc.pid, reaper.parents())
+        (raylet,) = [pid for pid in tree if comm(pid) == "raylet"]
+        os.kill(raylet, signal.SIGKILL)
+        t0 = time.time()
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == ExitCode.RAY_LOST, err[-3000:]
+    assert "Ray node is gone" in err and time.time() - t0 < 30, err[-3000:]
+
+
+def comm(pid: int) -> str:
+    """The process's command name, "" once it is gone."""
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
 def running(pid: int, born: str | None) -> bool:
     """Whether `pid` is still the process that started at `born` and not a zombie."""
     from kuberl import reaper

@@ -102,10 +102,12 @@ def test_the_watch_ends_a_driver_whose_raylet_is_gone_and_stop_ends_the_watch(tm
     assert done.returncode == 0 and "went on" in done.stdout, done
 
 
-def test_a_crash_is_the_clusters_loss_only_when_the_drivers_raylet_is_gone(tmp_path: Path, monkeypatch) -> None:
-    assert not ownlink.lost(wait_s=0)  # no Ray driver in this process
+def test_an_error_is_the_clusters_loss_only_while_the_drivers_raylet_goes(tmp_path: Path, monkeypatch) -> None:
+    assert not ownlink.lost(wait_s=0)  # no Ray driver in this process (or its run is over)
     raylet = unix_listener(tmp_path / "raylet")
-    monkeypatch.setattr(ownlink, "_last", ownlink.OwnLink("127.0.0.1:1", str(tmp_path / "raylet")))
+    monkeypatch.setattr(ownlink, "_current", ownlink.OwnLink("127.0.0.1:1", str(tmp_path / "raylet")))
     assert not ownlink.lost(wait_s=0.5)  # a bug: Ray's node is fine
     threading.Timer(0.5, raylet.close).start()
-    assert ownlink.lost(wait_s=5)  # it ends soon after the crash: the cluster went
+    assert ownlink.lost(wait_s=5)  # it ends soon after the error: the cluster went
+    ownlink.stop()
+    assert not ownlink.lost(wait_s=0) and ownlink.current() is None
