@@ -127,7 +127,7 @@ def stop() -> None:
         _current = None
 
 
-def lost(wait_s: float = 10.0) -> bool:
+def lost(wait_s: float = 5.0) -> bool:
     """Whether this process is a Ray driver (`start` ran, `stop` not yet) whose raylet is gone, or goes within
     `wait_s` (it ends soon after the driver's own client sees its cluster gone): an error then is the cluster's
     loss, not a bug."""
