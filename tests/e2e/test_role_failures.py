@@ -61,12 +61,12 @@ for pid in filter(str.isdigit, os.listdir('/proc')):
 """
 
 # Inside the critic's container: make its worker the kernel's choice (oom_score_adj 1000; raising it needs no
-# privilege), then fill memory in 64 MiB pages written through until the container's memory cgroup counts an OOM
-# kill (its limit reached: the kernel kills the worker), then free it and wait for the worker to be gone. Filling on
-# until the worker's /proc entry went (its memory is freed after the kill, not at once) made the filler the next
-# victim under load.
+# privilege), then fill memory until the container's memory cgroup counts an OOM kill (its limit reached: the kernel
+# kills the worker), free it, and wait for the worker to be gone. The filling is done by children of 128 MiB each:
+# the kernel picks the largest rss + oom_score_adj share, and every process of a Burstable pod has an adj near 1000
+# already (917 here), so one filler holding GiBs outranked the worker and was killed instead (ci-local 2026-12-05).
 OOM = """
-import os, sys, time
+import os, signal, sys, time
 pid = int(sys.argv[1])
 def kills():
     for path in ('/sys/fs/cgroup/memory.events', '/sys/fs/cgroup/memory/memory.oom_control'):
@@ -79,15 +79,28 @@ def kills():
     return 0
 before = kills()
 open(f'/proc/{pid}/oom_score_adj', 'w').write('1000')
-hog = []
-while os.path.exists(f'/proc/{pid}') and kills() == before and len(hog) < 256:
-    hog.append(b'\\1' * (64 << 20))
-filled = len(hog) * 64
-del hog
+children = []
+while os.path.exists(f'/proc/{pid}') and kills() == before and len(children) < 64:
+    r, w = os.pipe()
+    child = os.fork()
+    if child == 0:
+        os.close(r)
+        hog = [b'\\1' * (32 << 20) for _ in range(4)]
+        os.write(w, b'x')
+        time.sleep(600)
+        os._exit(0)
+    os.close(w)
+    os.read(r, 1)  # filled, or killed on the way (end of file)
+    os.close(r)
+    children.append(child)
+for child in children:
+    os.kill(child, signal.SIGKILL)
+    os.waitpid(child, 0)
 deadline = time.monotonic() + 30
 while os.path.exists(f'/proc/{pid}') and time.monotonic() < deadline:
     time.sleep(0.1)
-print('worker gone' if not os.path.exists(f'/proc/{pid}') else 'worker alive', filled, 'MiB', kills() - before, 'kills')
+print('worker gone' if not os.path.exists(f'/proc/{pid}') else 'worker alive', len(children) * 128, 'MiB',
+      kills() - before, 'kills')
 """
 
 
