@@ -64,7 +64,8 @@ for pid in filter(str.isdigit, os.listdir('/proc')):
 # privilege), then fill memory until the container's memory cgroup counts an OOM kill (its limit reached: the kernel
 # kills the worker), free it, and wait for the worker to be gone. The filling is done by children of 128 MiB each:
 # the kernel picks the largest rss + oom_score_adj share, and every process of a Burstable pod has an adj near 1000
-# already (917 here), so one filler holding GiBs outranked the worker and was killed instead (ci-local 2026-12-05).
+# already (the kubelet's 1000 less the pod's memory request as a share of the node's), so one filler holding GiBs
+# outranked the worker and was killed instead (ci-local 2026-12-05).
 OOM = """
 import os, signal, sys, time
 pid = int(sys.argv[1])
