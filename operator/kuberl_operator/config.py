@@ -10,6 +10,14 @@ from .builders import DEFAULT_IMAGE, DRIVER_RESOURCES, HEAD_RESOURCES, SCRATCH
 from .job_policy import JobPolicy
 
 DEFAULT_MAX_GPUS_PER_NODE = 8
+# Seconds between two creates of a job's Ray token Secret outside its own events (the operator may not read
+# Secrets, so a create, 409 while it exists, is how it learns one was deleted): at most one request per job per
+# 15 minutes at rest. KUBERL_SECRET_PROBE_SECONDS overrides it (the tests' operator probes at every resync).
+SECRET_PROBE_SECONDS = 900.0
+
+
+def secret_probe_seconds() -> float:
+    return float(os.environ.get("KUBERL_SECRET_PROBE_SECONDS", SECRET_PROBE_SECONDS))
 
 
 @dataclass(frozen=True)
@@ -23,6 +31,7 @@ class OperatorConfig:
     cpu_limits: bool = True  # CPU limits equal to the requests (Guaranteed pods); off: requests only
     scratch: Mapping[str, str] = field(default_factory=lambda: dict(SCRATCH))  # the job pods' emptyDir sizeLimits
     job_policy: JobPolicy = field(default_factory=JobPolicy)  # what a job's author may choose (the chart's jobPolicy)
+    secret_probe_seconds: float = field(default_factory=secret_probe_seconds)
 
     @classmethod
     def from_env(cls) -> OperatorConfig:

@@ -11,10 +11,10 @@ from typing import Any
 
 import kopf
 
-from . import names, reconcile
+from . import api_traffic, names, reconcile
 from .config import OperatorConfig
 from .health import pod_view
-from .kube import Kube
+from .kube import Kube, kopf_login
 from .metrics import Metrics
 from .progress import driver_outcome, parse_progress
 
@@ -29,7 +29,7 @@ RESYNC_SECONDS = float(os.environ.get("KUBERL_RESYNC_SECONDS", "30"))
 @kopf.on.startup()
 async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     """Our finalizer and storage prefix; only warnings of kopf's log become Events (ours are posted
-    explicitly); server-side label selectors, so only the jobs' own pods, ConfigMaps and Jobs stream."""
+    explicitly); server-side label selectors, so only the objects of jobs stream (pods, ConfigMaps, Jobs...)."""
     settings.persistence.finalizer = names.FINALIZER
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=names.PREFIX)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=names.PREFIX)
@@ -39,12 +39,23 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     # A job deleted while its resync timer runs: kopf re-checks the timer's exit every this many
     # seconds before releasing the finalizer (its default, 60 s, held deletions for a minute).
     settings.background.cancellation_polling = 1.0
-    for resource in (("v1", "pods"), ("v1", "configmaps"), ("batch", "jobs")):
-        settings.watching.label_selectors[resource] = names.LABEL_JOB
+    for res in (*reconcile.CACHED[1:], reconcile.PODS):
+        settings.watching.label_selectors[res.group or "v1", res.plural] = names.LABEL_JOB
     config = memo.get("config") or OperatorConfig.from_env()
-    memo.ctx = reconcile.Context(kube=Kube(settings), config=config, metrics=Metrics())
+    metrics = memo.get("metrics") or Metrics()
+    memo.ctx = reconcile.Context(kube=Kube(settings, trace=api_traffic.trace_config(metrics.request)),
+                                 config=config, metrics=metrics)
+    metrics.cache_sizes = lambda: {k: len(v) for k, v in memo.ctx.indices.items()}
     if config.metrics_port is not None:
         memo.metrics_server = memo.ctx.metrics.serve(config.metrics_port, config.metrics_address)
+
+
+@kopf.on.login()
+async def login(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> kopf.AiohttpSession:
+    """kopf's credentials as its own login finds them, on a session whose requests are counted (the metrics are
+    made here: kopf logs in before the startup handlers run)."""
+    memo.metrics = memo.get("metrics") or Metrics()
+    return kopf_login(settings, api_traffic.trace_config(memo.metrics.request))
 
 
 @kopf.on.cleanup()
@@ -86,14 +97,45 @@ def driver_jobs(namespace: str, labels: kopf.Labels, body: kopf.Body, **_: Any) 
     return {(namespace, labels[names.LABEL_JOB]): driver_outcome(body)}
 
 
+def cached_object(namespace: str, name: str, body: kopf.Body, **_: Any) -> dict:
+    """The whole object by (namespace, name), less its managedFields: what a reconcile reads instead of a GET."""
+    meta = {k: v for k, v in body["metadata"].items() if k != "managedFields"}
+    return {(namespace, name): {**body, "metadata": meta}}
+
+
+def selector(res: reconcile.Resource) -> tuple[str, ...]:
+    """kopf's positional resource arguments: (version, plural) for the core group."""
+    return (res.group, res.version, res.plural) if res.group else (res.version, res.plural)
+
+
+for _res in reconcile.CACHED:  # one index per kind, named reconcile.cache_index(kind)
+    kopf.index(*selector(_res), id=reconcile.cache_index(_res),
+               **({} if _res is reconcile.RLTRAININGJOBS else {"labels": {names.LABEL_JOB: kopf.PRESENT}}))(
+        cached_object)
+
+
 @kopf.on.event("pods", labels=WORKERS)
 @kopf.on.event("pods", labels=HEADS)
 @kopf.on.event("configmaps", labels=PROGRESS)
 @kopf.on.event("batch", "jobs", labels=DRIVER)
 async def child_changed(namespace: str, labels: kopf.Labels, memo: kopf.Memo, **kwargs: Any) -> None:
     """A worker or head pod, the progress report or the driver Job changed: refresh the job's status."""
+    memo.ctx.indices = {k: v for k, v in kwargs.items() if k.startswith("cached_")}  # for the cache-size metric
     with memo.ctx.metrics.reconcile():
         await reconcile.reconcile_status(memo.ctx, namespace, labels[names.LABEL_JOB], reconcile.Indices.of(kwargs))
+
+
+async def owned_deleted(namespace: str, labels: kopf.Labels, type: str, memo: kopf.Memo, **kwargs: Any) -> None:
+    """An object a job owns was deleted (by hand, or by us): a level-triggered pass on its job at once."""
+    if type == "DELETED":
+        with memo.ctx.metrics.reconcile():
+            await reconcile.resync(memo.ctx, namespace, labels[names.LABEL_JOB], kopf.Patch(),
+                                   reconcile.Indices.of(kwargs))
+
+
+for _res in reconcile.CACHED[1:]:
+    kopf.on.event(*selector(_res), id=f"{_res.plural}_deleted",
+                  labels={names.LABEL_JOB: kopf.PRESENT})(owned_deleted)
 
 
 @kopf.on.create(*JOB)
@@ -108,15 +150,16 @@ async def apply_spec(body: kopf.Body, patch: kopf.Patch, diff: kopf.Diff, memo: 
 @kopf.timer(*JOB, interval=RESYNC_SECONDS, initial_delay=RESYNC_SECONDS)
 async def resync(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **kwargs: Any) -> None:
     """A periodic level-triggered pass: missed events, children deleted by hand."""
+    memo.ctx.indices = {k: v for k, v in kwargs.items() if k.startswith("cached_")}  # for the cache-size metric
     with memo.ctx.metrics.reconcile():
         await reconcile.resync(memo.ctx, body.meta.namespace, body.meta.name, patch, reconcile.Indices.of(kwargs))
 
 
 @kopf.on.delete(*JOB)
-async def delete_children(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+async def delete_children(body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> None:
     """Delete what the job owns; kopf then removes our finalizer."""
     ctx: reconcile.Context = memo.ctx
     with ctx.metrics.reconcile():
-        await reconcile.delete_children(ctx, body)
+        await reconcile.delete_children(ctx, reconcile.Indices.of(kwargs), body)
     ctx.metrics.forget(body.meta.namespace, body.meta.name)
     ctx.locks.pop((body.meta.namespace, body.meta.name), None)

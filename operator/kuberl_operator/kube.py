@@ -1,7 +1,8 @@
 """A minimal async Kubernetes client on aiohttp, using kopf's login (kubeconfig or service account).
 
-kopf is not a client library; the operator needs only get, create, merge-patch and delete of a few
-kinds, so it carries this small client instead of a large generated one.
+kopf is not a client library; the operator needs only create, merge-patch and delete of a few kinds (it reads
+from its watch-backed cache), so it carries this small client instead of a large generated one. ``kopf_login``
+gives kopf a session of the same kind, so that every request of the process is counted (api_traffic.py).
 """
 
 from __future__ import annotations
@@ -70,12 +71,28 @@ def login(settings: kopf.OperatorSettings) -> kopf.ConnectionInfo:
     return conn
 
 
-class Kube:
-    """get / create / patch / delete, raising ApiError on failures (get and delete: None on 404)."""
+def kopf_login(settings: kopf.OperatorSettings, trace: aiohttp.TraceConfig) -> kopf.AiohttpSession:
+    """kopf's session, on the same credentials as its built-in login, with the trace config that counts requests.
+    kopf calls its login handler again on a 401 (a rotated token): each call makes a new session."""
+    conn = login(settings)
+    session = aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=0, ssl=conn.as_ssl_context()),
+        headers={**conn.as_http_headers(), "User-Agent": "kuberl-operator/kopf"},
+        trace_configs=[trace],
+    )
+    return kopf.AiohttpSession(aiohttp_session=session, server=conn.server,
+                               default_namespace=conn.default_namespace, expiration=conn.expiration)
 
-    def __init__(self, settings: kopf.OperatorSettings, user_agent: str = "kuberl-operator"):
+
+class Kube:
+    """create / patch / delete, raising ApiError on failures (delete: False on 404). Reads come from the
+    watch-backed cache (cache.py), never from here."""
+
+    def __init__(self, settings: kopf.OperatorSettings, user_agent: str = "kuberl-operator",
+                 trace: aiohttp.TraceConfig | None = None):
         self.settings = settings
         self.user_agent = user_agent
+        self.trace = trace  # counts every request (api_traffic.py)
         self.session: aiohttp.ClientSession | None = None
 
     async def _session(self) -> aiohttp.ClientSession:
@@ -87,6 +104,7 @@ class Kube:
                 headers={**conn.as_http_headers(), "User-Agent": self.user_agent},
                 connector=aiohttp.TCPConnector(ssl=ssl),
                 timeout=aiohttp.ClientTimeout(total=30),
+                trace_configs=[self.trace] if self.trace else None,
             )
         return self.session
 
@@ -116,14 +134,6 @@ class Kube:
             data = data if isinstance(data, dict) else {}
             raise ApiError(status, data.get("reason", ""), data.get("message", ""))
         return data
-
-    async def get(self, res: Resource, namespace: str, name: str) -> dict[str, Any] | None:
-        try:
-            return await self.request("GET", res.path(namespace, name))
-        except ApiError as exc:
-            if exc.status == 404:
-                return None
-            raise
 
     async def create(self, obj: Mapping[str, Any]) -> dict[str, Any]:
         meta = obj["metadata"]

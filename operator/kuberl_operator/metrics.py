@@ -14,7 +14,7 @@ import contextlib
 import math
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import kopf
@@ -46,6 +46,13 @@ FAMILIES: dict[str, tuple[str, str, tuple[str, ...]]] = {
         "level is the link as nvidia-smi names it.", (*ROLE_LABELS, "level")),
     "kuberl_operator_reconcile_errors_total": ("counter", "Reconciles that ended in an error (waits excluded).", ()),
     "kuberl_operator_reconcile_duration_seconds": ("histogram", "Time spent in one reconcile.", ()),
+    "kuberl_operator_api_requests_total": (
+        "counter", "Requests this operator sent to the API server (kopf's and its own), by verb and resource as the "
+        "audit log names them, and the response's status code.", ("verb", "resource", "code")),
+    "kuberl_operator_watch_starts_total": ("counter", "Watches started (the first and every restart), by resource.",
+                                           ("resource",)),
+    "kuberl_operator_cache_objects": ("gauge", "Objects held in the operator's watch-backed cache, by kind.",
+                                      ("kind",)),
 }
 # Seconds, waiting for the job's lock included: past prometheus_client's default 10 s, since a burst of pod
 # events queues on a job's lock (bench/operator_load.py).
@@ -83,6 +90,11 @@ class Metrics:
         self.duration = Histogram("kuberl_operator_reconcile_duration_seconds",
                                   FAMILIES["kuberl_operator_reconcile_duration_seconds"][1], buckets=RECONCILE_BUCKETS,
                                   registry=self.registry)
+        self.requests = Counter("kuberl_operator_api_requests", FAMILIES["kuberl_operator_api_requests_total"][1],
+                                FAMILIES["kuberl_operator_api_requests_total"][2], registry=self.registry)
+        self.watches = Counter("kuberl_operator_watch_starts", FAMILIES["kuberl_operator_watch_starts_total"][1],
+                               FAMILIES["kuberl_operator_watch_starts_total"][2], registry=self.registry)
+        self.cache_sizes: Callable[[], Mapping[str, int]] = dict  # kind -> objects cached (set by the handlers)
         self._lock = threading.Lock()
         self._phases: dict[tuple[str, str], str] = {}
         self._roles: dict[tuple[str, str, str], Mapping[str, Any]] = {}  # status.roles.R as written
@@ -90,7 +102,7 @@ class Metrics:
         self.registry.register(self)
 
     def collect(self) -> Iterator[Any]:
-        """Every family but the reconcile counter and histogram, computed at scrape time (a collector)."""
+        """Every family but the counters and the histogram, computed at scrape time (a collector)."""
         with self._lock:
             phases = dict(self._phases)
             roles = dict(self._roles)
@@ -124,6 +136,16 @@ class Metrics:
         yield budget
         if worst.samples:  # no series (and no family) until some driver has reported a link
             yield worst
+        cached = _family("kuberl_operator_cache_objects")
+        for kind, count in sorted(self.cache_sizes().items()):
+            cached.add_metric([kind], float(count))
+        yield cached
+
+    def request(self, verb: str, resource: str, code: int) -> None:
+        """Count one API request (`api_traffic.trace_config`'s callback); a watch also counts as a watch start."""
+        self.requests.labels(verb, resource, str(code)).inc()
+        if verb == "watch":
+            self.watches.labels(resource).inc()
 
     def observe(self, namespace: str, job: str, status: Mapping[str, Any], spec: JobSpec | None = None) -> None:
         """Record a job's status as written (and, given its spec, the roles' restart budgets)."""

@@ -6,6 +6,9 @@
   driver Job), ``decide``, write the status with a resourceVersion precondition, then act;
 - ``delete_children``: what the job owns goes explicitly (owner references cover the rest).
 
+Every read comes from the watch-backed cache (``cache.py``), never a GET: a pass over a job whose world matches
+its spec and status sends nothing. The one object the operator may not read, the Ray token's Secret, is created
+(409 while it exists) on the passes the spec's events drive and at most every ``secret_probe_seconds`` otherwise.
 Every pass over one job holds that job's lock, so within the process there is one writer per job.
 """
 
@@ -14,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import logging
+import time
 from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,6 +29,7 @@ from kuberl.spec import RLTrainingJob, SpecInvalid, validate_manifest
 from kuberl.spec.contract import REPLICAS_KEY
 
 from . import builders, conditions, job_policy, names, placement, ray_token, rescale
+from .cache import Written, first, version
 from .config import OperatorConfig
 from .kube import (
     CONFIGMAPS,
@@ -60,6 +65,7 @@ from .status import (
 
 log = logging.getLogger(__name__)
 STATUS_ATTEMPTS = 5
+CATCH_UP_S = 5.0  # after a lost status race (409), how long to wait for the watch to bring the newer job
 CREATE_ONLY = frozenset({SECRETS})  # what the operator only creates (`create_once`): it may not read Secrets
 
 
@@ -73,6 +79,23 @@ class Context:
     locks: dict[tuple[str, str], asyncio.Lock] = field(default_factory=dict)
     tokens: dict[ray_token.Key, str] = field(default_factory=dict)  # the Ray token of each job whose Secret it made
     refused: dict[tuple[str, str], tuple[str, ...]] = field(default_factory=dict)  # job -> what its report lacked
+    written: Written = field(default_factory=Written)  # what this process's writes returned (cache.py)
+    secret_probes: dict[ray_token.Key, float] = field(default_factory=dict)  # job -> its last Secret create (monotonic)
+    indices: Mapping[str, Any] = field(default_factory=dict)  # kopf's cache indices by name (the size metric)
+
+    def read(self, indices: Indices, res: Resource, namespace: str, name: str) -> dict[str, Any] | None:
+        """An object as the cache knows it (None: absent), the newest of its index and this process's writes."""
+        index = indices.cached.get(res.plural) or {}
+        return self.written.read(res.plural, namespace, name, first(index.get((namespace, name))))
+
+    def probe_secret(self, key: ray_token.Key, forced: bool) -> bool:
+        """Whether this pass creates the job's token Secret again (to learn whether it still exists): when
+        ``forced`` (an event-driven pass), or ``config.secret_probe_seconds`` after the last time."""
+        now_s = time.monotonic()
+        if forced or now_s - self.secret_probes.get(key, float("-inf")) >= self.config.secret_probe_seconds:
+            self.secret_probes[key] = now_s
+            return True
+        return False
 
     def lock(self, namespace: str, name: str) -> asyncio.Lock:
         """One status writer per job at a time inside this process."""
@@ -89,18 +112,31 @@ class Context:
         )
 
 
+CACHED = (RLTRAININGJOBS, SERVICEACCOUNTS, ROLES, ROLEBINDINGS, CONFIGMAPS, JOBS, RAYCLUSTERS,
+          RESOURCECLAIMTEMPLATES)  # the kinds whose whole objects are indexed (`handlers.cached_objects`)
+
+
+def cache_index(res: Resource) -> str:
+    """The name of the kopf index that holds the objects of kind `res` by (namespace, name)."""
+    return f"cached_{res.plural}"
+
+
 @dataclass(frozen=True)
 class Indices:
-    """kopf's in-memory indices of a job's worker pods, progress reports, driver Job and head pods."""
+    """kopf's in-memory indices of a job's worker pods, progress reports, driver Job and head pods, and of the
+    whole objects of the kinds in ``CACHED`` (plural -> index keyed by namespace and name)."""
 
     pods: Mapping[Any, Any]
     progress: Mapping[Any, Any]
     drivers: Mapping[Any, Any]
     heads: Mapping[Any, Any] = field(default_factory=dict)
+    cached: Mapping[str, Mapping[Any, Any]] = field(default_factory=dict)
 
     @classmethod
     def of(cls, kwargs: Mapping[str, Any]) -> Indices:
-        return cls(kwargs["worker_pods"], kwargs["progress_reports"], kwargs["driver_jobs"], kwargs["head_pods"])
+        cached = {res.plural: kwargs[cache_index(res)] for res in CACHED if cache_index(res) in kwargs}
+        return cls(kwargs["worker_pods"], kwargs["progress_reports"], kwargs["driver_jobs"], kwargs["head_pods"],
+                   cached)
 
     def observed(self, namespace: str, name: str, cluster_uid: str | None,
                  applied: Mapping[str, Any] | None = None, groups: Mapping[str, int] | None = None,
@@ -204,21 +240,26 @@ def owned_by(obj: Mapping[str, Any], owner_uid: str) -> bool:
     return any(ref.get("uid") == owner_uid for ref in obj["metadata"].get("ownerReferences", []))
 
 
-async def ensure(ctx: Context, body: kopf.Body, obj: MutableMapping[str, Any], sync: tuple[str, ...] = ()) -> bool:
-    """Create ``obj`` unless it exists; adopt an existing one made for this job; keep its ``sync``
+async def ensure(ctx: Context, indices: Indices, body: kopf.Body, obj: MutableMapping[str, Any],
+                 sync: tuple[str, ...] = ()) -> bool:
+    """Create ``obj`` unless the cache holds it; adopt an existing one made for this job; keep its ``sync``
     fields up to date. True if created."""
     meta = obj["metadata"]
     res = resource_of(obj)
-    existing = await ctx.kube.get(res, meta["namespace"], meta["name"])
+    existing = ctx.read(indices, res, meta["namespace"], meta["name"])
     if existing is None:
         kopf.adopt(obj, owner=body)
         try:
-            await ctx.kube.create(obj)
+            ctx.written.put(res.plural, await ctx.kube.create(obj))
         except ApiError as exc:
             if exc.status == 404:
                 raise kopf.TemporaryError(not_served(obj), delay=30) from None
-            if exc.status != 409:  # 409: created meanwhile by a concurrent reconcile; adopted next time
+            if exc.status != 409:
                 raise
+            # there, but not in the cache, which holds only what carries the job's label: a namesake of another
+            raise kopf.TemporaryError(f"{obj['kind']} {meta['name']} exists and does not belong to this job (it "
+                                      f"lacks the label {names.LABEL_JOB}={body.meta.name}): delete or rename it",
+                                      delay=60) from None
         return True
     emeta = existing["metadata"]
     if emeta.get("deletionTimestamp"):
@@ -229,7 +270,7 @@ async def ensure(ctx: Context, body: kopf.Body, obj: MutableMapping[str, Any], s
             raise kopf.TemporaryError(f"{obj['kind']} {meta['name']} exists and does not belong to this job", delay=60)
         update["metadata"] = {"ownerReferences": [*emeta.get("ownerReferences", []), kopf.build_owner_reference(body)]}
     if update:
-        await ctx.kube.patch(res, meta["namespace"], meta["name"], update)
+        ctx.written.put(res.plural, await ctx.kube.patch(res, meta["namespace"], meta["name"], update))
     return False
 
 
@@ -267,21 +308,24 @@ def group_specs(cluster: Mapping[str, Any] | None) -> list[Mapping[str, Any]]:
     return ((cluster or {}).get("spec") or {}).get("workerGroupSpecs") or []
 
 
-async def ask_driver(ctx: Context, namespace: str, job: RLTrainingJob) -> None:
+async def ask_driver(ctx: Context, indices: Indices, namespace: str, job: RLTrainingJob) -> None:
     """Write the spec's replicas of the live roles into ``data.replicas`` of the progress ConfigMap, where
     the driver reads them between two steps (`rescale`); nothing is written when they are there already."""
     name = names.progress_configmap(job.metadata.name)
     doc = rescale.replicas_document(job).to_json()
-    existing = await ctx.kube.get(CONFIGMAPS, namespace, name)
+    existing = ctx.read(indices, CONFIGMAPS, namespace, name)
     if existing is not None and (existing.get("data") or {}).get(REPLICAS_KEY) != doc:
-        await ctx.kube.patch(CONFIGMAPS, namespace, name, {"data": {REPLICAS_KEY: doc}})
+        ctx.written.put(CONFIGMAPS.plural,
+                        await ctx.kube.patch(CONFIGMAPS, namespace, name, {"data": {REPLICAS_KEY: doc}}))
 
 
-async def apply_spec(ctx: Context, body: kopf.Body, patch: kopf.Patch, diff: Sequence[Any] = ()) -> None:
+async def apply_spec(ctx: Context, indices: Indices, body: kopf.Body, patch: kopf.Patch, diff: Sequence[Any] = (),
+                     events: bool = True) -> None:
     """Make the children match the spec: everything when running; no RayCluster/driver when suspended.
 
     The spec ConfigMap always holds the current spec, so a resume runs it. A finished job (Succeeded
-    or Failed, InvalidSpec included) is left as it is: terminal is final.
+    or Failed, InvalidSpec included) is left as it is: terminal is final. ``events``: the pass follows an
+    event of the job (created, resumed, its spec changed), so its Secret is probed whatever the last probe.
     """
     namespace, name = body.meta.namespace, body.meta.name
     if conditions.terminal(body.status.get("conditions", [])):
@@ -294,26 +338,29 @@ async def apply_spec(ctx: Context, body: kopf.Body, patch: kopf.Patch, diff: Seq
     created = []
     token_key = (namespace, name, body.meta.uid)
     token = ray_token.token_for(ctx.tokens, token_key)
+    probe = ctx.probe_secret(token_key, events)
     for obj in builders.all_objects(job, body["spec"], token.value, ctx.options(namespace)):
         key = (resource_of(obj), obj["metadata"]["name"])
         if job.spec.suspend and key in runtime:
             continue
         if key[0] in CREATE_ONLY:
+            if not probe:
+                continue
             made = await create_once(ctx, body, obj)
             event = ray_token.created(ctx.tokens, token_key, token, key[1],
                                       body.status.get("rayClusterUID") is not None, made)
             if event is not None:
                 kopf.event(body, type=event[0], reason=event[1], message=event[2])
         else:
-            made = await ensure(ctx, body, obj, sync=("data",) if key == spec_configmap else ())
+            made = await ensure(ctx, indices, body, obj, sync=("data",) if key == spec_configmap else ())
         if made:
             created.append(f"{obj['kind']} {obj['metadata']['name']}")
     if created:
         kopf.event(body, type="Normal", reason="Created", message=f"created {', '.join(created)}")
-    await ask_driver(ctx, namespace, job)
+    await ask_driver(ctx, indices, namespace, job)
     if job.spec.suspend:
         stopped = [f"{res.plural} {child}" for res, child in runtime
-                   if await delete_owned(ctx, res, namespace, child, body.meta.uid)]
+                   if await delete_owned(ctx, indices, res, namespace, child, body.meta.uid)]
         if stopped:
             kopf.event(body, type="Normal", reason="Suspended", message=f"deleted {', '.join(stopped)}")
     elif (changes := pending_changes(diff, rescale.live_fields(job))) and not any(
@@ -323,20 +370,25 @@ async def apply_spec(ctx: Context, body: kopf.Body, patch: kopf.Patch, diff: Seq
                            f"started with; suspend and resume the job to apply it")
 
 
-async def delete_owned(ctx: Context, res: Resource, namespace: str, name: str, owner_uid: str) -> bool:
+async def delete_owned(ctx: Context, indices: Indices, res: Resource, namespace: str, name: str,
+                       owner_uid: str) -> bool:
     """Delete an object if this job owns it (never someone else's namesake). True if deleted."""
-    obj = await ctx.kube.get(res, namespace, name)
+    obj = ctx.read(indices, res, namespace, name)
     if obj is None or obj["metadata"].get("deletionTimestamp") or not owned_by(obj, owner_uid):
         return False
     return await ctx.kube.delete(res, namespace, name)
 
 
-async def delete_children(ctx: Context, body: kopf.Body) -> None:
+async def delete_children(ctx: Context, indices: Indices, body: kopf.Body) -> None:
     """Delete what the job owns: garbage collection would, via owner references, but not at once."""
-    for res, child in children(body.meta.name):
-        await delete_owned(ctx, res, body.meta.namespace, child, body.meta.uid)
-    ctx.tokens.pop((body.meta.namespace, body.meta.name, body.meta.uid), None)
+    owned = children(body.meta.name)
+    for res, child in owned:
+        await delete_owned(ctx, indices, res, body.meta.namespace, child, body.meta.uid)
+    key = (body.meta.namespace, body.meta.name, body.meta.uid)
+    ctx.tokens.pop(key, None)
+    ctx.secret_probes.pop(key, None)
     ctx.refused.pop((body.meta.namespace, body.meta.name), None)
+    ctx.written.forget(body.meta.namespace, body.meta.name, tuple(child for _, child in owned))
 
 
 async def reconcile_job(ctx: Context, body: kopf.Body, patch: kopf.Patch, diff: Sequence[Any],
@@ -344,7 +396,7 @@ async def reconcile_job(ctx: Context, body: kopf.Body, patch: kopf.Patch, diff: 
     """The spec changed (or the job appeared, or the operator started): apply it, then the status."""
     async with ctx.lock(body.meta.namespace, body.meta.name):
         try:
-            await apply_spec(ctx, body, patch, diff)
+            await apply_spec(ctx, indices, body, patch, diff)
         finally:
             await write_status(ctx, body.meta.namespace, body.meta.name, indices)
 
@@ -356,13 +408,14 @@ async def reconcile_status(ctx: Context, namespace: str, name: str, indices: Ind
 
 
 async def resync(ctx: Context, namespace: str, name: str, patch: kopf.Patch, indices: Indices) -> None:
-    """A periodic level-triggered pass on the freshest job: recreates children deleted by hand."""
+    """A level-triggered pass on the freshest job the cache holds (periodic, or after one of its children was
+    deleted): recreates what is missing, and writes the status if it changed (a deadline passed)."""
     async with ctx.lock(namespace, name):
-        body = await ctx.kube.get(RLTRAININGJOBS, namespace, name)
+        body = ctx.read(indices, RLTRAININGJOBS, namespace, name)
         if body is None or body["metadata"].get("deletionTimestamp"):
             return
         try:
-            await apply_spec(ctx, kopf.Body(body), patch)
+            await apply_spec(ctx, indices, kopf.Body(body), patch, events=False)
         finally:
             await write_status(ctx, namespace, name, indices)
 
@@ -375,13 +428,23 @@ async def write_status(ctx: Context, namespace: str, name: str, indices: Indices
     log.info("status of %s/%s kept changing under us; the next event retries", namespace, name)
 
 
+async def caught_up(ctx: Context, indices: Indices, namespace: str, name: str, seen: int) -> bool:
+    """Wait (at most ``CATCH_UP_S``) until the cache holds a newer job than resourceVersion `seen`."""
+    deadline = time.monotonic() + CATCH_UP_S
+    while time.monotonic() < deadline:
+        if version(ctx.read(indices, RLTRAININGJOBS, namespace, name)) > seen:
+            return True
+        await asyncio.sleep(0.05)
+    return False
+
+
 async def reconcile_once(ctx: Context, namespace: str, name: str, indices: Indices) -> bool:
     """One observe-decide-write-act pass; False when the write lost a race (409) and must be redone."""
-    body = await ctx.kube.get(RLTRAININGJOBS, namespace, name)
+    body = ctx.read(indices, RLTRAININGJOBS, namespace, name)
     if body is None or body["metadata"].get("deletionTimestamp"):
         return True
     old = body.get("status") or {}
-    cluster = await ctx.kube.get(RAYCLUSTERS, namespace, names.cluster(name))
+    cluster = ctx.read(indices, RAYCLUSTERS, namespace, names.cluster(name))
     live = (cluster is not None and owned_by(cluster, body["metadata"]["uid"])
             and not cluster["metadata"].get("deletionTimestamp"))
     cluster_uid = cluster["metadata"]["uid"] if live else None
@@ -403,10 +466,12 @@ async def reconcile_once(ctx: Context, namespace: str, name: str, indices: Indic
     if patch is not None:
         precondition = {"resourceVersion": body["metadata"]["resourceVersion"]}
         try:
-            await ctx.kube.patch(RLTRAININGJOBS, namespace, name, {"metadata": precondition, "status": patch},
-                                 sub="status")
+            ctx.written.put(RLTRAININGJOBS.plural, await ctx.kube.patch(
+                RLTRAININGJOBS, namespace, name, {"metadata": precondition, "status": patch}, sub="status"))
         except ApiError as exc:
-            if exc.status == 409:
+            if exc.status == 409:  # the job changed meanwhile: redo the pass once the cache holds the change
+                if not await caught_up(ctx, indices, namespace, name, version(body)):
+                    log.info("status of %s/%s: the cache did not catch up within %ss", namespace, name, CATCH_UP_S)
                 return False
             raise
     ctx.metrics.observe(namespace, name, decision.status, job.spec)
@@ -419,7 +484,7 @@ async def reconcile_once(ctx: Context, namespace: str, name: str, indices: Indic
     await post_events(ctx, body, decision.events)
     resize = rescale.cluster_patch(cluster, decision.groups, decision.leaving) if live else None
     if resize is not None:  # before any pod goes: KubeRay must not replace a pod a shrink gives up
-        await ctx.kube.patch(RAYCLUSTERS, namespace, names.cluster(name), resize)
+        ctx.written.put(RAYCLUSTERS.plural, await ctx.kube.patch(RAYCLUSTERS, namespace, names.cluster(name), resize))
         sizes = ", ".join(f"{r} {n}" for r, n in decision.groups.items() if n != seen.groups.get(r))
         kopf.event(body, type="Normal", reason="RoleResized", message=f"worker groups resized: {sizes}" + (
             f" (giving up pods {', '.join(p for ps in decision.leaving.values() for p in ps)})"

@@ -30,6 +30,8 @@ ROLE_FAILED = "RoleFailed"  # the driver reported a role's failure (a hang's dia
 UNSCHEDULABLE = "RoleUnschedulable"  # no node satisfies a role's constraints (the scheduler says why)
 POLICY_DENIED = "PolicyDenied"  # the job breaks the platform's job policy (job_policy.py): nothing is made
 IMAGE_PULL_FAILED = "ImagePullFailed"  # a role's container cannot start from its image (not loaded, wrong name)
+RESTART_TIMED_OUT = "RestartTimedOut"  # Restarting past spec.resilience.restartTimeoutSeconds
+PROVISIONING_TIMED_OUT = "ProvisioningTimedOut"  # Provisioning past spec.resilience.startTimeoutSeconds
 TIME_FORMAT = "%Y-%m-%dT%H:%M:%SZ"  # every time in status (reconcile.now)
 PLACEMENT_DEGRADED = Reason.PLACEMENT_DEGRADED.value  # the driver refused GPUs linked below spec.placement.minLink
 
@@ -169,10 +171,37 @@ def head_outcome(old: Mapping[str, Any], seen: Observed, accounting: bool, now: 
     status = {"ready": ready, "restarts": restarts, **({"lastFailure": last_failure} if last_failure else {}),
               **tracking.to_status()}
     return HeadOutcome(status, failures, doomed, bool(pods), ready)
+def parse_time(when: str) -> datetime.datetime:
+    return datetime.datetime.strptime(when, TIME_FORMAT).replace(tzinfo=datetime.UTC)
+
+
 def later(when: str, seconds: float) -> str:
     """An RFC 3339 time (as status writes it) plus ``seconds``."""
-    t = datetime.datetime.strptime(when, TIME_FORMAT).replace(tzinfo=datetime.UTC)
-    return (t + datetime.timedelta(seconds=seconds)).strftime(TIME_FORMAT)
+    return (parse_time(when) + datetime.timedelta(seconds=seconds)).strftime(TIME_FORMAT)
+
+
+def overdue(job: RLTrainingJob, active: tuple[str, str, str], roles: Mapping[str, RoleOutcome],
+            head: HeadOutcome, old: Mapping[str, Any], now: str) -> tuple[str, str, str] | None:
+    """(Failed, reason, message) when the job has been Restarting or Provisioning past its deadline, in the
+    same phase since ``status.phaseSince``; the message names what it waited for: the phase's own message and
+    the pods not ready, by role."""
+    phase, _, message = active
+    since = old.get("phaseSince")
+    if phase != old.get("phase") or not since:
+        return None
+    resilience = job.spec.resilience
+    if phase == RESTARTING:
+        bound, name, reason = resilience.restart_deadline_seconds(), "restartTimeoutSeconds", RESTART_TIMED_OUT
+    elif phase == PROVISIONING:
+        bound, name, reason = resilience.start_timeout_seconds, "startTimeoutSeconds", PROVISIONING_TIMED_OUT
+    else:
+        return None
+    if (parse_time(now) - parse_time(since)).total_seconds() < bound:
+        return None
+    waiting = [f"role {r} {o.status['ready']}/{o.status['desired']}" for r, o in roles.items()
+               if o.status["ready"] < o.status["desired"]] + ([] if head.ready else ["the Ray head"])
+    return FAILED, reason, (f"{phase} since {since}, past spec.resilience.{name} ({bound:g}s): {message}; "
+                            f"not ready: {', '.join(waiting) or 'none'}")
 
 
 def waiting_for_node(pods: Sequence[PodView]) -> str | None:
@@ -296,7 +325,10 @@ def decide(job: RLTrainingJob, generation: int, old: Mapping[str, Any], seen: Ob
                for r, o in roles.items()
                if (why := o.status.get("unschedulable")) and why != ((old.get("roles") or {}).get(r) or {}).get(
                    "unschedulable")]
-    ended = verdict(job, roles, seen)
+    ended, active = verdict(job, roles, seen), None
+    if ended is None and not job.spec.suspend:
+        active = active_phase(job, roles, seen, cond.find(conds, cond.READY), head)
+        ended = overdue(job, active, roles, head, old, now)
     if ended is not None:
         phase, reason, message = ended
         put(phase, True, reason, message)  # the Succeeded or Failed condition
@@ -311,7 +343,8 @@ def decide(job: RLTrainingJob, generation: int, old: Mapping[str, Any], seen: Ob
     else:
         if cond.find(conds, cond.SUSPENDED) is not None:
             put(cond.SUSPENDED, False, "Resumed", "spec.suspend is false")
-        phase, reason, message = active_phase(job, roles, seen, cond.find(conds, cond.READY), head)
+        assert active is not None  # computed above for a job that runs
+        phase, reason, message = active
         put(cond.READY, phase == RUNNING, reason, message)
         if phase == RUNNING and old.get("phase") != RUNNING:
             events.append(Event("Normal", "Running", message))
@@ -321,7 +354,8 @@ def decide(job: RLTrainingJob, generation: int, old: Mapping[str, Any], seen: Ob
     status = {k: v for k, v in old.items() if k not in ("rayCluster", "rayClusterUID", "pendingChanges")}
     if seen.cluster_uid is not None and not job.spec.suspend and (pending := live_pending(job, seen)):
         status["pendingChanges"] = pending  # until applied: live ones by the driver, the rest by a suspend and resume
-    status.update(phase=phase, message=message, conditions=conds, observedGeneration=generation,
+    status.update(phase=phase, phaseSince=old.get("phaseSince") or now if old.get("phase") == phase else now,
+                  message=message, conditions=conds, observedGeneration=generation,
                   roles={r: o.status for r, o in roles.items()}, head=head.status,
                   restarts=sum(o.status["restarts"] for o in roles.values()) + head.status["restarts"])
     if seen.cluster_uid is not None:

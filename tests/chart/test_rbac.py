@@ -4,10 +4,12 @@ The needs are derived from operator/kuberl_operator, not written down twice:
 - kopf's handlers (its registry after importing the handlers): every watched or indexed resource is
   listed and watched; resources with change handlers are patched (finalizer, kopf's annotations,
   status through the status subresource); kopf posts Events;
-- the operator's own API calls (an AST scan of ``ctx.kube.get/create/patch/delete(RESOURCE, ...)``);
-- ``reconcile.ensure`` (get, create, patch) for every object ``builders.all_objects`` makes, but
+- the operator's own API calls (an AST scan of ``ctx.kube.create/patch/delete(RESOURCE, ...)``);
+- ``reconcile.ensure`` (create, patch) for every object ``builders.all_objects`` makes, but
   ``reconcile.create_once`` (create) for those in ``reconcile.CREATE_ONLY`` (Secrets), and
-  ``reconcile.delete_owned`` (get, delete) for every object ``reconcile.children`` names.
+  ``reconcile.delete_owned`` (delete) for every object ``reconcile.children`` names; these read from the
+  watch-backed cache, so each such kind is indexed (list, watch), never read with a get;
+- what the driver's Role grants: RBAC lets only a holder of a permission grant it (no escalate here).
 kopf's own cluster-scoped reads (CRDs always; namespaces when it watches a list of them) are fixed.
 """
 
@@ -23,7 +25,7 @@ from .render import REPO, Helm, by_kind, one
 
 Needs = dict[tuple[str, str], set[str]]
 OPERATOR = REPO / "operator" / "kuberl_operator"
-GENERIC = {"ensure": {"get", "create", "patch"}, "create_once": {"create"}, "delete_owned": {"get", "delete"},
+GENERIC = {"ensure": {"create", "patch"}, "create_once": {"create"}, "delete_owned": {"delete"},
            "post_events": {"create"}}
 KOPF_CLUSTER = {("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"}}
 KOPF_NAMESPACES = {("", "namespaces"): {"list", "watch"}}
@@ -69,7 +71,7 @@ def api_calls() -> Needs:
                 if on_kube and f.attr == "request":
                     problems.append(f"{path.name}:{call.lineno} {func.name}: a raw kube.request; "
                                     f"teach tests/chart/test_rbac.py which resource and verb it uses")
-                if not (on_kube and f.attr in {"get", "create", "patch", "delete"}):
+                if not (on_kube and f.attr in {"create", "patch", "delete"}):
                     continue
                 first = call.args[0] if call.args else None
                 if isinstance(first, ast.Name) and first.id in resources:
@@ -90,12 +92,32 @@ def api_calls() -> Needs:
             needs[(res.group, res.plural)] |= GENERIC["create_once" if res in reconcile.CREATE_ONLY else "ensure"]
     for res, _ in reconcile.children("job"):
         needs[(res.group, res.plural)] |= GENERIC["delete_owned"]
+    job = load_manifest(REPO / "examples" / "ppo-gpu.yaml")
+    for role in [o for o in builders.driver_rbac(job, builders.BuildOptions(namespace="ns")) if o["kind"] == "Role"]:
+        for rule in role["rules"]:
+            for group in rule["apiGroups"]:
+                for resource in rule["resources"]:
+                    needs[(group, resource)] |= set(rule["verbs"])
     event = reconcile.event_object({"apiVersion": "v", "kind": "K", "metadata": {"name": "j", "namespace": "ns",
                                                                                 "uid": "u"}},
                                    reconcile.Event("Normal", "R", "m"), "t")
     res = kube.resource_of(event)
     needs[(res.group, res.plural)] |= GENERIC["post_events"]
     return needs
+
+
+def test_what_the_operator_ensures_or_deletes_it_reads_from_its_cache() -> None:
+    """Every kind `ensure` and `delete_owned` handle but the Secret is indexed whole, so neither ever GETs."""
+    from kuberl.spec import load_manifest
+    from kuberl_operator import builders, kube, reconcile
+
+    kinds = {res for res, _ in reconcile.children("job")}
+    for example in ("ppo-gpu.yaml", "ppo-gpu-dra.yaml"):
+        job = load_manifest(REPO / "examples" / example)
+        raw = yaml.safe_load((REPO / "examples" / example).read_text())["spec"]
+        objects = builders.all_objects(job, raw, "t", builders.BuildOptions(namespace="n"))
+        kinds |= {kube.resource_of(o) for o in objects}
+    assert kinds - reconcile.CREATE_ONLY <= set(reconcile.CACHED), kinds - set(reconcile.CACHED)
 
 
 def merge(*parts: Needs) -> Needs:
@@ -148,17 +170,3 @@ def test_namespaced_rbac_is_exactly_what_the_operator_uses(helm: Helm, namespace
         assert not problems, f"Role in {role['metadata']['namespace']}:\n" + "\n".join(problems)
     problems = compare(granted(one(objects, "ClusterRole")["rules"]), merge(KOPF_CLUSTER, KOPF_NAMESPACES))
     assert not problems, "ClusterRole:\n" + "\n".join(problems)
-
-
-def test_the_operator_can_grant_the_drivers_role(namespaced_needs: Needs) -> None:
-    """RBAC refuses to create a Role granting more than its creator holds (no escalate/bind here)."""
-    from kuberl.spec import load_manifest
-    from kuberl_operator import builders
-
-    job = load_manifest(REPO / "examples" / "ppo-gpu.yaml")
-    roles = [o for o in builders.driver_rbac(job, builders.BuildOptions(namespace="ns")) if o["kind"] == "Role"]
-    assert roles
-    for rule in roles[0]["rules"]:
-        for group in rule["apiGroups"]:
-            for resource in rule["resources"]:
-                assert set(rule["verbs"]) <= namespaced_needs.get((group, resource), set()), rule

@@ -53,9 +53,11 @@ class OperatorProcess:
         image: str = "kuberl-runtime:test",
         resync_seconds: float = 2,
         via: str = "cli",
+        secret_probe_seconds: float | None = None,
     ):
         self.kubeconfig, self.log_dir, self.namespaces, self.image = kubeconfig, log_dir, namespaces, image
         self.resync_seconds, self.via = resync_seconds, via
+        self.secret_probe_seconds = secret_probe_seconds  # None: at every resync (a Secret deleted is seen at once)
         self.liveness_port, self.metrics_port = free_port(), free_port()
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = log_dir / "operator-0.log"
@@ -112,6 +114,7 @@ class OperatorProcess:
             "KUBERL_METRICS_ADDRESS": "127.0.0.1",
             "KUBERL_RUNTIME_IMAGE": self.image,
             "KUBERL_RESYNC_SECONDS": str(self.resync_seconds),
+            "KUBERL_SECRET_PROBE_SECONDS": str(self.secret_probe_seconds or self.resync_seconds),
         }  # re-applied all the time: nothing may duplicate
         env.pop("KUBERNETES_SERVICE_HOST", None)  # not in a pod: the kubeconfig is the only way in
         with open(self.log_path, "wb") as log:

@@ -52,10 +52,8 @@ def forbidden(events: list[dict[str, Any]]) -> list[str]:
     return sorted({f"{e['verb']} {e.get('requestURI')}" for e in events if decision(e) == "forbid"})
 
 
-def granted(admin: Api, cluster_role: str) -> set[Permission]:
-    """Every (group, resource, verb) a ClusterRole grants (the chart writes no wildcards)."""
-    role = admin.get(CLUSTERROLES, cluster_role, namespace=None)
-    assert role is not None, f"ClusterRole {cluster_role} not found"
+def rules_of(role: dict[str, Any]) -> set[Permission]:
+    """Every (group, resource, verb) a Role or ClusterRole grants (the chart and the operator write no wildcards)."""
     return {
         (group, resource, verb)
         for rule in role["rules"]
@@ -63,3 +61,10 @@ def granted(admin: Api, cluster_role: str) -> set[Permission]:
         for resource in rule.get("resources", [])
         for verb in rule.get("verbs", [])
     }
+
+
+def granted(admin: Api, cluster_role: str) -> set[Permission]:
+    """Every (group, resource, verb) a ClusterRole grants (the chart writes no wildcards)."""
+    role = admin.get(CLUSTERROLES, cluster_role, namespace=None)
+    assert role is not None, f"ClusterRole {cluster_role} not found"
+    return rules_of(role)

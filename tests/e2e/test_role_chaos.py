@@ -21,6 +21,11 @@ hit once the one before has settled:
 Faults come from the host into the pod's own namespaces (`tests/e2e/chaos.py`). After each, what the docs
 (docs/operations.md, "Chaos") promise is checked: which role restarted (only the hit one, or none), the cause the
 recovery names, the seconds to detect and to recover, and that no completed step was lost. The figures are printed.
+
+Marked slow (18 minutes on this machine, so `make test-all`, not `make test`): two of its later scenarios failed
+once each in the last three runs (a driver cut in CI; the ref pod replaced too while both operators restarted), see
+docs/operations.md, "Chaos on the real node". Real pods' role restarts stay in the default run
+(test_role_failures.py).
 """
 
 from __future__ import annotations
@@ -44,7 +49,7 @@ from .conftest import OPERATOR_NAMESPACE, RELEASE, Kubectl, operator_ready
 from .test_real_pods import describe, events_of, pods_by_role, status
 from .test_role_failures import job_folder, quickstart_with_claim, recoveries
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(2400)]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(2400)]
 JOB, CLAIM = "chaos", "chaos-checkpoints"
 STEPS = 5000  # far more than the hits need: the job is deleted once they are done
 SETTLE = 10  # steps of calm training between two hits

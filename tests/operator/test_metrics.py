@@ -79,8 +79,23 @@ def test_every_family_is_served() -> None:
     m = Metrics()
     status = {"phase": "Running", "roles": {**roles(), "actor": {**roles()["actor"], "worstLink": "PIX"}}}
     m.observe("ns", "a", status, SPEC)
+    m.request("watch", "pods", 200)
+    m.cache_sizes = lambda: {"rayclusters": 1}
     with m.reconcile():
         pass
     served = set(samples(m))
     for name, (kind, _, _) in FAMILIES.items():
         assert (f"{name}_count" if kind == "histogram" else name) in served, name
+
+
+def test_api_requests_are_counted_by_verb_resource_and_code_and_watches_as_starts() -> None:
+    m = Metrics()
+    for verb, resource, code in [("watch", "pods", 200), ("watch", "pods", 200), ("patch", "rltrainingjobs/status",
+                                                                                 409), ("create", "secrets", 409)]:
+        m.request(verb, resource, code)
+    m.cache_sizes = lambda: {"rayclusters": 3, "jobs": 2}
+    s = samples(m)
+    requests = {tuple(v for _, v in k): n for k, n in s["kuberl_operator_api_requests_total"].items()}
+    assert requests[("200", "pods", "watch")] == 2 and requests[("409", "rltrainingjobs/status", "patch")] == 1
+    assert s["kuberl_operator_watch_starts_total"] == {(("resource", "pods"),): 2}
+    assert s["kuberl_operator_cache_objects"] == {(("kind", "jobs"),): 2, (("kind", "rayclusters"),): 3}

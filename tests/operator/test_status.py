@@ -321,3 +321,46 @@ def test_image_waiting_reads_the_kubelets_reason() -> None:
     assert image_waiting(pod) == "container ray-worker: ImagePullBackOff (Back-off pulling)"
     pod["status"]["containerStatuses"][0]["state"] = {"waiting": {"reason": "ContainerCreating"}}
     assert image_waiting(pod) is None
+
+
+def resilient(**resilience: Any):
+    return validate_manifest({
+        "apiVersion": "kuberl.io/v1alpha1", "kind": "RLTrainingJob", "metadata": {"name": "j"},
+        "spec": {"data": {"task": "repeat-letter"}, "reward": {"function": "m.n:f"}, "resilience": resilience,
+                 "roles": {"critic": {"replicas": 2, "maxRestarts": 3}}},
+    })
+
+
+def test_a_restart_not_done_within_its_deadline_fails_the_job_naming_the_role() -> None:
+    spec = resilient(restartTimeoutSeconds=90)
+    running = decide(spec, 1, decide(spec, 1, {}, Observed("rc", pods()), T0).status, Observed("rc", pods()), T0)
+    restarting = decide(spec, 1, running.status, Observed("rc", pods(failed={"c0": "deleted"})), T0).status
+    assert restarting["phase"] == "Restarting" and restarting["phaseSince"] == T0
+    waiting = Observed("rc", tuple(p for p in pods() if p.role != "critic"))  # the new critics never come
+    still = decide(spec, 1, restarting, waiting, T1)  # 60 s: within the deadline
+    assert still.status["phase"] == "Restarting" and still.status["phaseSince"] == T0
+    over = decide(spec, 1, still.status, waiting, T2)  # 120 s > 90 s
+    failed = cond(over.status, "Failed")
+    assert over.status["phase"] == "Failed" and failed["reason"] == "RestartTimedOut"
+    assert "restartTimeoutSeconds (90s)" in failed["message"] and "role critic 0/2" in failed["message"]
+    assert [(e.type, e.reason) for e in over.events] == [("Warning", "RestartTimedOut")]
+    assert over.teardown and over.status["phaseSince"] == T2
+
+
+def test_the_restart_deadline_defaults_to_the_start_timeout_and_ten_minutes() -> None:
+    assert resilient().spec.resilience.restart_deadline_seconds() == 1800 + 600
+    assert resilient(startTimeoutSeconds=60).spec.resilience.restart_deadline_seconds() == 660
+    assert resilient(restartTimeoutSeconds=5).spec.resilience.restart_deadline_seconds() == 5
+
+
+def test_provisioning_past_the_start_timeout_fails_the_job() -> None:
+    spec = resilient(startTimeoutSeconds=90)
+    prov = decide(spec, 1, decide(spec, 1, {}, Observed("rc", pods()[:2]), T0).status, Observed("rc", pods()[:2]), T0)
+    assert prov.status["phase"] == "Provisioning" and prov.status["phaseSince"] == T0
+    over = decide(spec, 1, prov.status, Observed("rc", pods()[:2]), T2)
+    assert over.status["phase"] == "Failed" and cond(over.status, "Failed")["reason"] == "ProvisioningTimedOut"
+    assert "startTimeoutSeconds (90s)" in over.status["message"] and "role ref 0/1" in over.status["message"]
+    # Running in time: no deadline; a phase change starts the clock again
+    ran = decide(spec, 1, prov.status, Observed("rc", pods()), T1).status
+    assert ran["phase"] == "Running" and ran["phaseSince"] == T1
+    assert decide(spec, 1, ran, Observed("rc", pods()), "2026-01-01T09:00:00Z").status["phase"] == "Running"

@@ -78,21 +78,22 @@ release: {{ .monitor.release | quote }}
 The namespaced permissions of the operator: exactly the verbs its code uses (tests/chart/test_rbac.py
 derives them from operator/kuberl_operator and fails on any difference).
   - rltrainingjobs: kopf lists/watches them and patches finalizers and its annotations; the
-    operator reads one (get) and writes status through the status subresource (patch).
-  - pods, configmaps, batch jobs: kopf indexes and watches them (list, watch, label-selected);
-    worker pods of a failed role are deleted so the role restarts as a gang.
-  - what a job owns (ServiceAccount, Role, RoleBinding, ConfigMaps, RayCluster, Job):
-    get before create (adopt, never duplicate), create, patch (owner references, spec ConfigMap),
-    delete (suspend, deletion).
+    operator writes status through the status subresource (patch). It never GETs: it reads from its cache.
+  - pods: kopf indexes and watches them (list, watch, label-selected); worker pods of a failed role are
+    deleted so the role restarts as a gang.
+  - what a job owns (ServiceAccount, Role, RoleBinding, ConfigMaps, RayCluster, Job, claim templates):
+    indexed from watches (list, watch, label-selected), so the operator reads them from memory (adopt,
+    never duplicate); create, patch (owner references, spec ConfigMap), delete (suspend, deletion).
   - secrets: create only. The operator makes each job's Ray token Secret and never reads, changes or
     deletes one (garbage collection removes it with its job), so it cannot read any Secret of the cluster.
   - events: kopf and the operator post Events (create).
-Creating the driver's Role needs no escalate/bind: the operator holds what it grants (configmaps get, patch).
+Creating the driver's Role needs no escalate/bind: the operator holds what it grants (configmaps get, patch):
+the one verb it holds only to grant it is configmaps get.
 */}}
 {{- define "kuberl.namespacedRules" -}}
 - apiGroups: [kuberl.io]
   resources: [rltrainingjobs]
-  verbs: [get, list, watch, patch]
+  verbs: [list, watch, patch]
 - apiGroups: [kuberl.io]
   resources: [rltrainingjobs/status]
   verbs: [patch]
@@ -107,19 +108,19 @@ Creating the driver's Role needs no escalate/bind: the operator holds what it gr
   verbs: [create]
 - apiGroups: [""]
   resources: [serviceaccounts]
-  verbs: [get, create, patch, delete]
+  verbs: [list, watch, create, patch, delete]
 - apiGroups: [batch]
   resources: [jobs]
-  verbs: [get, list, watch, create, patch, delete]
+  verbs: [list, watch, create, patch, delete]
 - apiGroups: [rbac.authorization.k8s.io]
   resources: [roles, rolebindings]
-  verbs: [get, create, patch, delete]
+  verbs: [list, watch, create, patch, delete]
 - apiGroups: [ray.io]
   resources: [rayclusters]
-  verbs: [get, create, patch, delete]
+  verbs: [list, watch, create, patch, delete]
 - apiGroups: [resource.k8s.io]
   resources: [resourceclaimtemplates]
-  verbs: [get, create, patch, delete]
+  verbs: [list, watch, create, patch, delete]
 - apiGroups: [""]
   resources: [events]
   verbs: [create]

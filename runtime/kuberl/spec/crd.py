@@ -19,6 +19,9 @@ STATUS_SCHEMA: dict[str, Any] = {
     "properties": {
         "phase": {"type": "string", "enum": ["Pending", "Provisioning", "Running", "Restarting", "Succeeded", "Failed",
                                              "Suspended"]},
+        "phaseSince": {"type": "string", "format": "date-time",
+                       "description": "When the job entered its phase: Restarting and Provisioning have deadlines "
+                                      "(spec.resilience.restartTimeoutSeconds, startTimeoutSeconds)."},
         "step": {"type": "integer", "description": "Last training step the driver reported."},
         "totalSteps": {"type": "integer"},
         "tokensPerSec": {"type": "number"},

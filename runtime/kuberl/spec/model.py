@@ -64,6 +64,7 @@ MAX_ROWS = 1 << 24  # prompts read from files
 MAX_REPLICAS = 1024  # replicas of a role
 MAX_GPUS = 64  # GPUs per replica (one pod: one node's GPUs)
 MAX_SECONDS = 7 * 24 * 3600.0  # timeouts: a week
+RESTART_RESTORE_SECONDS = 600.0  # past startTimeoutSeconds, what a restarted role may take to load and restore
 BUILTIN_MAX_POSITIONS = 4096
 """The built-in models' context (max_position_embeddings, kuberl.models): data.maxPromptLength + rollout.maxNewTokens
 must fit in it."""
@@ -570,6 +571,12 @@ class ResilienceSpec(Section):
         description="How long a role's group may wait for capacity and start (pods scheduled, image pulled, models "
                     "built)."
     )
+    restart_timeout_seconds: float | None = Field(
+        None, gt=0, le=MAX_SECONDS,
+        description="On Kubernetes, how long the job may stay in phase Restarting (a role's or the Ray head's pods "
+                    "replaced and not all ready again) before it fails with reason RestartTimedOut. Default: "
+                    "startTimeoutSeconds + 600, the time the new pods may take to start, which the driver bounds "
+                    "itself, and 10 minutes to load and restore the role's state.")
     faults: list[FaultSpec] = Field(default_factory=list, max_length=64, description="Injected faults (testing/demo).")
     standby: bool = Field(
         False, description="Keep a warm standby per role (a process started in advance; on Kubernetes a Running "
@@ -579,6 +586,11 @@ class ResilienceSpec(Section):
                             "(a copy of each rank's state after every update, to host memory for a role with GPUs, "
                             "beside the next step's first phases). auto: on, but for roles that share their GPUs "
                             "(colocateWith), whose copies would be on the training path; docs/operations.md.")
+
+
+    def restart_deadline_seconds(self) -> float:
+        """Seconds a job may stay in phase Restarting (restartTimeoutSeconds, else startTimeoutSeconds + 600)."""
+        return self.restart_timeout_seconds or self.start_timeout_seconds + RESTART_RESTORE_SECONDS
 
 
 class PlacementSpec(Section):

@@ -1,0 +1,59 @@
+"""The operator's cache (watch-backed indices and its own writes) and its count of API requests."""
+
+from __future__ import annotations
+
+import pytest
+
+from kuberl_operator.api_traffic import classify
+from kuberl_operator.cache import Written, first, newest, version
+
+
+def obj(name: str, rv: str | None, **extra: object) -> dict:
+    meta = {"name": name, "namespace": "ns", **({"resourceVersion": rv} if rv is not None else {})}
+    return {"metadata": meta, **extra}
+
+
+def test_the_newer_of_index_and_write_wins() -> None:
+    old, new = obj("a", "10"), obj("a", "12")
+    assert newest(old, new) is new and newest(new, old) is new
+    assert newest(new, obj("a", "12")) is new  # the index caught up: it wins
+    assert newest(None, new) is new and newest(old, None) is old and newest(None, None) is None
+    assert version(obj("a", None)) == -1 and version(obj("a", "x")) == -1 and version(None) == -1
+
+
+def test_a_write_is_read_until_the_index_holds_it_then_dropped() -> None:
+    w = Written()
+    w.put("rayclusters", obj("c", "7", spec={"x": 1}))
+    assert w.read("rayclusters", "ns", "c", None)["spec"] == {"x": 1}  # created, not yet indexed
+    assert w.read("rayclusters", "ns", "c", obj("c", "5"))["metadata"]["resourceVersion"] == "7"  # stale index
+    indexed = obj("c", "8")
+    assert w.read("rayclusters", "ns", "c", indexed) is indexed and not w.bodies
+    w.put("configmaps", obj("j-spec", "3"))
+    w.put("rltrainingjobs", obj("j", "4"))
+    w.put("rltrainingjobs", obj("k", "4"))
+    w.forget("ns", "j", ("j-spec",))
+    assert list(w.bodies) == [("rltrainingjobs", "ns", "k")]
+    w.put("pods", None)  # a write that returned nothing (a Status) keeps nothing
+    assert len(w.bodies) == 1
+
+
+def test_first_reads_one_value_of_a_store() -> None:
+    assert first(None) is None and first([]) is None and first([{"a": 1}]) == {"a": 1}
+
+
+@pytest.mark.parametrize(("method", "url", "expected"), [
+    ("GET", "https://h/api/v1/namespaces/ns/pods?labelSelector=x", ("list", "pods")),
+    ("GET", "https://h/api/v1/pods?watch=true&resourceVersion=5", ("watch", "pods")),
+    ("GET", "https://h/apis/kuberl.io/v1alpha1/namespaces/ns/rltrainingjobs/j", ("get", "rltrainingjobs")),
+    ("PATCH", "https://h/apis/kuberl.io/v1alpha1/namespaces/ns/rltrainingjobs/j/status",
+     ("patch", "rltrainingjobs/status")),
+    ("POST", "https://h/api/v1/namespaces/ns/secrets", ("create", "secrets")),
+    ("DELETE", "https://h/apis/ray.io/v1/namespaces/ns/rayclusters/c", ("delete", "rayclusters")),
+    ("GET", "https://h/apis/apiextensions.k8s.io/v1/customresourcedefinitions?watch=true",
+     ("watch", "customresourcedefinitions")),
+    ("GET", "https://h/api/v1/namespaces/ns", ("get", "namespaces")),
+    ("GET", "https://h/apis", ("get", "discovery")),
+    ("GET", "https://h/version", ("get", "version")),
+])
+def test_requests_are_named_as_the_audit_log_names_them(method: str, url: str, expected: tuple[str, str]) -> None:
+    assert classify(method, url) == expected
