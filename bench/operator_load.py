@@ -4,10 +4,12 @@ Starts etcd, kube-apiserver, controller-manager, scheduler, kwok (GPU nodes enou
 and KubeRay from the build cache, installs the chart, runs `kuberl operator -A` with the chart's
 ServiceAccount token, then creates N RLTrainingJobs concurrently. Prints, as JSON lines and text:
 the cluster's warm start time and memory at rest, the time until every job is Running (all roles
-ready), the operator's reconcile latency p50/p99 (its own histogram), its memory, and whether any
-job was lost or any child duplicated.
+ready), the operator's reconcile latency p50/p99 (its own histogram), its memory and CPU, the API
+requests it sent (counted from the API server's audit log) during the burst and at rest, etcd's size, and
+whether any job was lost or any child duplicated.
 
     unshare -n sh -c 'ip link set lo up && exec .venv/bin/python bench/operator_load.py --jobs 50'
+    .venv/bin/python bench/operator_load.py --jobs 1000 --timeout 3600 --rest 300
     .venv/bin/python bench/operator_load.py --quick     # 5 jobs (what tests/cluster/test_bench.py runs)
 """
 
@@ -16,10 +18,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import platform
 import sys
 import tempfile
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -37,6 +41,32 @@ from tests.cluster.operator_process import OperatorProcess, http_get  # noqa: E4
 
 GPUS_PER_JOB, PODS_PER_JOB = 5, 8  # actor 2 + critic 2 + ref 1 GPUs; head + 6 workers + driver
 NAMESPACE = "load"
+OPERATOR_USER = "system:serviceaccount:kuberl-system:kuberl"
+
+
+def audit_requests(log: Path, start: int, end: int | None = None) -> Counter[str]:
+    """The operator's requests logged between byte offsets `start` and `end`, by verb (a watch counts once)."""
+    with log.open("rb") as f:
+        f.seek(start)
+        data = f.read(None if end is None else end - start).decode(errors="replace")
+    out: Counter[str] = Counter()
+    for line in data.splitlines():
+        event = json.loads(line) if line.endswith("}") else {}
+        if event.get("user", {}).get("username") == OPERATOR_USER and (
+                event.get("stage") == "ResponseComplete" if event.get("verb") != "watch"
+                else event.get("stage") == "ResponseStarted"):
+            out[event["verb"]] += 1
+    return out
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds a process has used (/proc/PID/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def folder_mib(path: Path) -> float:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / 2**20
 
 
 def quantile(buckets: list[tuple[float, float]], q: float) -> float:
@@ -75,6 +105,7 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=50)
     parser.add_argument("--quick", action="store_true", help="5 jobs")
     parser.add_argument("--timeout", type=float, default=600, help="seconds to wait for every job Running")
+    parser.add_argument("--rest", type=float, default=90, help="seconds at rest after, requests counted (>= 60)")
     args = parser.parse_args()
     n = 5 if args.quick else args.jobs
     helm_bin = find_helm()
@@ -118,6 +149,7 @@ def main() -> int:
             admin.create(NAMESPACES, {"metadata": {"name": NAMESPACE}}, namespace=None)
             names = [f"load-{i:03d}" for i in range(n)]
             rss_idle = operator.rss_mib()
+            burst_from, cpu0 = cluster.audit_log.stat().st_size, cpu_seconds(operator.proc.pid)
             t1 = time.monotonic()
             with ThreadPoolExecutor(8) as pool:
                 list(pool.map(lambda name: admin.create(RLTJ, manifest(name)), names))
@@ -131,7 +163,14 @@ def main() -> int:
                     break
                 time.sleep(0.5)
             buckets, count, total = reconcile_histogram(operator.metrics_url)
-            time.sleep(10)
+            burst_s, burst_to, cpu1 = time.monotonic() - t1, cluster.audit_log.stat().st_size, cpu_seconds(
+                operator.proc.pid)
+            time.sleep(30)  # the last events settle, then a rest of --rest seconds
+            rest_from, cpu2, t2 = cluster.audit_log.stat().st_size, cpu_seconds(operator.proc.pid), time.monotonic()
+            time.sleep(args.rest)
+            rest_s, cpu3 = time.monotonic() - t2, cpu_seconds(operator.proc.pid)
+            burst, at_rest = audit_requests(cluster.audit_log, burst_from, burst_to), audit_requests(
+                cluster.audit_log, rest_from)
             rss_after = operator.rss_mib()
             clusters = admin.list(RAYCLUSTERS)
             drivers = admin.list(JOBS)
@@ -159,6 +198,25 @@ def main() -> int:
             )
             emit(
                 {
+                    "metric": "api_requests_per_s",
+                    "burst": round(sum(burst.values()) / burst_s, 2),
+                    "rest": round(sum(at_rest.values()) / rest_s, 3),
+                    "burst_by_verb": dict(burst),
+                    "rest_by_verb": dict(at_rest),
+                    "burst_s": round(burst_s, 1),
+                    "rest_s": round(rest_s, 1),
+                }
+            )
+            emit(
+                {
+                    "metric": "operator_cpu_cores",
+                    "burst": round((cpu1 - cpu0) / burst_s, 3),
+                    "rest": round((cpu3 - cpu2) / rest_s, 3),
+                }
+            )
+            emit({"metric": "etcd_mib", "value": round(folder_mib(cluster.state / "etcd"), 1)})
+            emit(
+                {
                     "metric": "operator_rss_mib",
                     "idle": round(rss_idle, 1),
                     "peak": round(peak, 1),
@@ -182,6 +240,10 @@ def main() -> int:
                 f"all Running after {done_s and round(done_s, 1)}s; "
                 f"reconcile p50 {quantile(buckets, 0.5) * 1000:.0f} ms, "
                 f"p99 {quantile(buckets, 0.99) * 1000:.0f} ms over {int(count)} reconciles; "
+                f"API requests {sum(burst.values()) / burst_s:.1f}/s in the burst, "
+                f"{sum(at_rest.values()) / rest_s:.3f}/s at rest ({dict(at_rest) or 'none'}); operator CPU "
+                f"{(cpu1 - cpu0) / burst_s:.2f} cores in the burst, {(cpu3 - cpu2) / rest_s:.3f} at rest; "
+                f"etcd {folder_mib(cluster.state / 'etcd'):.0f} MiB; "
                 f"operator RSS {rss_idle:.0f} -> peak {peak:.0f} MiB; lost {lost or 'none'}, "
                 f"duplicated {duplicated or 'none'}; {len(pods)}/{n * PODS_PER_JOB} pods"
             )

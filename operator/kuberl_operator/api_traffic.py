@@ -1,8 +1,10 @@
 """What the operator asks of the API server, counted by verb and resource as the audit log would name them.
 
-Both HTTP sessions of the operator (kopf's, made by the login handler, and `kube.Kube`'s) carry the trace config
-made here, so every request is counted once when its response headers arrive: a watch counts when it starts, which
-makes the `watch` verb's count the watch (re)starts.
+The operator's own client (`kube.Kube`) carries the trace config made here; kopf's requests (watches, lists, its
+patches and Events) all pass through `kopf._cogs.clients.api.request`, which `count_kopf_requests` wraps (kopf is
+pinned in the lock files; a kopf without that function fails the operator's start, not silently). Every request is
+counted once, when its response headers arrive: a watch counts when it starts, which makes the `watch` verb's
+count the watch (re)starts.
 """
 
 from __future__ import annotations
@@ -44,6 +46,27 @@ def classify(method: str, url: URL | str) -> tuple[str, str]:
     if method == "DELETE":
         verb = "deletecollection" if collection else "delete"
     return verb or method.lower(), resource
+
+
+def count_kopf_requests(record: Record) -> None:
+    """Count every request kopf sends (once per process: a second call does not count twice)."""
+    from kopf._cogs.clients import api
+
+    original = api.request
+    if getattr(original, "counted", False):
+        return
+
+    async def counted(method: str, url: str, **kwargs: Any) -> aiohttp.ClientResponse:
+        try:
+            response = await original(method, url, **kwargs)
+        except Exception as exc:  # kopf raises its APIError subclasses for 4xx and 5xx answers
+            record(*classify(method, url), int(getattr(exc, "status", 0) or 0))
+            raise
+        record(*classify(method, response.url), response.status)
+        return response
+
+    counted.counted = True  # type: ignore[attr-defined]
+    api.request = counted
 
 
 def trace_config(record: Record) -> aiohttp.TraceConfig:

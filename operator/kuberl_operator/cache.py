@@ -52,6 +52,10 @@ class Written:
             self.bodies.pop(key, None)
         return best
 
+    def drop(self, plural: str, namespace: str, name: str) -> None:
+        """Forget an object that was deleted (its watch said so)."""
+        self.bodies.pop((plural, namespace, name), None)
+
     def forget(self, namespace: str, job: str, names: tuple[str, ...]) -> None:
         """Drop what is kept of a deleted job's objects (`names`: theirs, the job's own included)."""
         for key in [k for k in self.bodies if k[1] == namespace and k[2] in (job, *names)]:

@@ -14,7 +14,7 @@ import kopf
 from . import api_traffic, names, reconcile
 from .config import OperatorConfig
 from .health import pod_view
-from .kube import Kube, kopf_login
+from .kube import Kube
 from .metrics import Metrics
 from .progress import driver_outcome, parse_progress
 
@@ -42,20 +42,13 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     for res in (*reconcile.CACHED[1:], reconcile.PODS):
         settings.watching.label_selectors[res.group or "v1", res.plural] = names.LABEL_JOB
     config = memo.get("config") or OperatorConfig.from_env()
-    metrics = memo.get("metrics") or Metrics()
+    metrics = Metrics()
+    api_traffic.count_kopf_requests(metrics.request)
     memo.ctx = reconcile.Context(kube=Kube(settings, trace=api_traffic.trace_config(metrics.request)),
                                  config=config, metrics=metrics)
     metrics.cache_sizes = lambda: {k: len(v) for k, v in memo.ctx.indices.items()}
     if config.metrics_port is not None:
         memo.metrics_server = memo.ctx.metrics.serve(config.metrics_port, config.metrics_address)
-
-
-@kopf.on.login()
-async def login(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> kopf.AiohttpSession:
-    """kopf's credentials as its own login finds them, on a session whose requests are counted (the metrics are
-    made here: kopf logs in before the startup handlers run)."""
-    memo.metrics = memo.get("metrics") or Metrics()
-    return kopf_login(settings, api_traffic.trace_config(memo.metrics.request))
 
 
 @kopf.on.cleanup()
@@ -92,7 +85,7 @@ def progress_reports(namespace: str, name: str, labels: kopf.Labels, body: kopf.
     return {(namespace, job): parse_progress((body.get("data") or {}).get("progress"))}
 
 
-@kopf.index("batch", "jobs", labels=DRIVER)
+@kopf.index("batch", "v1", "jobs", labels=DRIVER)
 def driver_jobs(namespace: str, labels: kopf.Labels, body: kopf.Body, **_: Any) -> dict:
     return {(namespace, labels[names.LABEL_JOB]): driver_outcome(body)}
 
@@ -117,7 +110,7 @@ for _res in reconcile.CACHED:  # one index per kind, named reconcile.cache_index
 @kopf.on.event("pods", labels=WORKERS)
 @kopf.on.event("pods", labels=HEADS)
 @kopf.on.event("configmaps", labels=PROGRESS)
-@kopf.on.event("batch", "jobs", labels=DRIVER)
+@kopf.on.event("batch", "v1", "jobs", labels=DRIVER)
 async def child_changed(namespace: str, labels: kopf.Labels, memo: kopf.Memo, **kwargs: Any) -> None:
     """A worker or head pod, the progress report or the driver Job changed: refresh the job's status."""
     memo.ctx.indices = {k: v for k, v in kwargs.items() if k.startswith("cached_")}  # for the cache-size metric
@@ -125,9 +118,12 @@ async def child_changed(namespace: str, labels: kopf.Labels, memo: kopf.Memo, **
         await reconcile.reconcile_status(memo.ctx, namespace, labels[names.LABEL_JOB], reconcile.Indices.of(kwargs))
 
 
-async def owned_deleted(namespace: str, labels: kopf.Labels, type: str, memo: kopf.Memo, **kwargs: Any) -> None:
-    """An object a job owns was deleted (by hand, or by us): a level-triggered pass on its job at once."""
+async def owned_deleted(namespace: str, name: str, labels: kopf.Labels, type: str, resource: kopf.Resource,
+                        memo: kopf.Memo, **kwargs: Any) -> None:
+    """An object a job owns was deleted (by hand, or by us): a level-triggered pass on its job at once (what this
+    process wrote of it is forgotten first: it is gone)."""
     if type == "DELETED":
+        memo.ctx.written.drop(resource.plural, namespace, name)
         with memo.ctx.metrics.reconcile():
             await reconcile.resync(memo.ctx, namespace, labels[names.LABEL_JOB], kopf.Patch(),
                                    reconcile.Indices.of(kwargs))

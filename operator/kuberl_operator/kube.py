@@ -1,8 +1,7 @@
 """A minimal async Kubernetes client on aiohttp, using kopf's login (kubeconfig or service account).
 
 kopf is not a client library; the operator needs only create, merge-patch and delete of a few kinds (it reads
-from its watch-backed cache), so it carries this small client instead of a large generated one. ``kopf_login``
-gives kopf a session of the same kind, so that every request of the process is counted (api_traffic.py).
+from its watch-backed cache), so it carries this small client instead of a large generated one.
 """
 
 from __future__ import annotations
@@ -69,19 +68,6 @@ def login(settings: kopf.OperatorSettings) -> kopf.ConnectionInfo:
     if conn is None:
         raise kopf.LoginError("no service account and no kubeconfig: cannot reach the Kubernetes API")
     return conn
-
-
-def kopf_login(settings: kopf.OperatorSettings, trace: aiohttp.TraceConfig) -> kopf.AiohttpSession:
-    """kopf's session, on the same credentials as its built-in login, with the trace config that counts requests.
-    kopf calls its login handler again on a 401 (a rotated token): each call makes a new session."""
-    conn = login(settings)
-    session = aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(limit=0, ssl=conn.as_ssl_context()),
-        headers={**conn.as_http_headers(), "User-Agent": "kuberl-operator/kopf"},
-        trace_configs=[trace],
-    )
-    return kopf.AiohttpSession(aiohttp_session=session, server=conn.server,
-                               default_namespace=conn.default_namespace, expiration=conn.expiration)
 
 
 class Kube:

@@ -46,12 +46,14 @@ def test_rendered_rules_are_the_rules_file(helm: Helm) -> None:
 def test_extra_labels_and_disabled_alerts(helm: Helm) -> None:
     values = {"prometheusRule": {"enabled": True, "release": "", "labels": {"team": "ml"},
                                  "additionalAlertLabels": {"team": "ml", "severity": "page"},
-                                 "disabled": ["KuberlTrainThroughputDropped", "KuberlOperatorReconcileErrors"]}}
+                                 "disabled": ["KuberlTrainThroughputDropped", "KuberlOperatorReconcileErrors",
+                                              "KuberlOperatorApiRequestsHigh"]}}
     objects = helm.render(values)
     rule = one(objects, "PrometheusRule")
     assert "release" not in rule["metadata"]["labels"] and rule["metadata"]["labels"]["team"] == "ml"
     got = rendered_rules(objects)
-    assert set(got) == set(alert_names()) - {"KuberlTrainThroughputDropped", "KuberlOperatorReconcileErrors"}
+    assert set(got) == set(alert_names()) - {"KuberlTrainThroughputDropped", "KuberlOperatorReconcileErrors",
+                                             "KuberlOperatorApiRequestsHigh"}
     assert [g["name"] for g in rule["spec"]["groups"]] == ["kuberl.jobs"]  # an emptied group is left out
     source = {r["alert"]: r for g in rules_file()["groups"] for r in g["rules"]}
     for name, r in got.items():

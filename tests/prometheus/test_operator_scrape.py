@@ -58,12 +58,16 @@ def registry_scrape(netns, promtool, helm: Helm, tmp_path_factory: pytest.TempPa
     roles = {r: {"desired": 1, "ready": 1, "restarts": 1 if r == "critic" else 0}
              for r in ("actor", "critic", "ref", "reward")}
     metrics.observe(NAMESPACE, JOB, {"phase": "Running", "roles": roles}, spec)
+    metrics.cache_sizes = lambda: {"rltrainingjobs": 1, "rayclusters": 1}
     stop = threading.Event()
 
     def reconciles() -> None:
         n = 0
         while not stop.wait(0.25):
             n += 1
+            metrics.request("patch", "rltrainingjobs/status", 200)  # what each reconcile sends, as the trace counts
+            if n % 8 == 0:
+                metrics.request("watch", "pods", 200)
             try:
                 with metrics.reconcile():
                     if n % 4 == 0:
