@@ -35,6 +35,8 @@ def test_a_write_is_read_until_the_index_holds_it_then_dropped() -> None:
     assert list(w.bodies) == [("rltrainingjobs", "ns", "k")]
     w.put("pods", None)  # a write that returned nothing (a Status) keeps nothing
     assert len(w.bodies) == 1
+    w.drop("rltrainingjobs", "ns", "k")  # its watch said it was deleted
+    assert not w.bodies and w.read("rltrainingjobs", "ns", "k", None) is None
 
 
 def test_first_reads_one_value_of_a_store() -> None:
