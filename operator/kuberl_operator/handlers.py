@@ -46,7 +46,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     api_traffic.count_kopf_requests(metrics.request)
     memo.ctx = reconcile.Context(kube=Kube(settings, trace=api_traffic.trace_config(metrics.request)),
                                  config=config, metrics=metrics)
-    metrics.cache_sizes = lambda: {k: len(v) for k, v in memo.ctx.indices.items()}
+    metrics.cache_sizes = lambda: {k.removeprefix("cached_"): len(v) for k, v in memo.ctx.indices.items()}
     if config.metrics_port is not None:
         memo.metrics_server = memo.ctx.metrics.serve(config.metrics_port, config.metrics_address)
 

@@ -51,8 +51,8 @@ FAMILIES: dict[str, tuple[str, str, tuple[str, ...]]] = {
         "audit log names them, and the response's status code.", ("verb", "resource", "code")),
     "kuberl_operator_watch_starts_total": ("counter", "Watches started (the first and every restart), by resource.",
                                            ("resource",)),
-    "kuberl_operator_cache_objects": ("gauge", "Objects held in the operator's watch-backed cache, by kind.",
-                                      ("kind",)),
+    "kuberl_operator_cache_objects": ("gauge", "Objects held in the operator's watch-backed cache, by resource.",
+                                      ("resource",)),
 }
 # Seconds, waiting for the job's lock included: past prometheus_client's default 10 s, since a burst of pod
 # events queues on a job's lock (bench/operator_load.py).
@@ -94,7 +94,7 @@ class Metrics:
                                 FAMILIES["kuberl_operator_api_requests_total"][2], registry=self.registry)
         self.watches = Counter("kuberl_operator_watch_starts", FAMILIES["kuberl_operator_watch_starts_total"][1],
                                FAMILIES["kuberl_operator_watch_starts_total"][2], registry=self.registry)
-        self.cache_sizes: Callable[[], Mapping[str, int]] = dict  # kind -> objects cached (set by the handlers)
+        self.cache_sizes: Callable[[], Mapping[str, int]] = dict  # resource -> objects cached (set by the handlers)
         self._lock = threading.Lock()
         self._phases: dict[tuple[str, str], str] = {}
         self._roles: dict[tuple[str, str, str], Mapping[str, Any]] = {}  # status.roles.R as written
@@ -137,8 +137,8 @@ class Metrics:
         if worst.samples:  # no series (and no family) until some driver has reported a link
             yield worst
         cached = _family("kuberl_operator_cache_objects")
-        for kind, count in sorted(self.cache_sizes().items()):
-            cached.add_metric([kind], float(count))
+        for resource, count in sorted(self.cache_sizes().items()):
+            cached.add_metric([resource], float(count))
         yield cached
 
     def request(self, verb: str, resource: str, code: int) -> None:

@@ -29,6 +29,12 @@ LABELS: dict[str, tuple[str, str]] = {
               "fixed by the code"),
     "part": ("detect, ready, replay, total", "fixed by the code"),
     "kind": ("gpu_peak, rss_peak", "fixed by the code"),
+    "verb": ("an API verb as the audit log names it: get, list, watch, create, patch, update, delete, "
+             "deletecollection", "fixed by Kubernetes"),
+    "resource": ("an API resource the operator asks for (plural, `/subresource` when one): rltrainingjobs, "
+                 "rltrainingjobs/status, pods, configmaps, secrets, events, ...", "the kinds the operator and kopf "
+                 "watch and write (about 15)"),
+    "code": ("an HTTP status code of the API server's answer (0: no answer)", "the codes the API server sends"),
     "level": ("a GPU link level as nvidia-smi names it: SYS, NODE, PHB, PXB, PIX, NV<n>",
               "one per role (the worst link), from a fixed set"),
     "source": ("where a role's GPU links were read: nvml, nvidia-smi, none (comma-joined when ranks differ)",

@@ -98,4 +98,4 @@ def test_api_requests_are_counted_by_verb_resource_and_code_and_watches_as_start
     requests = {tuple(v for _, v in k): n for k, n in s["kuberl_operator_api_requests_total"].items()}
     assert requests[("200", "pods", "watch")] == 2 and requests[("409", "rltrainingjobs/status", "patch")] == 1
     assert s["kuberl_operator_watch_starts_total"] == {(("resource", "pods"),): 2}
-    assert s["kuberl_operator_cache_objects"] == {(("kind", "jobs"),): 2, (("kind", "rayclusters"),): 3}
+    assert s["kuberl_operator_cache_objects"] == {(("resource", "jobs"),): 2, (("resource", "rayclusters"),): 3}
