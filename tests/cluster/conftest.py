@@ -10,6 +10,7 @@ import re
 import secrets
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -19,7 +20,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "cluster"))
 
 from localkube import pins, pki  # noqa: E402
-from localkube.api import NAMESPACES, Api  # noqa: E402
+from localkube.api import NAMESPACES, RLTJ, Api  # noqa: E402
 from localkube.nodes import NodeSpec, gpu_node  # noqa: E402
 from localkube.stack import Cluster  # noqa: E402
 
@@ -30,6 +31,7 @@ from .operator_process import OperatorProcess  # noqa: E402
 RELEASE, OPERATOR_NAMESPACE = "kuberl", "kuberl-system"
 OPERATOR_USER = f"system:serviceaccount:{OPERATOR_NAMESPACE}:{RELEASE}"  # the chart's ServiceAccount
 NODES = (NodeSpec("cpu-0"), NodeSpec("cpu-1"), *(gpu_node(f"gpu-{i}") for i in range(4)))
+JOBS_GONE_S = 30.0  # a test's jobs deleted (the operator's finalizer released) before its namespace is
 
 
 @pytest.fixture(scope="session")
@@ -106,10 +108,18 @@ def slug(request: pytest.FixtureRequest, limit: int) -> str:
 
 @pytest.fixture
 def ns(admin: Api, request: pytest.FixtureRequest) -> Iterator[Api]:
-    """A namespace of this test's own (the admin's client in it); deleted afterwards."""
+    """A namespace of this test's own (the admin's client in it); deleted afterwards. Its jobs go first, and are
+    waited for (the operator's delete handler releases each one's finalizer), so that no job is left for the
+    session's operator to work on during the next tests (issue 29: 24 were, once, in namespaces terminating)."""
     name = f"t-{slug(request, 40)}-{secrets.token_hex(2)}"
     admin.create(NAMESPACES, {"metadata": {"name": name}}, namespace=None)
-    yield admin.in_namespace(name)
+    api = admin.in_namespace(name)
+    yield api
+    for job in api.list(RLTJ):
+        api.delete(RLTJ, job["metadata"]["name"])
+    deadline = time.monotonic() + JOBS_GONE_S
+    while api.list(RLTJ) and time.monotonic() < deadline:
+        time.sleep(0.2)  # one still here: tests/cluster/test_zz_session_end.py names what was left
     admin.delete(NAMESPACES, name, namespace=None)
 
 
