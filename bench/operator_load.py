@@ -36,26 +36,20 @@ from localkube.nodes import NodeSpec, gpu_node  # noqa: E402
 from localkube.stack import Cluster  # noqa: E402
 
 from tests.chart.render import Helm, find_helm  # noqa: E402
+from tests.cluster.conftest import OPERATOR_USER  # noqa: E402
 from tests.cluster.jobs import manifest  # noqa: E402
 from tests.cluster.operator_process import OperatorProcess, http_get  # noqa: E402
+from tests.cluster.rbac import requests_between  # noqa: E402
 
 GPUS_PER_JOB, PODS_PER_JOB = 5, 8  # actor 2 + critic 2 + ref 1 GPUs; head + 6 workers + driver
 NAMESPACE = "load"
-OPERATOR_USER = "system:serviceaccount:kuberl-system:kuberl"
 
 
-def audit_requests(log: Path, start: int, end: int | None = None) -> Counter[str]:
-    """The operator's requests logged between byte offsets `start` and `end`, by verb (a watch counts once)."""
-    with log.open("rb") as f:
-        f.seek(start)
-        data = f.read(None if end is None else end - start).decode(errors="replace")
+def by_verb(requests: Counter[str]) -> Counter[str]:
+    """`verb resource` counts summed by verb."""
     out: Counter[str] = Counter()
-    for line in data.splitlines():
-        event = json.loads(line) if line.endswith("}") else {}
-        if event.get("user", {}).get("username") == OPERATOR_USER and (
-                event.get("stage") == "ResponseComplete" if event.get("verb") != "watch"
-                else event.get("stage") == "ResponseStarted"):
-            out[event["verb"]] += 1
+    for key, n in requests.items():
+        out[key.split()[0]] += n
     return out
 
 
@@ -169,8 +163,8 @@ def main() -> int:
             rest_from, cpu2, t2 = cluster.audit_log.stat().st_size, cpu_seconds(operator.proc.pid), time.monotonic()
             time.sleep(args.rest)
             rest_s, cpu3 = time.monotonic() - t2, cpu_seconds(operator.proc.pid)
-            burst, at_rest = audit_requests(cluster.audit_log, burst_from, burst_to), audit_requests(
-                cluster.audit_log, rest_from)
+            burst = by_verb(requests_between(cluster.audit_log, OPERATOR_USER, burst_from, burst_to))
+            at_rest = by_verb(requests_between(cluster.audit_log, OPERATOR_USER, rest_from))
             rss_after = operator.rss_mib()
             clusters = admin.list(RAYCLUSTERS)
             drivers = admin.list(JOBS)

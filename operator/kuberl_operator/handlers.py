@@ -46,7 +46,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     api_traffic.count_kopf_requests(metrics.request)
     memo.ctx = reconcile.Context(kube=Kube(settings, trace=api_traffic.trace_config(metrics.request)),
                                  config=config, metrics=metrics)
-    metrics.cache_sizes = lambda: {k.removeprefix("cached_"): len(v) for k, v in memo.ctx.indices.items()}
+    metrics.cache_sizes = lambda: {plural: len(index) for plural, index in memo.ctx.cache.items()}
     if config.metrics_port is not None:
         memo.metrics_server = memo.ctx.metrics.serve(config.metrics_port, config.metrics_address)
 
@@ -85,7 +85,7 @@ def progress_reports(namespace: str, name: str, labels: kopf.Labels, body: kopf.
     return {(namespace, job): parse_progress((body.get("data") or {}).get("progress"))}
 
 
-@kopf.index("batch", "v1", "jobs", labels=DRIVER)
+@kopf.index("batch", "jobs", labels=DRIVER)
 def driver_jobs(namespace: str, labels: kopf.Labels, body: kopf.Body, **_: Any) -> dict:
     return {(namespace, labels[names.LABEL_JOB]): driver_outcome(body)}
 
@@ -110,12 +110,11 @@ for _res in reconcile.CACHED:  # one index per kind, named reconcile.cache_index
 @kopf.on.event("pods", labels=WORKERS)
 @kopf.on.event("pods", labels=HEADS)
 @kopf.on.event("configmaps", labels=PROGRESS)
-@kopf.on.event("batch", "v1", "jobs", labels=DRIVER)
+@kopf.on.event("batch", "jobs", labels=DRIVER)
 async def child_changed(namespace: str, labels: kopf.Labels, memo: kopf.Memo, **kwargs: Any) -> None:
     """A worker or head pod, the progress report or the driver Job changed: refresh the job's status."""
-    memo.ctx.indices = {k: v for k, v in kwargs.items() if k.startswith("cached_")}  # for the cache-size metric
     with memo.ctx.metrics.reconcile():
-        await reconcile.reconcile_status(memo.ctx, namespace, labels[names.LABEL_JOB], reconcile.Indices.of(kwargs))
+        await reconcile.reconcile_status(memo.ctx, namespace, labels[names.LABEL_JOB], memo.ctx.indices(kwargs))
 
 
 async def owned_deleted(namespace: str, name: str, labels: kopf.Labels, type: str, resource: kopf.Resource,
@@ -126,7 +125,7 @@ async def owned_deleted(namespace: str, name: str, labels: kopf.Labels, type: st
         memo.ctx.written.drop(resource.plural, namespace, name)
         with memo.ctx.metrics.reconcile():
             await reconcile.resync(memo.ctx, namespace, labels[names.LABEL_JOB], kopf.Patch(),
-                                   reconcile.Indices.of(kwargs))
+                                   memo.ctx.indices(kwargs))
 
 
 for _res in reconcile.CACHED[1:]:
@@ -140,15 +139,14 @@ for _res in reconcile.CACHED[1:]:
 async def apply_spec(body: kopf.Body, patch: kopf.Patch, diff: kopf.Diff, memo: kopf.Memo, **kwargs: Any) -> None:
     """Validate, then create (or, when suspended, stop) what the job needs; then refresh status."""
     with memo.ctx.metrics.reconcile():
-        await reconcile.reconcile_job(memo.ctx, body, patch, diff, reconcile.Indices.of(kwargs))
+        await reconcile.reconcile_job(memo.ctx, body, patch, diff, memo.ctx.indices(kwargs))
 
 
 @kopf.timer(*JOB, interval=RESYNC_SECONDS, initial_delay=RESYNC_SECONDS)
 async def resync(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **kwargs: Any) -> None:
     """A periodic level-triggered pass: missed events, children deleted by hand."""
-    memo.ctx.indices = {k: v for k, v in kwargs.items() if k.startswith("cached_")}  # for the cache-size metric
     with memo.ctx.metrics.reconcile():
-        await reconcile.resync(memo.ctx, body.meta.namespace, body.meta.name, patch, reconcile.Indices.of(kwargs))
+        await reconcile.resync(memo.ctx, body.meta.namespace, body.meta.name, patch, memo.ctx.indices(kwargs))
 
 
 @kopf.on.delete(*JOB)
@@ -156,6 +154,6 @@ async def delete_children(body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> No
     """Delete what the job owns; kopf then removes our finalizer."""
     ctx: reconcile.Context = memo.ctx
     with ctx.metrics.reconcile():
-        await reconcile.delete_children(ctx, reconcile.Indices.of(kwargs), body)
+        await reconcile.delete_children(ctx, ctx.indices(kwargs), body)
     ctx.metrics.forget(body.meta.namespace, body.meta.name)
     ctx.locks.pop((body.meta.namespace, body.meta.name), None)

@@ -81,7 +81,15 @@ class Context:
     refused: dict[tuple[str, str], tuple[str, ...]] = field(default_factory=dict)  # job -> what its report lacked
     written: Written = field(default_factory=Written)  # what this process's writes returned (cache.py)
     secret_probes: dict[ray_token.Key, float] = field(default_factory=dict)  # job -> its last Secret create (monotonic)
-    indices: Mapping[str, Any] = field(default_factory=dict)  # kopf's cache indices by name (the size metric)
+    cache: Mapping[str, Any] = field(default_factory=dict)  # plural -> kopf's index of it (the size metric)
+
+    def indices(self, kwargs: Mapping[str, Any]) -> Indices:
+        """The indices kopf passed a handler; the first call keeps the cache's (kopf's indices live as long as the
+        process) for the cache-size metric."""
+        indices = Indices.of(kwargs)
+        if not self.cache:
+            self.cache = indices.cached
+        return indices
 
     def read(self, indices: Indices, res: Resource, namespace: str, name: str) -> dict[str, Any] | None:
         """An object as the cache knows it (None: absent), the newest of its index and this process's writes."""
@@ -113,7 +121,7 @@ class Context:
 
 
 CACHED = (RLTRAININGJOBS, SERVICEACCOUNTS, ROLES, ROLEBINDINGS, CONFIGMAPS, JOBS, RAYCLUSTERS,
-          RESOURCECLAIMTEMPLATES)  # the kinds whose whole objects are indexed (`handlers.cached_objects`)
+          RESOURCECLAIMTEMPLATES)  # the kinds whose whole objects are indexed (`handlers.cached_object`)
 
 
 def cache_index(res: Resource) -> str:

@@ -171,6 +171,8 @@ def head_outcome(old: Mapping[str, Any], seen: Observed, accounting: bool, now: 
     status = {"ready": ready, "restarts": restarts, **({"lastFailure": last_failure} if last_failure else {}),
               **tracking.to_status()}
     return HeadOutcome(status, failures, doomed, bool(pods), ready)
+
+
 def parse_time(when: str) -> datetime.datetime:
     return datetime.datetime.strptime(when, TIME_FORMAT).replace(tzinfo=datetime.UTC)
 

@@ -119,7 +119,7 @@ def ns(admin: Api, request: pytest.FixtureRequest) -> Iterator[Api]:
         api.delete(RLTJ, job["metadata"]["name"])
     deadline = time.monotonic() + JOBS_GONE_S
     while api.list(RLTJ) and time.monotonic() < deadline:
-        time.sleep(0.2)  # one still here: tests/cluster/test_zz_session_end.py names what was left
+        time.sleep(0.2)  # a job still here after that is left to the namespace's deletion
     admin.delete(NAMESPACES, name, namespace=None)
 
 

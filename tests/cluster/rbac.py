@@ -7,6 +7,7 @@ The cluster audits every request of a ServiceAccount at Metadata level
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -68,3 +69,22 @@ def granted(admin: Api, cluster_role: str) -> set[Permission]:
     role = admin.get(CLUSTERROLES, cluster_role, namespace=None)
     assert role is not None, f"ClusterRole {cluster_role} not found"
     return rules_of(role)
+
+
+def requests_between(log: Path, user: str, start: int, end: int | None = None,
+                     namespace: str | None = None) -> Counter[str]:
+    """The requests of `user` logged between byte offsets `start` and `end` of the audit log (on objects of
+    `namespace` only, if given), by `verb resource[/subresource]`; a watch counts once, when it starts."""
+    with log.open("rb") as f:
+        f.seek(start)
+        data = f.read(None if end is None else end - start).decode(errors="replace")
+    out: Counter[str] = Counter()
+    for line in data.splitlines():
+        event = json.loads(line) if line.endswith("}") else {}
+        ref = event.get("objectRef") or {}
+        stage = "ResponseStarted" if event.get("verb") == "watch" else "ResponseComplete"
+        if (event.get("user", {}).get("username") == user and event.get("stage") == stage
+                and (namespace is None or ref.get("namespace") == namespace)):
+            out[f"{event['verb']} {ref.get('resource')}" + (f"/{ref['subresource']}" if ref.get("subresource")
+                                                           else "")] += 1
+    return out

@@ -3,11 +3,8 @@ only what changed (docs/operator.md, "Reads from a cache"). Counted from the API
 
 from __future__ import annotations
 
-import json
 import time
-from collections import Counter
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from localkube.api import CONFIGMAPS, JOBS, RLTJ, Api
@@ -16,25 +13,11 @@ from localkube.stack import Cluster
 from .conftest import OPERATOR_USER
 from .jobs import describe, manifest, status
 from .operator_process import OperatorProcess
+from .rbac import requests_between
 from .waits import wait_for
 
 pytestmark = pytest.mark.netns
 JOBS_AT_REST, REST_S = 2, 30.0
-
-
-def requests_since(log: Path, offset: int, namespace: str) -> Counter[str]:
-    """The operator's requests on objects of `namespace` logged after byte `offset`, by `verb resource`."""
-    with log.open("rb") as f:
-        f.seek(offset)
-        lines = f.read().decode().splitlines()
-    out: Counter[str] = Counter()
-    for event in map(json.loads, lines):
-        ref = event.get("objectRef") or {}
-        if (event.get("user", {}).get("username") == OPERATOR_USER and event.get("stage") == "ResponseComplete"
-                and ref.get("namespace") == namespace):
-            out[f"{event['verb']} {ref.get('resource')}" + (f"/{ref['subresource']}" if ref.get("subresource")
-                                                           else "")] += 1
-    return out
 
 
 @pytest.fixture
@@ -64,7 +47,7 @@ def test_at_rest_the_operator_sends_nothing_and_a_deleted_child_is_seen_through_
     time.sleep(3)  # the last events of the start settle
     offset = cluster.audit_log.stat().st_size
     time.sleep(REST_S)
-    sent = requests_since(cluster.audit_log, offset, ns.namespace)
+    sent = requests_between(cluster.audit_log, OPERATOR_USER, offset, namespace=ns.namespace)
     passes = REST_S / tuned.resync_seconds
     print(f"at rest: {JOBS_AT_REST} jobs, {passes:.0f} passes each in {REST_S:.0f}s, requests in their namespace "
           f"{dict(sent) or 'none'}")

@@ -587,7 +587,6 @@ class ResilienceSpec(Section):
                             "beside the next step's first phases). auto: on, but for roles that share their GPUs "
                             "(colocateWith), whose copies would be on the training path; docs/operations.md.")
 
-
     def restart_deadline_seconds(self) -> float:
         """Seconds a job may stay in phase Restarting (restartTimeoutSeconds, else startTimeoutSeconds + 600)."""
         return self.restart_timeout_seconds or self.start_timeout_seconds + RESTART_RESTORE_SECONDS
