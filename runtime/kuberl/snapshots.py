@@ -23,6 +23,7 @@ is written (`readers`).
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import stat
@@ -281,9 +282,16 @@ class SlotWriter:
             hold.wait()
         meta = {"step": step, "layout": [[e.dtype, list(e.shape), e.offset] for e in layout], "result": result}
         tmp = _meta_file(self.root, self.rank, slot).with_suffix(".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(json.dumps(meta))
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(json.dumps(meta))
+        except OSError as exc:  # a full disk (the slots beside the checkpoints): this slot stays torn
+            tmp.unlink(missing_ok=True)
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            raise NoRoom(f"no room to mark the snapshot of step {step} whole under {self.root}: "
+                         f"{exc.strerror}") from None
         os.replace(tmp, _meta_file(self.root, self.rank, slot))
 
     def _release(self, slot: int) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -155,6 +156,28 @@ def test_no_room_for_the_slots_turns_snapshots_off_for_the_rank_with_a_warning(t
     assert list(root.iterdir()) == []
     saver.snapshot(model, opt, 2)  # off from now on: nothing is written
     assert saver.wait() == []
+
+
+def test_no_room_to_mark_a_slot_whole_turns_snapshots_off_and_leaves_no_whole_slot(tmp_path, capsys, monkeypatch,
+                                                                                     saver):
+    """The disk fills between the slots' allocation and the small file that marks a slot whole (the slots beside
+    the checkpoints, on a full volume): a warning and snapshots off, never a failed rank."""
+    real_fdopen = os.fdopen
+
+    def full(fd, *args, **kwargs):
+        f = real_fdopen(fd, *args, **kwargs)
+        f.write = lambda data: (_ for _ in ()).throw(OSError(28, "No space left on device"))
+        return f
+
+    root = tmp_path / "snapshots"
+    saver.snapshot_root = str(root)
+    model = torch.nn.Linear(3, 2)
+    opt = torch.optim.AdamW(model.parameters())
+    monkeypatch.setattr(snapshots.os, "fdopen", full)
+    saver.snapshot(model, opt, 1)
+    assert saver.wait() == [] and saver.snapshot_root is None
+    assert "snapshots off for rank 0: no room to mark the snapshot of step 1 whole" in capsys.readouterr().out
+    assert snapshots.whole_steps(root, 0) == {}
 
 
 def test_a_folder_others_can_write_or_a_link_on_the_path_is_refused(tmp_path):
