@@ -148,14 +148,20 @@ def main() -> int:
             with ThreadPoolExecutor(8) as pool:
                 list(pool.map(lambda name: admin.create(RLTJ, manifest(name)), names))
             applied_s = time.monotonic() - t1
-            peak, done_s, phases = rss_idle, None, {}
+            peak, done_s, phases, shown = rss_idle, None, {}, 0.0
+            poll_s = max(0.5, n / 200)  # listing every job is itself a load on the API server at 1,000 jobs
             while time.monotonic() - t1 < args.timeout:
                 peak = max(peak, operator.rss_mib())
                 phases = {j["metadata"]["name"]: (j.get("status") or {}).get("phase") for j in admin.list(RLTJ)}
                 if len(phases) == n and all(p == "Running" for p in phases.values()):
                     done_s = time.monotonic() - t1
                     break
-                time.sleep(0.5)
+                if time.monotonic() - shown >= 60:
+                    shown = time.monotonic()
+                    print(f"[{shown - t1:.0f}s] phases {dict(Counter(phases.values()))}; operator RSS {peak:.0f} MiB, "
+                          f"CPU {(cpu_seconds(operator.proc.pid) - cpu0) / (shown - t1):.2f} cores", file=sys.stderr,
+                          flush=True)
+                time.sleep(poll_s)
             buckets, count, total = reconcile_histogram(operator.metrics_url)
             burst_s, burst_to, cpu1 = time.monotonic() - t1, cluster.audit_log.stat().st_size, cpu_seconds(
                 operator.proc.pid)
@@ -164,6 +170,7 @@ def main() -> int:
             time.sleep(args.rest)
             rest_s, cpu3 = time.monotonic() - t2, cpu_seconds(operator.proc.pid)
             burst = by_verb(requests_between(cluster.audit_log, OPERATOR_USER, burst_from, burst_to))
+            codes = requests_between(cluster.audit_log, OPERATOR_USER, burst_from, burst_to, by_code=True)
             at_rest = by_verb(requests_between(cluster.audit_log, OPERATOR_USER, rest_from))
             rss_after = operator.rss_mib()
             clusters = admin.list(RAYCLUSTERS)
@@ -196,6 +203,7 @@ def main() -> int:
                     "burst": round(sum(burst.values()) / burst_s, 2),
                     "rest": round(sum(at_rest.values()) / rest_s, 3),
                     "burst_by_verb": dict(burst),
+                    "burst_by_code": dict(codes),  # 429: throttled by API Priority and Fairness
                     "rest_by_verb": dict(at_rest),
                     "burst_s": round(burst_s, 1),
                     "rest_s": round(rest_s, 1),

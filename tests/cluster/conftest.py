@@ -115,11 +115,18 @@ def ns(admin: Api, request: pytest.FixtureRequest) -> Iterator[Api]:
     admin.create(NAMESPACES, {"metadata": {"name": name}}, namespace=None)
     api = admin.in_namespace(name)
     yield api
+    delete_namespace(admin, name)
+
+
+def delete_namespace(admin: Api, name: str) -> None:
+    """Delete the namespace's jobs and wait up to JOBS_GONE_S for them to go (a job still there after that is
+    left to the namespace's deletion); then the namespace."""
+    api = admin.in_namespace(name)
     for job in api.list(RLTJ):
         api.delete(RLTJ, job["metadata"]["name"])
     deadline = time.monotonic() + JOBS_GONE_S
     while api.list(RLTJ) and time.monotonic() < deadline:
-        time.sleep(0.2)  # a job still here after that is left to the namespace's deletion
+        time.sleep(0.2)
     admin.delete(NAMESPACES, name, namespace=None)
 
 

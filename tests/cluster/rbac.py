@@ -71,10 +71,11 @@ def granted(admin: Api, cluster_role: str) -> set[Permission]:
     return rules_of(role)
 
 
-def requests_between(log: Path, user: str, start: int, end: int | None = None,
-                     namespace: str | None = None) -> Counter[str]:
+def requests_between(log: Path, user: str, start: int, end: int | None = None, namespace: str | None = None,
+                     by_code: bool = False) -> Counter[str]:
     """The requests of `user` logged between byte offsets `start` and `end` of the audit log (on objects of
-    `namespace` only, if given), by `verb resource[/subresource]`; a watch counts once, when it starts."""
+    `namespace` only, if given), by `verb resource[/subresource]` (`by_code`: by the response's HTTP code
+    instead); a watch counts once, when it starts."""
     with log.open("rb") as f:
         f.seek(start)
         data = f.read(None if end is None else end - start).decode(errors="replace")
@@ -85,6 +86,8 @@ def requests_between(log: Path, user: str, start: int, end: int | None = None,
         stage = "ResponseStarted" if event.get("verb") == "watch" else "ResponseComplete"
         if (event.get("user", {}).get("username") == user and event.get("stage") == stage
                 and (namespace is None or ref.get("namespace") == namespace)):
-            out[f"{event['verb']} {ref.get('resource')}" + (f"/{ref['subresource']}" if ref.get("subresource")
-                                                           else "")] += 1
+            key = (str((event.get("responseStatus") or {}).get("code")) if by_code else
+                   f"{event['verb']} {ref.get('resource')}" + (f"/{ref['subresource']}" if ref.get("subresource")
+                                                               else ""))
+            out[key] += 1
     return out

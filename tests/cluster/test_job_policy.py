@@ -24,7 +24,7 @@ from kuberl.spec.model import CONFIG_MAX_DEPTH
 from tests.chart.render import Helm
 from tests.policy_cases import DEFAULT_ALLOWED, DEFAULT_REFUSED, STRICT, STRICT_ALLOWED, STRICT_REFUSED
 
-from .conftest import RELEASE
+from .conftest import RELEASE, delete_namespace
 from .jobs import describe, manifest, status
 from .operator_process import OperatorProcess
 from .waits import wait_for
@@ -65,7 +65,7 @@ def test_a_config_nested_too_deep_is_refused_and_other_jobs_run(ns: Api, admin: 
         wait_for(lambda: status(other, job_name).get("phase") == "Running", 90, "the other namespace's job Running",
                  lambda: describe(other, job_name) + operator.tail(30))
     finally:
-        admin.delete(NAMESPACES, other.namespace, namespace=None)
+        delete_namespace(admin, other.namespace)
 
 
 def test_a_job_the_watch_cannot_parse_ends_the_operator_until_deleted(ns: Api, admin: Api, release: str,
@@ -124,6 +124,10 @@ def test_without_the_admission_policy_the_operator_refuses_the_job_itself(
     assert [e for e in events if e.get("reason") == "PolicyDenied" and words in e.get("message", "")], events
     made = {res: [o["metadata"]["name"] for o in ns.list(res)] for res in (RAYCLUSTERS, JOBS, SECRETS)}
     assert not any(made.values()), f"the operator made objects for a refused job: {made}"
+    # The policy back in force: the job, which it would refuse, can still be deleted (its finalizer released).
+    ns.delete(RLTJ, job_name)
+    wait_for(lambda: ns.get(RLTJ, job_name) is None, 30, "the refused job gone, the policy in force again",
+             lambda: describe(ns, job_name) + operator.tail(30))
 
 
 def try_create(ns: Api, text: str) -> bool:
@@ -151,6 +155,19 @@ def test_what_a_jobs_author_may_not_choose_is_refused(ns: Api, release: str, job
 def test_a_job_within_the_policy_is_admitted(ns: Api, release: str, job_name: str) -> None:
     body = manifest(job_name, suspend=True, **copy.deepcopy(DEFAULT_ALLOWED))
     ns.create(RLTJ, body)
+
+
+def test_a_spec_edited_into_breaking_the_policy_is_refused_and_a_metadata_edit_is_not(ns: Api, release: str,
+                                                                                       job_name: str) -> None:
+    """The policy checks every new spec, on update as on create; an update that keeps the spec (a label, the
+    operator's annotations and finalizer) is not its business."""
+    ns.create(RLTJ, manifest(job_name, suspend=True, **copy.deepcopy(DEFAULT_ALLOWED)))
+    spec, words = DEFAULT_REFUSED[0]
+    with pytest.raises(ApiError) as err:
+        ns.patch(RLTJ, job_name, {"spec": copy.deepcopy(spec)})
+    assert err.value.status in (403, 422) and words in err.value.message, err.value
+    ns.patch(RLTJ, job_name, {"metadata": {"labels": {"team": "a"}}})
+    assert ns.get(RLTJ, job_name)["metadata"]["labels"]["team"] == "a"
 
 
 POLICIES = "admissionregistration.k8s.io/v1/validatingadmissionpolicies"
