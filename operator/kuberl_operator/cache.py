@@ -42,7 +42,7 @@ class Written:
 
     def put(self, plural: str, body: Mapping[str, Any] | None) -> None:
         if body and (meta := body.get("metadata")):
-            self.bodies[(plural, meta["namespace"], meta["name"])] = body
+            self.bodies[(plural, meta["namespace"], meta["name"])] = kept(plural, body)
 
     def read(self, plural: str, namespace: str, name: str, indexed: Mapping[str, Any] | None) -> Any:
         """The newest of `indexed` and the written body; the written one is dropped once the index has it."""
@@ -60,6 +60,27 @@ class Written:
         """Drop what is kept of a deleted job's objects (`names`: theirs, the job's own included)."""
         for key in [k for k in self.bodies if k[1] == namespace and k[2] in (job, *names)]:
             del self.bodies[key]
+
+
+GROUP_KEYS = ("groupName", "replicas", "minReplicas", "maxReplicas", "scaleStrategy")  # a worker group's sizes
+
+
+def kept(plural: str, body: Mapping[str, Any]) -> dict[str, Any]:
+    """What the cache keeps of an object of kind `plural`: its metadata (less managedFields) and what a reconcile
+    reads of that kind: a job whole, a ConfigMap's data, a RayCluster's worker group sizes (``GROUP_KEYS``); of
+    the other kinds (ServiceAccount, Role, RoleBinding, batch Job, ResourceClaimTemplate) the metadata only
+    (ownership, deletion). A RayCluster's pod templates and a batch Job's are most of a job's children's size
+    (about 95 KiB a job as Python objects), which 1,000 jobs would keep in memory for nothing."""
+    meta = {k: v for k, v in body["metadata"].items() if k != "managedFields"}
+    if plural == "rltrainingjobs":
+        return {**body, "metadata": meta}
+    out: dict[str, Any] = {"apiVersion": body.get("apiVersion"), "kind": body.get("kind"), "metadata": meta}
+    if plural == "configmaps" and "data" in body:
+        out["data"] = body["data"]
+    if plural == "rayclusters":
+        groups = (body.get("spec") or {}).get("workerGroupSpecs") or []
+        out["spec"] = {"workerGroupSpecs": [{k: g[k] for k in GROUP_KEYS if k in g} for g in groups]}
+    return out
 
 
 def first(store: Any) -> Mapping[str, Any] | None:

@@ -12,6 +12,7 @@ from typing import Any
 import kopf
 
 from . import api_traffic, names, reconcile
+from .cache import kept
 from .config import OperatorConfig
 from .health import pod_view
 from .kube import Kube
@@ -90,10 +91,9 @@ def driver_jobs(namespace: str, labels: kopf.Labels, body: kopf.Body, **_: Any) 
     return {(namespace, labels[names.LABEL_JOB]): driver_outcome(body)}
 
 
-def cached_object(namespace: str, name: str, body: kopf.Body, **_: Any) -> dict:
-    """The whole object by (namespace, name), less its managedFields: what a reconcile reads instead of a GET."""
-    meta = {k: v for k, v in body["metadata"].items() if k != "managedFields"}
-    return {(namespace, name): {**body, "metadata": meta}}
+def cached_object(namespace: str, name: str, body: kopf.Body, resource: kopf.Resource, **_: Any) -> dict:
+    """The object by (namespace, name), as much of it as a reconcile reads instead of a GET (`cache.kept`)."""
+    return {(namespace, name): kept(resource.plural, body)}
 
 
 def selector(res: reconcile.Resource) -> tuple[str, ...]:
@@ -117,20 +117,23 @@ async def child_changed(namespace: str, labels: kopf.Labels, memo: kopf.Memo, **
         await reconcile.reconcile_status(memo.ctx, namespace, labels[names.LABEL_JOB], memo.ctx.indices(kwargs))
 
 
-async def owned_deleted(namespace: str, name: str, labels: kopf.Labels, type: str, resource: kopf.Resource,
+async def owned_deleted(namespace: str, name: str, labels: kopf.Labels, resource: kopf.Resource,
                         memo: kopf.Memo, **kwargs: Any) -> None:
     """An object a job owns was deleted (by hand, or by us): a level-triggered pass on its job at once (what this
-    process wrote of it is forgotten first: it is gone)."""
-    if type == "DELETED":
-        memo.ctx.written.drop(resource.plural, namespace, name)
-        with memo.ctx.metrics.reconcile():
-            await reconcile.resync(memo.ctx, namespace, labels[names.LABEL_JOB], kopf.Patch(),
-                                   memo.ctx.indices(kwargs))
+    process wrote of it is forgotten first: it is gone). Registered with the filter `deleted`."""
+    memo.ctx.written.drop(resource.plural, namespace, name)
+    with memo.ctx.metrics.reconcile():
+        await reconcile.resync(memo.ctx, namespace, labels[names.LABEL_JOB], kopf.Patch(), memo.ctx.indices(kwargs))
+
+
+def deleted(type: str, **_: Any) -> bool:
+    """kopf's filter: a DELETED event (the handler is not even invoked for the others, most of a burst's events)."""
+    return type == "DELETED"
 
 
 for _res in reconcile.CACHED[1:]:
     kopf.on.event(*selector(_res), id=f"{_res.plural}_deleted",
-                  labels={names.LABEL_JOB: kopf.PRESENT})(owned_deleted)
+                  labels={names.LABEL_JOB: kopf.PRESENT}, when=deleted)(owned_deleted)
 
 
 @kopf.on.create(*JOB)

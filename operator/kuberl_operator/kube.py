@@ -7,7 +7,7 @@ from its watch-backed cache), so it carries this small client instead of a large
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -129,6 +129,11 @@ class Kube:
                     sub: str | None = None) -> dict[str, Any]:
         """JSON merge patch; a metadata.resourceVersion in it makes the server refuse stale writes (409)."""
         return await self.request("PATCH", res.path(namespace, name, sub), dict(patch), "application/merge-patch+json")
+
+    async def json_patch(self, res: Resource, namespace: str, name: str,
+                         ops: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        """JSON patch (RFC 6902): operations on paths, a ``test`` among them refusing a changed object (422)."""
+        return await self.request("PATCH", res.path(namespace, name), list(ops), "application/json-patch+json")
 
     async def delete(self, res: Resource, namespace: str, name: str) -> bool:
         """Delete in the background (dependents go via garbage collection); False if already gone."""

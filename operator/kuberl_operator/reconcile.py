@@ -77,6 +77,7 @@ class Context:
     config: OperatorConfig
     metrics: Metrics
     locks: dict[tuple[str, str], asyncio.Lock] = field(default_factory=dict)
+    waiting: set[tuple[str, str]] = field(default_factory=set)  # jobs with a status pass waiting for their lock
     tokens: dict[ray_token.Key, str] = field(default_factory=dict)  # the Ray token of each job whose Secret it made
     refused: dict[tuple[str, str], tuple[str, ...]] = field(default_factory=dict)  # job -> what its report lacked
     written: Written = field(default_factory=Written)  # what this process's writes returned (cache.py)
@@ -410,9 +411,22 @@ async def reconcile_job(ctx: Context, body: kopf.Body, patch: kopf.Patch, diff: 
 
 
 async def reconcile_status(ctx: Context, namespace: str, name: str, indices: Indices) -> None:
-    """Something the job owns changed: bring its status up to date and act on it."""
-    async with ctx.lock(namespace, name):
+    """Something the job owns changed: bring its status up to date and act on it. A pass already waiting for the
+    job's lock will read the indices as they are once it runs, this change included, so this one is not queued
+    behind it: a burst of pod events makes at most one pass running and one waiting per job."""
+    key = (namespace, name)
+    if key in ctx.waiting:
+        return
+    ctx.waiting.add(key)
+    lock = ctx.lock(namespace, name)
+    try:
+        await lock.acquire()
+    finally:
+        ctx.waiting.discard(key)  # running now (a change from here on queues a pass of its own), or cancelled
+    try:
         await write_status(ctx, namespace, name, indices)
+    finally:
+        lock.release()
 
 
 async def resync(ctx: Context, namespace: str, name: str, patch: kopf.Patch, indices: Indices) -> None:
@@ -492,7 +506,8 @@ async def reconcile_once(ctx: Context, namespace: str, name: str, indices: Indic
     await post_events(ctx, body, decision.events)
     resize = rescale.cluster_patch(cluster, decision.groups, decision.leaving) if live else None
     if resize is not None:  # before any pod goes: KubeRay must not replace a pod a shrink gives up
-        ctx.written.put(RAYCLUSTERS.plural, await ctx.kube.patch(RAYCLUSTERS, namespace, names.cluster(name), resize))
+        ctx.written.put(RAYCLUSTERS.plural, await ctx.kube.json_patch(RAYCLUSTERS, namespace, names.cluster(name),
+                                                                      resize))
         sizes = ", ".join(f"{r} {n}" for r, n in decision.groups.items() if n != seen.groups.get(r))
         kopf.event(body, type="Normal", reason="RoleResized", message=f"worker groups resized: {sizes}" + (
             f" (giving up pods {', '.join(p for ps in decision.leaving.values() for p in ps)})"

@@ -74,20 +74,21 @@ def leaving(pods: Sequence[PodView], keep: int, hosts: Sequence[str]) -> tuple[P
 
 
 def cluster_patch(cluster: Mapping[str, Any], pods_by_role: Mapping[str, int],
-                  leaving_by_role: Mapping[str, Sequence[str]]) -> dict[str, Any] | None:
-    """The merge patch of the RayCluster's ``spec.workerGroupSpecs`` (a list: replaced whole, so built
-    from the cluster's own) that sizes each role's group; None when every group already has its size.
+                  leaving_by_role: Mapping[str, Sequence[str]]) -> list[dict[str, Any]] | None:
+    """The JSON patch (RFC 6902) of the RayCluster's ``spec.workerGroupSpecs`` that sizes each role's group; None
+    when every group already has its size. Each changed group is addressed by its index, whose ``groupName`` the
+    patch tests first (a list changed meanwhile fails the patch instead of resizing another group), so that only
+    the groups' sizes need be known (the operator's cache keeps no pod template: ``cache.kept``).
     ``leaving_by_role``: the pods KubeRay deletes (``scaleStrategy.workersToDelete``) as a group shrinks."""
-    groups = [dict(g) for g in (cluster.get("spec") or {}).get("workerGroupSpecs") or []]
-    changed = False
-    for group in groups:
+    ops: list[dict[str, Any]] = []
+    for i, group in enumerate((cluster.get("spec") or {}).get("workerGroupSpecs") or []):
         role = group.get("groupName")
         if role not in pods_by_role:
             continue
         n, gone = pods_by_role[role], sorted(leaving_by_role.get(role, ()))
-        want = {"replicas": n, "minReplicas": n, "maxReplicas": n}
-        if any(group.get(k) != v for k, v in want.items()):
-            group.update(want)
-            group["scaleStrategy"] = {"workersToDelete": gone}
-            changed = True
-    return {"spec": {"workerGroupSpecs": groups}} if changed else None
+        want = {"replicas": n, "minReplicas": n, "maxReplicas": n, "scaleStrategy": {"workersToDelete": gone}}
+        if any(group.get(k) != want[k] for k in ("replicas", "minReplicas", "maxReplicas")):
+            at = f"/spec/workerGroupSpecs/{i}"
+            ops += [{"op": "test", "path": f"{at}/groupName", "value": role},
+                    *({"op": "add", "path": f"{at}/{k}", "value": v} for k, v in want.items())]
+    return ops or None

@@ -54,10 +54,12 @@ class OperatorProcess:
         resync_seconds: float = 2,
         via: str = "cli",
         secret_probe_seconds: float | None = None,
+        verbose: bool = True,
     ):
         self.kubeconfig, self.log_dir, self.namespaces, self.image = kubeconfig, log_dir, namespaces, image
         self.resync_seconds, self.via = resync_seconds, via
         self.secret_probe_seconds = secret_probe_seconds  # None: at every resync (a Secret deleted is seen at once)
+        self.verbose = verbose  # kopf's debug log (the tests read it); the chart's default is off
         self.liveness_port, self.metrics_port = free_port(), free_port()
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = log_dir / "operator-0.log"
@@ -80,7 +82,7 @@ class OperatorProcess:
                 "kopf",
                 "run",
                 "--standalone",
-                "--verbose",
+                *(["--verbose"] if self.verbose else []),
                 *scope,
                 "-m",
                 "kuberl_operator.handlers",
@@ -90,7 +92,7 @@ class OperatorProcess:
         return [
             *kuberl_command(),
             "operator",
-            "--verbose",
+            *(["--verbose"] if self.verbose else []),
             *scope,
             "--metrics-port",
             str(self.metrics_port),

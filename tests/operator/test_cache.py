@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kuberl_operator.api_traffic import classify
-from kuberl_operator.cache import Written, first, newest, version
+from kuberl_operator.cache import Written, first, kept, newest, version
 
 
 def obj(name: str, rv: str | None, **extra: object) -> dict:
@@ -23,11 +23,11 @@ def test_the_newer_of_index_and_write_wins() -> None:
 
 def test_a_write_is_read_until_the_index_holds_it_then_dropped() -> None:
     w = Written()
-    w.put("rayclusters", obj("c", "7", spec={"x": 1}))
-    assert w.read("rayclusters", "ns", "c", None)["spec"] == {"x": 1}  # created, not yet indexed
-    assert w.read("rayclusters", "ns", "c", obj("c", "5"))["metadata"]["resourceVersion"] == "7"  # stale index
+    w.put("configmaps", obj("c", "7", data={"x": "1"}))
+    assert w.read("configmaps", "ns", "c", None)["data"] == {"x": "1"}  # created, not yet indexed
+    assert w.read("configmaps", "ns", "c", obj("c", "5"))["metadata"]["resourceVersion"] == "7"  # stale index
     indexed = obj("c", "8")
-    assert w.read("rayclusters", "ns", "c", indexed) is indexed and not w.bodies
+    assert w.read("configmaps", "ns", "c", indexed) is indexed and not w.bodies
     w.put("configmaps", obj("j-spec", "3"))
     w.put("rltrainingjobs", obj("j", "4"))
     w.put("rltrainingjobs", obj("k", "4"))
@@ -37,6 +37,21 @@ def test_a_write_is_read_until_the_index_holds_it_then_dropped() -> None:
     assert len(w.bodies) == 1
     w.drop("rltrainingjobs", "ns", "k")  # its watch said it was deleted
     assert not w.bodies and w.read("rltrainingjobs", "ns", "k", None) is None
+
+
+def test_the_cache_keeps_what_a_reconcile_reads_and_no_pod_template() -> None:
+    meta = {"name": "j", "namespace": "ns", "uid": "u", "managedFields": [{"manager": "kopf"}]}
+    group = {"groupName": "actor", "replicas": 2, "minReplicas": 2, "maxReplicas": 2, "template": {"spec": {}}}
+    cluster = {"apiVersion": "ray.io/v1", "kind": "RayCluster", "metadata": meta, "status": {"state": "ready"},
+               "spec": {"headGroupSpec": {"template": {}}, "workerGroupSpecs": [group]}}
+    assert kept("rayclusters", cluster) == {
+        "apiVersion": "ray.io/v1", "kind": "RayCluster", "metadata": {"name": "j", "namespace": "ns", "uid": "u"},
+        "spec": {"workerGroupSpecs": [{"groupName": "actor", "replicas": 2, "minReplicas": 2, "maxReplicas": 2}]}}
+    job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": meta, "spec": {"template": {}}, "status": {}}
+    assert set(kept("jobs", job)) == {"apiVersion", "kind", "metadata"}
+    assert kept("configmaps", {"metadata": meta, "data": {"a": "1"}})["data"] == {"a": "1"}
+    rltj = {"apiVersion": "kuberl.io/v1alpha1", "kind": "RLTrainingJob", "metadata": meta, "spec": {}, "status": {}}
+    assert kept("rltrainingjobs", rltj) == {**rltj, "metadata": {"name": "j", "namespace": "ns", "uid": "u"}}
 
 
 def test_first_reads_one_value_of_a_store() -> None:

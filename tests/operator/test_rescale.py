@@ -4,11 +4,15 @@ that a pod given up is no failure of the role."""
 
 from __future__ import annotations
 
+import copy
 import json
+
+import pytest
 
 from kuberl.spec import validate_manifest
 from kuberl.spec.contract import REPLICAS_KEY, ProgressDocument, ReplicasDocument, RoleProgress
 from kuberl_operator import builders, rescale
+from kuberl_operator.cache import kept
 from kuberl_operator.health import PodView
 from kuberl_operator.reconcile import pending_changes, worker_groups
 from kuberl_operator.spec_changes import applied_spec
@@ -89,22 +93,44 @@ def test_a_shrink_gives_up_the_pods_no_rank_runs_on() -> None:
     assert rescale.leaving(reward, 3, []) == ()
 
 
+def applied(obj: dict, ops: list[dict]) -> dict:
+    """``ops`` (the JSON patch operations cluster_patch makes: test, add) applied to a copy of ``obj``."""
+    out = copy.deepcopy(obj)
+    for op in ops:
+        *parents, last = op["path"].strip("/").split("/")
+        at = out
+        for part in parents:
+            at = at[int(part)] if isinstance(at, list) else at[part]
+        if op["op"] == "test":
+            assert at[last] == op["value"], op
+        else:
+            at[last] = op["value"]
+    return out
+
+
 def test_the_raycluster_patch_sizes_only_the_resized_group(validator) -> None:
     cluster = builders.ray_cluster(job(reward=4), builders.BuildOptions(namespace="ns"))
     assert worker_groups(cluster) == {"actor": 1, "critic": 1, "ref": 1, "reward": 4}
     assert rescale.cluster_patch(cluster, {"ref": 1, "reward": 4}, {}) is None  # nothing to change
-    patch = rescale.cluster_patch(cluster, {"ref": 1, "reward": 1}, {"reward": ("w2", "w0")})
-    groups = {g["groupName"]: g for g in patch["spec"]["workerGroupSpecs"]}
-    assert list(groups) == ["actor", "critic", "ref", "reward"]  # the list is replaced whole: every group is there
+    ops = rescale.cluster_patch(kept("rayclusters", cluster), {"ref": 1, "reward": 1}, {"reward": ("w2", "w0")})
+    assert ops[0] == {"op": "test", "path": "/spec/workerGroupSpecs/3/groupName", "value": "reward"}
+    assert {op["path"].rsplit("/", 2)[1] for op in ops} == {"3"}  # the reward group alone
+    resized = applied(cluster, ops)
+    groups = {g["groupName"]: g for g in resized["spec"]["workerGroupSpecs"]}
     assert {k: groups["reward"][k] for k in ("replicas", "minReplicas", "maxReplicas")} == dict.fromkeys(
         ("replicas", "minReplicas", "maxReplicas"), 1)
     assert groups["reward"]["scaleStrategy"] == {"workersToDelete": ["w0", "w2"]}
+    assert groups["reward"]["template"] == cluster["spec"]["workerGroupSpecs"][3]["template"]
     unchanged = {g["groupName"]: g for g in cluster["spec"]["workerGroupSpecs"]}
     assert all(groups[r] == unchanged[r] for r in ("actor", "critic", "ref"))
-    validator({**cluster, "spec": {**cluster["spec"], **patch["spec"]}})  # KubeRay's schema takes it
-    grow = rescale.cluster_patch(cluster, {"reward": 8}, {})
+    validator(resized)  # KubeRay's schema takes it
+    grow = applied(cluster, rescale.cluster_patch(cluster, {"reward": 8}, {}))
     assert {g["groupName"]: g for g in grow["spec"]["workerGroupSpecs"]}["reward"]["scaleStrategy"] == {
         "workersToDelete": []}
+    moved = applied(cluster, [])
+    moved["spec"]["workerGroupSpecs"].reverse()  # the list changed since the cache's copy: the test op refuses
+    with pytest.raises(AssertionError):
+        applied(moved, ops)
 
 
 def test_a_live_replicas_change_is_not_an_event_for_a_resume() -> None:
