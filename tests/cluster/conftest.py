@@ -113,8 +113,7 @@ def ns(admin: Api, request: pytest.FixtureRequest) -> Iterator[Api]:
     session's operator to work on during the next tests (issue 29: 24 were, once, in namespaces terminating)."""
     name = f"t-{slug(request, 40)}-{secrets.token_hex(2)}"
     admin.create(NAMESPACES, {"metadata": {"name": name}}, namespace=None)
-    api = admin.in_namespace(name)
-    yield api
+    yield admin.in_namespace(name)
     delete_namespace(admin, name)
 
 
