@@ -15,7 +15,7 @@ from kuberl.spec import SpecInvalid, load_manifest, parse_yaml
 from kuberl.spec.quantity import parse_quantity
 
 from . import builders, job_policy, names, placement
-from .config import DEFAULT_MAX_GPUS_PER_NODE, OperatorConfig
+from .config import CONCURRENT_PASSES, DEFAULT_MAX_GPUS_PER_NODE, OperatorConfig
 
 EPHEMERAL_CHECKPOINTS = ("note: spec.trainer.checkpoint.volumeClaim is not set: checkpoints are written inside the "
                          "pods and do not survive a pod restart, so a restarted role or driver cannot restore from "
@@ -73,7 +73,7 @@ def cmd_operator(args: argparse.Namespace) -> int:
     config = OperatorConfig(image=args.image, metrics_port=args.metrics_port, metrics_address=args.metrics_address,
                             max_gpus_per_node=args.max_gpus_per_node, head=args.head_resources,
                             driver=args.driver_resources, cpu_limits=args.cpu_limits, scratch=args.scratch,
-                            job_policy=args.job_policy)
+                            job_policy=args.job_policy, concurrent_passes=args.concurrent_passes)
     kopf.run(
         standalone=True,
         namespaces=args.namespace,
@@ -176,6 +176,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--max-gpus-per-node", type=positive, default=env.max_gpus_per_node,
                    help="the most GPUs any node has: under placement policy required, a role needing more per "
                         f"replica fails at once (default {DEFAULT_MAX_GPUS_PER_NODE}, or $KUBERL_MAX_GPUS_PER_NODE)")
+    p.add_argument("--concurrent-passes", type=positive, default=env.concurrent_passes,
+                   help="passes over jobs that run at once, each one job's requests in a row (default "
+                        f"{CONCURRENT_PASSES}, or $KUBERL_CONCURRENT_PASSES): more only lengthen the API server's "
+                        "queue")
     job_options(p)
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     p.set_defaults(func=cmd_operator)

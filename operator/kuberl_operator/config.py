@@ -16,6 +16,13 @@ DEFAULT_MAX_GPUS_PER_NODE = 8
 SECRET_PROBE_SECONDS = 900.0
 
 
+# Passes over jobs that run at once (each a few API requests in a row, one job's at a time). When the API server is
+# the bottleneck (a burst of new jobs), it answers the operator at a rate of its own, and each request waits for the
+# ones the operator has in flight: more passes at once only lengthen every pass, not the burst (docs/performance.md,
+# "1,000 jobs at once"). KUBERL_CONCURRENT_PASSES or --concurrent-passes override it.
+CONCURRENT_PASSES = 4
+
+
 def secret_probe_seconds() -> float:
     return float(os.environ.get("KUBERL_SECRET_PROBE_SECONDS", SECRET_PROBE_SECONDS))
 
@@ -32,15 +39,19 @@ class OperatorConfig:
     scratch: Mapping[str, str] = field(default_factory=lambda: dict(SCRATCH))  # the job pods' emptyDir sizeLimits
     job_policy: JobPolicy = field(default_factory=JobPolicy)  # what a job's author may choose (the chart's jobPolicy)
     secret_probe_seconds: float = field(default_factory=secret_probe_seconds)
+    concurrent_passes: int = CONCURRENT_PASSES  # passes over jobs running at once (`reconcile.Context.turn`)
 
     @classmethod
     def from_env(cls) -> OperatorConfig:
-        """KUBERL_RUNTIME_IMAGE, KUBERL_METRICS_PORT, KUBERL_METRICS_ADDRESS, KUBERL_MAX_GPUS_PER_NODE."""
+        """KUBERL_RUNTIME_IMAGE, KUBERL_METRICS_PORT, KUBERL_METRICS_ADDRESS, KUBERL_MAX_GPUS_PER_NODE,
+        KUBERL_CONCURRENT_PASSES."""
         port = os.environ.get("KUBERL_METRICS_PORT")
         gpus = os.environ.get("KUBERL_MAX_GPUS_PER_NODE")
+        passes = os.environ.get("KUBERL_CONCURRENT_PASSES")
         return cls(
             image=os.environ.get("KUBERL_RUNTIME_IMAGE", DEFAULT_IMAGE),
             metrics_port=int(port) if port else None,
             metrics_address=os.environ.get("KUBERL_METRICS_ADDRESS", cls.metrics_address),
             max_gpus_per_node=int(gpus) if gpus else DEFAULT_MAX_GPUS_PER_NODE,
+            concurrent_passes=int(passes) if passes else CONCURRENT_PASSES,
         )

@@ -113,8 +113,7 @@ for _res in reconcile.CACHED:  # one index per kind, named reconcile.cache_index
 @kopf.on.event("batch", "jobs", labels=DRIVER)
 async def child_changed(namespace: str, labels: kopf.Labels, memo: kopf.Memo, **kwargs: Any) -> None:
     """A worker or head pod, the progress report or the driver Job changed: refresh the job's status."""
-    with memo.ctx.metrics.reconcile():
-        await reconcile.reconcile_status(memo.ctx, namespace, labels[names.LABEL_JOB], memo.ctx.indices(kwargs))
+    await reconcile.reconcile_status(memo.ctx, namespace, labels[names.LABEL_JOB], memo.ctx.indices(kwargs))
 
 
 async def owned_deleted(namespace: str, name: str, labels: kopf.Labels, resource: kopf.Resource,
@@ -122,8 +121,7 @@ async def owned_deleted(namespace: str, name: str, labels: kopf.Labels, resource
     """An object a job owns was deleted (by hand, or by us): a level-triggered pass on its job at once (what this
     process wrote of it is forgotten first: it is gone). Registered with the filter `deleted`."""
     memo.ctx.written.drop(resource.plural, namespace, name)
-    with memo.ctx.metrics.reconcile():
-        await reconcile.resync(memo.ctx, namespace, labels[names.LABEL_JOB], kopf.Patch(), memo.ctx.indices(kwargs))
+    await reconcile.resync(memo.ctx, namespace, labels[names.LABEL_JOB], kopf.Patch(), memo.ctx.indices(kwargs))
 
 
 def deleted(type: str, **_: Any) -> bool:
@@ -141,22 +139,19 @@ for _res in reconcile.CACHED[1:]:
 @kopf.on.update(*JOB, field="spec")
 async def apply_spec(body: kopf.Body, patch: kopf.Patch, diff: kopf.Diff, memo: kopf.Memo, **kwargs: Any) -> None:
     """Validate, then create (or, when suspended, stop) what the job needs; then refresh status."""
-    with memo.ctx.metrics.reconcile():
-        await reconcile.reconcile_job(memo.ctx, body, patch, diff, memo.ctx.indices(kwargs))
+    await reconcile.reconcile_job(memo.ctx, body, patch, diff, memo.ctx.indices(kwargs))
 
 
 @kopf.timer(*JOB, interval=RESYNC_SECONDS, initial_delay=RESYNC_SECONDS)
 async def resync(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **kwargs: Any) -> None:
     """A periodic level-triggered pass: missed events, children deleted by hand."""
-    with memo.ctx.metrics.reconcile():
-        await reconcile.resync(memo.ctx, body.meta.namespace, body.meta.name, patch, memo.ctx.indices(kwargs))
+    await reconcile.resync(memo.ctx, body.meta.namespace, body.meta.name, patch, memo.ctx.indices(kwargs))
 
 
 @kopf.on.delete(*JOB)
 async def delete_children(body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> None:
     """Delete what the job owns; kopf then removes our finalizer."""
     ctx: reconcile.Context = memo.ctx
-    with ctx.metrics.reconcile():
-        await reconcile.delete_children(ctx, ctx.indices(kwargs), body)
+    await reconcile.delete_children(ctx, ctx.indices(kwargs), body)
     ctx.metrics.forget(body.meta.namespace, body.meta.name)
     ctx.locks.pop((body.meta.namespace, body.meta.name), None)

@@ -9,16 +9,20 @@
 Every read comes from the watch-backed cache (``cache.py``), never a GET: a pass over a job whose world matches
 its spec and status sends nothing. The one object the operator may not read, the Ray token's Secret, is created
 (409 while it exists) on the passes the spec's events drive and at most every ``secret_probe_seconds`` otherwise.
-Every pass over one job holds that job's lock, so within the process there is one writer per job.
+Every pass over one job holds that job's lock, so within the process there is one writer per job, and one of the
+process's ``config.concurrent_passes`` slots (``turn``), so that a burst of jobs does not put every job's requests in
+the API server's queue at once: each pass then waits its turn here, where the wait is measured apart.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import logging
 import time
-from collections.abc import Mapping, MutableMapping, Sequence
+import zlib
+from collections.abc import AsyncIterator, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -65,8 +69,13 @@ from .status import (
 
 log = logging.getLogger(__name__)
 STATUS_ATTEMPTS = 5
-CATCH_UP_S = 5.0  # after a lost status race (409), how long to wait for the watch to bring the newer job
+CATCH_UP_S = 2.0  # after a lost status race (409), how long to wait for the watch to bring the newer job
 CREATE_ONLY = frozenset({SECRETS})  # what the operator only creates (`create_once`): it may not read Secrets
+# A pass creates a job's children in waves, each wave's at once: a kind not named here goes in the first wave. A
+# RoleBinding needs its Role (the API server checks a binding against the rules of the Role it names), and the
+# RayCluster and driver Job need the rest (their pods' ServiceAccount, token Secret, ConfigMaps and claims). One
+# at a time, a job's first pass was about ten requests in a row, each waiting at a busy API server.
+WAVES = {"RoleBinding": 1, "RayCluster": 2, "Job": 2}
 
 
 @dataclass
@@ -83,6 +92,7 @@ class Context:
     written: Written = field(default_factory=Written)  # what this process's writes returned (cache.py)
     secret_probes: dict[ray_token.Key, float] = field(default_factory=dict)  # job -> its last Secret create (monotonic)
     cache: Mapping[str, Any] = field(default_factory=dict)  # plural -> kopf's index of it (the size metric)
+    slots: asyncio.Semaphore | None = None  # passes running at once (`turn`); made on first use, inside the loop
 
     def indices(self, kwargs: Mapping[str, Any]) -> Indices:
         """The indices kopf passed a handler; the first call keeps the cache's (kopf's indices live as long as the
@@ -99,9 +109,11 @@ class Context:
 
     def probe_secret(self, key: ray_token.Key, forced: bool) -> bool:
         """Whether this pass creates the job's token Secret again (to learn whether it still exists): when
-        ``forced`` (an event-driven pass), or ``config.secret_probe_seconds`` after the last time."""
+        ``forced`` (an event-driven pass), or once the job's turn in each ``config.secret_probe_seconds`` has come
+        since the last time (`probe_due`)."""
         now_s = time.monotonic()
-        if forced or now_s - self.secret_probes.get(key, float("-inf")) >= self.config.secret_probe_seconds:
+        last = self.secret_probes.get(key)
+        if forced or last is None or now_s >= probe_due(last, key, self.config.secret_probe_seconds):
             self.secret_probes[key] = now_s
             return True
         return False
@@ -109,6 +121,25 @@ class Context:
     def lock(self, namespace: str, name: str) -> asyncio.Lock:
         """One status writer per job at a time inside this process."""
         return self.locks.setdefault((namespace, name), asyncio.Lock())
+
+    @contextlib.asynccontextmanager
+    async def turn(self, namespace: str, name: str, locked: asyncio.Lock | None = None) -> AsyncIterator[None]:
+        """A pass over one job: its lock (``locked``: already held, released at the end), then one of the process's
+        ``config.concurrent_passes`` slots, like controller-runtime's MaxConcurrentReconciles. The wait for both is
+        the queue's histogram; the pass itself, from then on, the reconcile's."""
+        start = time.perf_counter()
+        lock = locked or self.lock(namespace, name)
+        if locked is None:
+            await lock.acquire()
+        try:
+            if self.slots is None:
+                self.slots = asyncio.Semaphore(self.config.concurrent_passes)
+            async with self.slots:
+                self.metrics.queued.observe(time.perf_counter() - start)
+                with self.metrics.reconcile():
+                    yield
+        finally:
+            lock.release()
 
     def options(self, namespace: str) -> builders.BuildOptions:
         return builders.BuildOptions(
@@ -119,6 +150,16 @@ class Context:
             cpu_limits=self.config.cpu_limits,
             scratch=self.config.scratch,
         )
+
+
+def probe_due(last_s: float, key: ray_token.Key, interval_s: float) -> float:
+    """When a job's next Secret probe is due after its last at `last_s`: at the job's own phase of the interval (from
+    a hash of its key), and at least two thirds of the interval after the last, so one interval apart once in phase.
+    Jobs made in one burst would otherwise probe in a burst every interval, at a higher rate than its average."""
+    phase = zlib.crc32(repr(key).encode()) / 2**32 * interval_s
+    earliest = last_s + interval_s * 2 / 3
+    wait = (phase - earliest) % interval_s
+    return earliest + (wait if interval_s - wait > 1e-6 else 0.0)  # within rounding of a whole interval: now
 
 
 CACHED = (RLTRAININGJOBS, SERVICEACCOUNTS, ROLES, ROLEBINDINGS, CONFIGMAPS, JOBS, RAYCLUSTERS,
@@ -344,26 +385,31 @@ async def apply_spec(ctx: Context, indices: Indices, body: kopf.Body, patch: kop
     feasible(ctx, body, patch, job)
     runtime, spec_configmap = runtime_children(name, list(job.spec.roles.extra)), (CONFIGMAPS,
                                                                                    names.spec_configmap(name))
-    created = []
     token_key = (namespace, name, body.meta.uid)
     token = ray_token.token_for(ctx.tokens, token_key)
     probe = ctx.probe_secret(token_key, events)
-    for obj in builders.all_objects(job, body["spec"], token.value, ctx.options(namespace)):
+
+    async def make(obj: MutableMapping[str, Any]) -> bool:
         key = (resource_of(obj), obj["metadata"]["name"])
-        if job.spec.suspend and key in runtime:
-            continue
-        if key[0] in CREATE_ONLY:
-            if not probe:
-                continue
-            made = await create_once(ctx, body, obj)
-            event = ray_token.created(ctx.tokens, token_key, token, key[1],
-                                      body.status.get("rayClusterUID") is not None, made)
-            if event is not None:
-                kopf.event(body, type=event[0], reason=event[1], message=event[2])
-        else:
-            made = await ensure(ctx, indices, body, obj, sync=("data",) if key == spec_configmap else ())
-        if made:
-            created.append(f"{obj['kind']} {obj['metadata']['name']}")
+        if key[0] not in CREATE_ONLY:
+            return await ensure(ctx, indices, body, obj, sync=("data",) if key == spec_configmap else ())
+        made = await create_once(ctx, body, obj)
+        event = ray_token.created(ctx.tokens, token_key, token, key[1], body.status.get("rayClusterUID") is not None,
+                                  made)
+        if event is not None:
+            kopf.event(body, type=event[0], reason=event[1], message=event[2])
+        return made
+
+    wanted = [obj for obj in builders.all_objects(job, body["spec"], token.value, ctx.options(namespace))
+              if not (job.spec.suspend and (resource_of(obj), obj["metadata"]["name"]) in runtime)
+              and (probe or resource_of(obj) not in CREATE_ONLY)]
+    created = []
+    for wave in sorted({WAVES.get(obj["kind"], 0) for obj in wanted}):
+        batch = [obj for obj in wanted if WAVES.get(obj["kind"], 0) == wave]
+        results = await asyncio.gather(*(make(obj) for obj in batch), return_exceptions=True)
+        if failed := next((r for r in results if isinstance(r, BaseException)), None):
+            raise failed  # the wave's other requests are done; the next waves wait for the pass that retries
+        created += [f"{obj['kind']} {obj['metadata']['name']}" for obj, made in zip(batch, results) if made]
     if created:
         kopf.event(body, type="Normal", reason="Created", message=f"created {', '.join(created)}")
     await ask_driver(ctx, indices, namespace, job)
@@ -391,8 +437,9 @@ async def delete_owned(ctx: Context, indices: Indices, res: Resource, namespace:
 async def delete_children(ctx: Context, indices: Indices, body: kopf.Body) -> None:
     """Delete what the job owns: garbage collection would, via owner references, but not at once."""
     owned = children(body.meta.name)
-    for res, child in owned:
-        await delete_owned(ctx, indices, res, body.meta.namespace, child, body.meta.uid)
+    async with ctx.turn(body.meta.namespace, body.meta.name):
+        for res, child in owned:
+            await delete_owned(ctx, indices, res, body.meta.namespace, child, body.meta.uid)
     key = (body.meta.namespace, body.meta.name, body.meta.uid)
     ctx.tokens.pop(key, None)
     ctx.secret_probes.pop(key, None)
@@ -403,7 +450,7 @@ async def delete_children(ctx: Context, indices: Indices, body: kopf.Body) -> No
 async def reconcile_job(ctx: Context, body: kopf.Body, patch: kopf.Patch, diff: Sequence[Any],
                         indices: Indices) -> None:
     """The spec changed (or the job appeared, or the operator started): apply it, then the status."""
-    async with ctx.lock(body.meta.namespace, body.meta.name):
+    async with ctx.turn(body.meta.namespace, body.meta.name):
         try:
             await apply_spec(ctx, indices, body, patch, diff)
         finally:
@@ -423,16 +470,14 @@ async def reconcile_status(ctx: Context, namespace: str, name: str, indices: Ind
         await lock.acquire()
     finally:
         ctx.waiting.discard(key)  # running now (a change from here on queues a pass of its own), or cancelled
-    try:
+    async with ctx.turn(namespace, name, locked=lock):
         await write_status(ctx, namespace, name, indices)
-    finally:
-        lock.release()
 
 
 async def resync(ctx: Context, namespace: str, name: str, patch: kopf.Patch, indices: Indices) -> None:
     """A level-triggered pass on the freshest job the cache holds (periodic, or after one of its children was
     deleted): recreates what is missing, and writes the status if it changed (a deadline passed)."""
-    async with ctx.lock(namespace, name):
+    async with ctx.turn(namespace, name):
         body = ctx.read(indices, RLTRAININGJOBS, namespace, name)
         if body is None or body["metadata"].get("deletionTimestamp"):
             return
@@ -493,7 +538,11 @@ async def reconcile_once(ctx: Context, namespace: str, name: str, indices: Indic
         except ApiError as exc:
             if exc.status == 409:  # the job changed meanwhile: redo the pass once the cache holds the change
                 if not await caught_up(ctx, indices, namespace, name, version(body)):
-                    log.info("status of %s/%s: the cache did not catch up within %ss", namespace, name, CATCH_UP_S)
+                    # Within the job's own handler kopf updates its index only once the handler returns: waiting
+                    # again would hold the job (its deletion included) for nothing. Its next pass writes the status.
+                    log.info("status of %s/%s: the cache did not catch up within %ss; the next pass writes it",
+                             namespace, name, CATCH_UP_S)
+                    return True
                 return False
             raise
     ctx.metrics.observe(namespace, name, decision.status, job.spec)
