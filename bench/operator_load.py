@@ -76,18 +76,25 @@ def quantile(buckets: list[tuple[float, float]], q: float) -> float:
     return prev_bound
 
 
-def reconcile_histogram(metrics_url: str) -> tuple[list[tuple[float, float]], float, float]:
-    """(buckets, count, sum) of kuberl_operator_reconcile_duration_seconds."""
+def histogram(text: str, family: str) -> tuple[list[tuple[float, float]], float, float]:
+    """(buckets, count, sum) of histogram `family` in a /metrics page."""
     buckets, count, total = [], 0.0, 0.0
-    for line in http_get(metrics_url)[1].splitlines():
-        if line.startswith("kuberl_operator_reconcile_duration_seconds_bucket"):
+    for line in text.splitlines():
+        if line.startswith(f"{family}_bucket"):
             bound = line.split('le="', 1)[1].split('"', 1)[0]
             buckets.append((float("inf") if bound == "+Inf" else float(bound), float(line.split()[-1])))
-        elif line.startswith("kuberl_operator_reconcile_duration_seconds_count"):
+        elif line.startswith(f"{family}_count"):
             count = float(line.split()[-1])
-        elif line.startswith("kuberl_operator_reconcile_duration_seconds_sum"):
+        elif line.startswith(f"{family}_sum"):
             total = float(line.split()[-1])
     return buckets, count, total
+
+
+def share_within(buckets: list[tuple[float, float]], bound: float) -> float | None:
+    """The fraction of observations at most `bound` seconds, exact when `bound` is a bucket's edge."""
+    total = buckets[-1][1] if buckets else 0.0
+    within = [count for le, count in buckets if le == bound]
+    return within[0] / total if total and within else None
 
 
 def busy(exc: Exception) -> bool:
@@ -195,7 +202,9 @@ def main() -> int:
                           f"CPU {(cpu_seconds(operator.proc.pid) - cpu0) / (shown - t1):.2f} cores", file=sys.stderr,
                           flush=True)
                 time.sleep(poll_s)
-            buckets, count, total = reconcile_histogram(operator.metrics_url)
+            page = http_get(operator.metrics_url)[1]
+            buckets, count, total = histogram(page, "kuberl_operator_reconcile_duration_seconds")
+            waits = histogram(page, "kuberl_operator_reconcile_queue_seconds")[0]
             burst_s, burst_to, cpu1 = time.monotonic() - t1, cluster.audit_log.stat().st_size, cpu_seconds(
                 operator.proc.pid)
             time.sleep(30)  # the last events settle, then a rest of --rest seconds
@@ -228,6 +237,9 @@ def main() -> int:
                     "p99": round(quantile(buckets, 0.99), 4),
                     "mean": round(total / count, 4) if count else None,
                     "reconciles": int(count),
+                    "within_2s": share_within(buckets, 2.0),  # the goal's share: exact (a bucket edge)
+                    "turn_wait_p50": round(quantile(waits, 0.5), 4),  # before a pass: its job's lock, a free pass
+                    "turn_wait_p99": round(quantile(waits, 0.99), 4),
                 }
             )
             emit(
@@ -274,7 +286,9 @@ def main() -> int:
                 f"control plane at rest {sum(rest.values()):.0f} MiB; "
                 f"all Running after {done_s and round(done_s, 1)}s; "
                 f"reconcile p50 {quantile(buckets, 0.5) * 1000:.0f} ms, "
-                f"p99 {quantile(buckets, 0.99) * 1000:.0f} ms over {int(count)} reconciles; "
+                f"p99 {quantile(buckets, 0.99) * 1000:.0f} ms over {int(count)} reconciles, "
+                f"{(share_within(buckets, 2.0) or 0):.2%} within 2 s (their wait for a turn: p50 "
+                f"{quantile(waits, 0.5) * 1000:.0f} ms, p99 {quantile(waits, 0.99) * 1000:.0f} ms); "
                 f"API requests {sum(burst.values()) / burst_s:.1f}/s in the burst, "
                 f"{sum(at_rest.values()) / rest_s:.3f}/s at rest ({dict(at_rest) or 'none'}); operator CPU "
                 f"{(cpu1 - cpu0) / burst_s:.2f} cores in the burst, {(cpu3 - cpu2) / rest_s:.3f} at rest; "
