@@ -89,6 +89,7 @@ def build_spec(args, data_file: Path, checkpoint_interval: int = 10_000) -> JobS
                     "microBatchSize": args.micro, "actorLr": 1e-6, "criticLr": 1e-5, "seed": 0,
                     "checkpoint": {"interval": checkpoint_interval}},
         "roles": {"actor": {"gpus": gpus}, "critic": {"gpus": gpus}, "ref": {"gpus": gpus}, "reward": {"gpus": 0}},
+        "resilience": {"snapshots": getattr(args, "snapshots", "auto")},
     })
 
 
@@ -187,6 +188,9 @@ def main() -> None:
                     help="rollout.asynchronous: in-process the calls still run one at a time (docs/performance.md)")
     ap.add_argument("--checkpoint-interval", type=int, default=10_000,
                     help="steps between periodic checkpoints (the last step always saves)")
+    ap.add_argument("--snapshots", default="auto", choices=["auto", "on", "off"], help="spec.resilience.snapshots")
+    ap.add_argument("--out-dir", default=None,
+                    help="where the job's output and checkpoints go (default: a temporary folder under $TMPDIR)")
     ap.add_argument("--no-train-bench", action="store_true")
     ap.add_argument("--train-reps", type=int, default=5)
     ap.add_argument("--no-ab", action="store_true", help="time the train step only as the runtime runs it")
@@ -201,12 +205,12 @@ def main() -> None:
 
     if args.no_gc_freeze:
         gcfreeze.settle = lambda: False
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, tempfile.TemporaryDirectory(dir=args.out_dir) as out:
         data = Path(tmp) / "prompts.jsonl"
         write_prompts(data, max(256, args.batch * (args.steps + 1)), args.prompt_len)
         spec = build_spec(args, data, args.checkpoint_interval)
         t0 = time.perf_counter()
-        driver = Driver(spec, "ppo-bench", Path(tmp) / "out", lambda role: LocalWorkerGroup(role, spec, args.device),
+        driver = Driver(spec, "ppo-bench", Path(out), lambda role: LocalWorkerGroup(role, spec, args.device),
                         progress=False)
         driver.start()
         setup_s = time.perf_counter() - t0
@@ -230,7 +234,7 @@ def main() -> None:
                     recs.append(rec)
                     shown = ("time_", "rollout_tokens", "train_tokens", "mfu", "memory_actor_gpu", "staleness")
                     keep = {k: v for k, v in rec.items() if k.startswith(shown)}
-                    print(json.dumps({"step": rec["step"], **keep}), flush=True)
+                    print(json.dumps({"step": rec["step"], "at": round(time.time(), 2), **keep}), flush=True)
             t_last = time.perf_counter()
             driver.roles.commit()  # the last step's checkpoint, written in the background: the job's end waits
             last_write_s = time.perf_counter() - t_last

@@ -47,6 +47,9 @@ class StackSampler:
         self.interval_s, self.label = interval_s, None
         self.samples: dict[object, Counter[tuple[str, str]]] = {}
         self.gc_s: dict[object, Counter[int]] = {}  # label -> generation -> seconds in the cycle collector
+        self.late_s: dict[object, list[float]] = {}  # label -> the sampler's wake-ups past their time, seconds: it
+        # waits for the interpreter like any thread, so a long one is another thread holding the GIL (or
+        # the process not running) that long
         self._gc_start = 0.0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="stack-sampler", daemon=True)
@@ -70,7 +73,11 @@ class StackSampler:
 
     def _run(self) -> None:
         me = threading.get_ident()
-        while not self._stop.wait(self.interval_s):
+        due = time.perf_counter() + self.interval_s
+        while not self._stop.wait(max(due - time.perf_counter(), 0.0)):
+            now = time.perf_counter()
+            self.late_s.setdefault(self.label, []).append(now - due)
+            due = now + self.interval_s
             names = {t.ident: t.name for t in threading.enumerate()}
             counts = self.samples.setdefault(self.label, Counter())
             for ident, frame in sys._current_frames().items():
@@ -86,5 +93,9 @@ class StackSampler:
         pauses = self.gc_s.get(label, Counter())
         lines.append("  cycle collector: " + (", ".join(f"generation {g} {s:.2f} s" for g, s in sorted(pauses.items()))
                                               or "no collection"))
+        late = sorted(self.late_s.get(label, []))
+        if late:
+            lines.append(f"  the sampler woke late (the GIL held elsewhere, or no CPU): {sum(late):.2f} s in all, the "
+                         f"longest {late[-1] * 1000:.0f} ms, {sum(x > 0.05 for x in late)} wake-ups over 50 ms")
         return "\n".join(lines)
 
