@@ -71,9 +71,8 @@ def error_text(cause: BaseException) -> str:
 
 
 def world_size(spec: JobSpec, role: str) -> int:
-    """Ranks of a role: one per GPU (replicas x GPUs per replica), or one per replica on CPU."""
-    rs = spec.roles.get(role)
-    return rs.replicas * max(rs.gpus, 1)
+    """Ranks of a role (RoleSpec.world_size)."""
+    return spec.roles.get(role).world_size
 
 
 def local_ranks(nodes: list[tuple[str, list[int]]]) -> list[tuple[int, list[int]]]:

@@ -472,6 +472,11 @@ class RoleSpec(Scheduling):
                                "back before its next phase, and frees the allocator's cache; free only frees the "
                                "cache (activations, temporaries), the weights stay on the GPU.")
 
+    @property
+    def world_size(self) -> int:
+        """Ranks of the role: one per GPU (replicas x GPUs per replica), or one per replica on CPU."""
+        return self.replicas * max(self.gpus, 1)
+
 
 # An extra role's config is free-form JSON, which every watcher of RLTrainingJobs parses: a deep one would make a
 # parser recurse until it fails (Python's json at about 1000 levels). The API server cannot bound a free-form
@@ -722,63 +727,112 @@ def enabled_roles(spec: JobSpec) -> list[str]:
     return roles
 
 
-def cross_field_problems(spec: JobSpec) -> list[tuple[str, str, str]]:
-    """Rules that span sections. Returns (field path under spec, message, fix) triples."""
-    out: list[tuple[str, str, str]] = []
-    algo, roll, tr, roles = spec.algorithm, spec.rollout, spec.trainer, spec.roles
+Problem = tuple[str, str, str]
+"""A cross-field problem: (field path under spec, message, fix)."""
+
+
+def cross_field_problems(spec: JobSpec) -> list[Problem]:
+    """Rules that span sections, one function per section, in a fixed order. Returns (field path under spec,
+    message, fix) triples."""
+    rules = (_algorithm_problems, _tensor_parallel_problems, _eval_problems, _engine_problems, _batch_problems,
+             memory_problems, colocation_problems, _builtin_context_problems, _estimator_problems,
+             needed_role_problems, _role_enabled_problems, _placement_problems, _checkpoint_problems,
+             _fault_problems)
+    return [problem for rule in rules for problem in rule(spec)]
+
+
+def _algorithm_problems(spec: JobSpec) -> list[Problem]:
+    """spec.algorithm: grpo's group size, rollout.n against it, the adaptive KL controller's target."""
+    algo, out = spec.algorithm, []
     if algo.name == "grpo" and algo.group_size < 2:
         out.append(("algorithm.groupSize", "must be >= 2 for grpo",
                     "set spec.algorithm.groupSize to 2 or more, e.g. 4"))
-    if algo.name != "ppo" and roll.n is not None and roll.n != algo.group_size:
+    n = spec.rollout.n
+    if algo.name != "ppo" and n is not None and n != algo.group_size:
         out.append(("rollout.n", f"must equal algorithm.groupSize ({algo.group_size}) for {algo.name}",
                     "remove spec.rollout.n or set it to spec.algorithm.groupSize"))
     if algo.kl.controller == "adaptive" and algo.kl.target is None:
         out.append(("algorithm.kl.target", "is required when controller is adaptive",
                     "set spec.algorithm.kl.target, e.g. 0.1"))
-    actor_gpus = roles.actor.gpus
-    if actor_gpus == 0 and roll.tensor_parallel_size > 1:
-        out.append(("rollout.tensorParallelSize", "must be 1 when the actor has no GPUs",
-                    "set spec.rollout.tensorParallelSize to 1 or give spec.roles.actor.gpus"))
-    elif actor_gpus > 0 and actor_gpus % roll.tensor_parallel_size:
-        out.append(("rollout.tensorParallelSize",
-                    f"must divide spec.roles.actor.gpus ({actor_gpus}): a tensor-parallel group is the GPUs of one "
-                    f"replica, so the {roles.actor.replicas} replicas x {actor_gpus} GPUs do not split into groups "
-                    f"of {roll.tensor_parallel_size}",
-                    f"set spec.rollout.tensorParallelSize to a divisor of {actor_gpus}, or spec.roles.actor.gpus "
-                    f"to a multiple of {roll.tensor_parallel_size}"))
-    ev = spec.data.eval
+    return out
+
+
+def _tensor_parallel_problems(spec: JobSpec) -> list[Problem]:
+    """spec.rollout.tensorParallelSize: one replica's GPUs split into whole tensor-parallel groups."""
+    actor, tp = spec.roles.actor, spec.rollout.tensor_parallel_size
+    if actor.gpus == 0 and tp > 1:
+        return [("rollout.tensorParallelSize", "must be 1 when the actor has no GPUs",
+                 "set spec.rollout.tensorParallelSize to 1 or give spec.roles.actor.gpus")]
+    if actor.gpus > 0 and actor.gpus % tp:
+        return [("rollout.tensorParallelSize",
+                 f"must divide spec.roles.actor.gpus ({actor.gpus}): a tensor-parallel group is the GPUs of one "
+                 f"replica, so the {actor.replicas} replicas x {actor.gpus} GPUs do not split into groups of {tp}",
+                 f"set spec.rollout.tensorParallelSize to a divisor of {actor.gpus}, or spec.roles.actor.gpus "
+                 f"to a multiple of {tp}")]
+    return []
+
+
+def _eval_problems(spec: JobSpec) -> list[Problem]:
+    """spec.data.eval: held-out prompts to evaluate on."""
+    ev, out = spec.data.eval, []
     if ev is not None and not (ev.task or ev.files or spec.data.task):
         out.append(("data.eval", "has no prompts: a built-in held-out split exists only for a built-in spec.data.task",
                     "give spec.data.eval.files (held-out prompts) or spec.data.eval.task"))
-    if roll.engine == "vllm" and ev is not None:
+    if spec.rollout.engine == "vllm" and ev is not None:
         out.append(("data.eval", "evaluation decodes greedily with the hf engine's model; vllm has none",
                     "use spec.rollout.engine hf, or remove spec.data.eval"))
-    if roll.engine == "vllm" and actor_gpus == 0:
-        out.append(("rollout.engine", "vllm needs GPUs", "set spec.roles.actor.gpus >= 1 or use engine hf"))
-    n = spec.samples_per_step
+    return out
+
+
+def _engine_problems(spec: JobSpec) -> list[Problem]:
+    """spec.rollout.engine: vllm needs GPUs."""
+    if spec.rollout.engine == "vllm" and spec.roles.actor.gpus == 0:
+        return [("rollout.engine", "vllm needs GPUs", "set spec.roles.actor.gpus >= 1 or use engine hf")]
+    return []
+
+
+def _batch_problems(spec: JobSpec) -> list[Problem]:
+    """spec.trainer's batch sizes against the samples per step, and each running role's ranks against both."""
+    tr, n = spec.trainer, spec.samples_per_step
+    out: list[Problem] = []
     if n % tr.mini_batch_size:
         out.append(("trainer.miniBatchSize",
                     f"must divide the samples per step ({n} = data.batchSize x samples per prompt)",
                     f"set spec.trainer.miniBatchSize to a divisor of {n}"))
     for role in enabled_roles(spec):
-        rs = roles.get(role)
-        ranks = rs.replicas * max(rs.gpus, 1)
-        at = roles.path(role)
-        what = f"{ranks} ranks = spec.{at}.replicas x gpus" if rs.gpus else f"spec.{at}.replicas ({ranks})"
-        if n % ranks:
-            out.append((f"{at}.replicas", f"{what} must divide the samples per step ({n})",
-                        f"choose replicas and gpus for {role} whose product divides {n}"))
-        if role in ("actor", "critic") and tr.mini_batch_size % (ranks * tr.micro_batch_size):
-            out.append(("trainer.miniBatchSize",
-                        f"must be a multiple of the {role}'s ranks x trainer.microBatchSize "
-                        f"({ranks} x {tr.micro_batch_size})",
-                        f"set spec.trainer.miniBatchSize to a multiple of {ranks * tr.micro_batch_size}"))
-    out += memory_problems(spec)
-    out += colocation_problems(spec)
-    out += context_problems(spec, [(f"spec.{at}.builtin ({src.builtin})", BUILTIN_MAX_POSITIONS)
+        out += _rank_problems(spec, role)
+    return out
+
+
+def _rank_problems(spec: JobSpec, role: str) -> list[Problem]:
+    """A running role's ranks divide the samples per step; a training role's, times the micro-batch, the
+    mini-batch."""
+    tr, n = spec.trainer, spec.samples_per_step
+    rs, at = spec.roles.get(role), spec.roles.path(role)
+    ranks, out = rs.world_size, []
+    what = f"{ranks} ranks = spec.{at}.replicas x gpus" if rs.gpus else f"spec.{at}.replicas ({ranks})"
+    if n % ranks:
+        out.append((f"{at}.replicas", f"{what} must divide the samples per step ({n})",
+                    f"choose replicas and gpus for {role} whose product divides {n}"))
+    if role in ("actor", "critic") and tr.mini_batch_size % (ranks * tr.micro_batch_size):
+        out.append(("trainer.miniBatchSize",
+                    f"must be a multiple of the {role}'s ranks x trainer.microBatchSize "
+                    f"({ranks} x {tr.micro_batch_size})",
+                    f"set spec.trainer.miniBatchSize to a multiple of {ranks * tr.micro_batch_size}"))
+    return out
+
+
+def _builtin_context_problems(spec: JobSpec) -> list[Problem]:
+    """context_problems for the built-in models the job names (the policy's, the reward model's)."""
+    return context_problems(spec, [(f"spec.{at}.builtin ({src.builtin})", BUILTIN_MAX_POSITIONS)
                                    for at, src in (("model", spec.model), ("reward.model", spec.reward.model))
                                    if src is not None and src.builtin])
-    estimator = algo.estimator
+
+
+def _estimator_problems(spec: JobSpec) -> list[Problem]:
+    """spec.algorithm.advantageEstimator against the algorithm: group estimators need groups, gae the critic."""
+    algo = spec.algorithm
+    estimator, out = algo.estimator, []
     if algo.name == "reinforce" and estimator in ("grpo", "rloo") and algo.group_size < 2:
         out.append(("algorithm.groupSize",
                     f"must be >= 2 for the {estimator} estimator (it compares samples of a group)",
@@ -789,7 +843,12 @@ def cross_field_problems(spec: JobSpec) -> list[tuple[str, str, str]]:
     elif algo.name == "ppo" and estimator in ADVANTAGE_ESTIMATOR_NAMES and estimator != "gae":
         out.append(("algorithm.advantageEstimator", f"{estimator} uses no critic, but algorithm ppo trains one",
                     f"use algorithm.name reinforce or grpo with advantageEstimator {estimator}, or gae"))
-    out += needed_role_problems(spec)
+    return out
+
+
+def _role_enabled_problems(spec: JobSpec) -> list[Problem]:
+    """spec.roles.<role>.enabled: ppo needs the critic; the actor and the reward role always run."""
+    roles, out = spec.roles, []
     if spec.algorithm.name == "ppo" and not roles.critic.enabled:
         out.append(("roles.critic.enabled", "ppo needs a critic",
                     "set spec.roles.critic.enabled to true or use algorithm grpo"))
@@ -797,25 +856,40 @@ def cross_field_problems(spec: JobSpec) -> list[tuple[str, str, str]]:
         out.append(("roles.actor.enabled", "the actor cannot be disabled", "remove spec.roles.actor.enabled"))
     if not roles.reward.enabled:
         out.append(("roles.reward.enabled", "the reward role cannot be disabled", "remove spec.roles.reward.enabled"))
-    if spec.placement.mode == "dra" and not any(roles.get(r).gpus for r in enabled_roles(spec)):
-        out.append(("placement.mode", "dra needs at least one role with GPUs",
-                    "set spec.placement.mode to device-plugin or give a role gpus"))
-    ckpt = tr.checkpoint
-    if ckpt.volume_claim and ckpt.path is not None and not ckpt.path.startswith("/"):
-        out.append(("trainer.checkpoint.path",
-                    "must be an absolute path when volumeClaim is set (it is the mount path)",
-                    "set spec.trainer.checkpoint.path to an absolute path such as /checkpoints, or remove it"))
-    for i, fault in enumerate(spec.resilience.faults):
-        if fault.step > tr.steps:
-            out.append((f"resilience.faults[{i}].step", f"must be <= trainer.steps ({tr.steps})",
-                        "inject the fault at a step the job reaches"))
-        if fault.role not in enabled_roles(spec):
-            out.append((f"resilience.faults[{i}].role", f"role {fault.role} is not running in this job",
-                        f"pick one of {', '.join(enabled_roles(spec))}"))
     return out
 
 
-def context_problems(spec: JobSpec, limits: list[tuple[str, int]]) -> list[tuple[str, str, str]]:
+def _placement_problems(spec: JobSpec) -> list[Problem]:
+    """spec.placement.mode: dra claims GPUs, so some role must have them."""
+    if spec.placement.mode == "dra" and not any(spec.roles.get(r).gpus for r in enabled_roles(spec)):
+        return [("placement.mode", "dra needs at least one role with GPUs",
+                 "set spec.placement.mode to device-plugin or give a role gpus")]
+    return []
+
+
+def _checkpoint_problems(spec: JobSpec) -> list[Problem]:
+    """spec.trainer.checkpoint: with a volume claim, the path is where it is mounted."""
+    ckpt = spec.trainer.checkpoint
+    if ckpt.volume_claim and ckpt.path is not None and not ckpt.path.startswith("/"):
+        return [("trainer.checkpoint.path", "must be an absolute path when volumeClaim is set (it is the mount path)",
+                 "set spec.trainer.checkpoint.path to an absolute path such as /checkpoints, or remove it")]
+    return []
+
+
+def _fault_problems(spec: JobSpec) -> list[Problem]:
+    """spec.resilience.faults: each at a step the job reaches, in a role that runs."""
+    steps, running, out = spec.trainer.steps, enabled_roles(spec), []
+    for i, fault in enumerate(spec.resilience.faults):
+        if fault.step > steps:
+            out.append((f"resilience.faults[{i}].step", f"must be <= trainer.steps ({steps})",
+                        "inject the fault at a step the job reaches"))
+        if fault.role not in running:
+            out.append((f"resilience.faults[{i}].role", f"role {fault.role} is not running in this job",
+                        f"pick one of {', '.join(running)}"))
+    return out
+
+
+def context_problems(spec: JobSpec, limits: list[tuple[str, int]]) -> list[Problem]:
     """A prompt and its response must fit the context of each model that reads them (policy, ref, critic: spec.model;
     a reward model). `limits` holds (which model, its max positions); the smallest one is reported, on one line."""
     if not limits:
@@ -834,7 +908,7 @@ def context_problems(spec: JobSpec, limits: list[tuple[str, int]]) -> list[tuple
              f"set spec.rollout.maxNewTokens to at most {limit - prompt}, or lower spec.data.maxPromptLength")]
 
 
-def needed_role_problems(spec: JobSpec) -> list[tuple[str, str, str]]:
+def needed_role_problems(spec: JobSpec) -> list[Problem]:
     """Per-role rules: a role the algorithm needs scaled to 0; a GPU model asked of a role without GPUs."""
     out: list[tuple[str, str, str]] = []
     needed = {"actor": "every algorithm", "reward": "every algorithm"}
@@ -857,7 +931,7 @@ def needed_role_problems(spec: JobSpec) -> list[tuple[str, str, str]]:
     return out
 
 
-def memory_problems(spec: JobSpec) -> list[tuple[str, str, str]]:
+def memory_problems(spec: JobSpec) -> list[Problem]:
     """Offload and LoRA are for roles that train; params offload keeps the optimizer state on the CPU too."""
     out = []
     for role in (*ROLES, *spec.roles.extra):
@@ -875,48 +949,61 @@ def memory_problems(spec: JobSpec) -> list[tuple[str, str, str]]:
     return out
 
 
-def colocation_problems(spec: JobSpec) -> list[tuple[str, str, str]]:
+def colocation_problems(spec: JobSpec) -> list[Problem]:
     """`colocateWith` of each running role: the host is another running role, not colocated itself (no chains,
     no cycles), with the same replicas and gpus per replica, so that rank r of each role shares rank r's GPUs."""
-    out: list[tuple[str, str, str]] = []
-    running, roles = enabled_roles(spec), spec.roles
-    for role in running:
-        rs, at = roles.get(role), roles.path(role)
-        host = rs.colocate_with
-        if host is None:
-            continue
-        field = f"{at}.colocateWith"
-        others = ", ".join(r for r in running if r != role)
-        if host == role:
-            out.append((field, f"names {role} itself", f"name another role ({others}) or remove spec.{field}"))
-        elif host not in (*ROLES, *roles.extra):
-            out.append((field, f"names {host!r}, which is not a role of this job",
-                        f"name one of {others}, or remove spec.{field}"))
-        elif host not in running:
-            out.append((field, f"names {host}, which does not run in this job (disabled, replicas 0, or a critic "
-                               f"without algorithm ppo)", f"name a running role ({others}) or remove spec.{field}"))
-        elif (beyond := roles.get(host).colocate_with) is not None:
-            if _colocation_cycle(spec, role):
-                out.append((field, f"names {host}, which is colocated with {beyond} itself: a cycle of colocations",
-                            "make one role of the cycle the host: remove its colocateWith"))
-            else:
-                out.append((field, f"names {host}, which is colocated with {beyond} itself: a chain of colocations",
-                            f"set spec.{field} to {beyond} (colocate every role with the host itself)"))
-        else:
-            hs, hat = roles.get(host), roles.path(host)
-            if (rs.replicas, rs.gpus) != (hs.replicas, hs.gpus):
-                out.append((field, f"{role} has {rs.replicas} replicas x {rs.gpus} gpus but {host} has "
-                                   f"{hs.replicas} x {hs.gpus}: rank r of each shares one replica's GPUs",
-                            f"set spec.{at}.replicas to {hs.replicas} and spec.{at}.gpus to {hs.gpus} "
-                            f"(as spec.{hat}), or remove spec.{field}"))
-            elif rs.gpu_product and rs.gpu_product != hs.gpu_product:
-                out.append((f"{at}.gpuProduct", f"is {rs.gpu_product}, but {role} runs on {host}'s GPUs "
-                                                f"({hs.gpu_product or 'any model'})",
-                            f"remove spec.{at}.gpuProduct (spec.{hat}.gpuProduct chooses the GPUs)"))
-            elif own := [f for f in rs.constrained() if f != "gpuProduct"]:
-                out.append((f"{at}.{own[0]}", f"is set, but {role} runs in {host}'s pods, which {host}'s scheduling "
-                                              f"fields place", f"move {', '.join(own)} to spec.{hat}, or remove "
-                                                               f"spec.{field}"))
+    running = enabled_roles(spec)
+    out = [p for role in running if spec.roles.get(role).colocate_with is not None
+           if (p := _host_problem(spec, role, running)) is not None]
+    return out + _shared_gpu_problems(spec, running)
+
+
+def _host_problem(spec: JobSpec, role: str, running: list[str]) -> Problem | None:
+    """What is wrong with the role that `role` names in colocateWith, if anything."""
+    roles = spec.roles
+    host, field = roles.get(role).colocate_with, f"{roles.path(role)}.colocateWith"
+    others = ", ".join(r for r in running if r != role)
+    if host == role:
+        return field, f"names {role} itself", f"name another role ({others}) or remove spec.{field}"
+    if host not in (*ROLES, *roles.extra):
+        return (field, f"names {host!r}, which is not a role of this job",
+                f"name one of {others}, or remove spec.{field}")
+    if host not in running:
+        return (field, f"names {host}, which does not run in this job (disabled, replicas 0, or a critic without "
+                       f"algorithm ppo)", f"name a running role ({others}) or remove spec.{field}")
+    if (beyond := roles.get(host).colocate_with) is not None:
+        if _colocation_cycle(spec, role):
+            return (field, f"names {host}, which is colocated with {beyond} itself: a cycle of colocations",
+                    "make one role of the cycle the host: remove its colocateWith")
+        return (field, f"names {host}, which is colocated with {beyond} itself: a chain of colocations",
+                f"set spec.{field} to {beyond} (colocate every role with the host itself)")
+    return _guest_problem(spec, role, host)
+
+
+def _guest_problem(spec: JobSpec, role: str, host: str) -> Problem | None:
+    """A role on a valid host's GPUs: the same shape as the host, and no scheduling fields of its own."""
+    roles = spec.roles
+    rs, at, hs, hat = roles.get(role), roles.path(role), roles.get(host), roles.path(host)
+    field = f"{at}.colocateWith"
+    if (rs.replicas, rs.gpus) != (hs.replicas, hs.gpus):
+        return (field, f"{role} has {rs.replicas} replicas x {rs.gpus} gpus but {host} has {hs.replicas} x "
+                       f"{hs.gpus}: rank r of each shares one replica's GPUs",
+                f"set spec.{at}.replicas to {hs.replicas} and spec.{at}.gpus to {hs.gpus} (as spec.{hat}), or remove "
+                f"spec.{field}")
+    if rs.gpu_product and rs.gpu_product != hs.gpu_product:
+        return (f"{at}.gpuProduct", f"is {rs.gpu_product}, but {role} runs on {host}'s GPUs "
+                                    f"({hs.gpu_product or 'any model'})",
+                f"remove spec.{at}.gpuProduct (spec.{hat}.gpuProduct chooses the GPUs)")
+    if own := [f for f in rs.constrained() if f != "gpuProduct"]:
+        return (f"{at}.{own[0]}", f"is set, but {role} runs in {host}'s pods, which {host}'s scheduling fields place",
+                f"move {', '.join(own)} to spec.{hat}, or remove spec.{field}")
+    return None
+
+
+def _shared_gpu_problems(spec: JobSpec, running: list[str]) -> list[Problem]:
+    """Roles sharing GPUs run their phases one after another: no one-step-off rollout beside the actor, no warm
+    standby (it would need a second share of those GPUs)."""
+    roles, out = spec.roles, []
     guests = [r for r in running if roles.get(r).colocate_with is not None]
     shared = [r for r in guests if "actor" in (r, roles.get(r).colocate_with)]
     if shared and spec.rollout.asynchronous:
