@@ -28,16 +28,15 @@ from kuberl.groups import WorkerGroup
 from kuberl.library import Fault, Prompts, Roles
 from kuberl.metrics import MetricsSink
 from kuberl.record import StepRecord
+from kuberl.sequence import SEQ_KEYS
 from kuberl.spec import JobSpec, load_manifest
-
-SEQ = ("input_ids", "attention_mask", "responses", "response_mask")
 
 
 def scores(roles: Roles, batch: Batch) -> torch.Tensor:
     """The reward role's scores [B], minus the rule engine's penalties when the job has a `rules` role."""
     rules = roles.proxy("rules", RuleEngine) if "rules" in roles.groups else None
-    pending = rules.penalties.submit(batch.select(*SEQ)) if rules is not None else None  # both roles at once
-    score = roles.reward.compute_scores(batch.select(*SEQ, "prompt", "answer"))["scores"]
+    pending = rules.penalties.submit(batch.select(*SEQ_KEYS)) if rules is not None else None  # both roles at once
+    score = roles.reward.compute_scores(batch.select(*SEQ_KEYS, "prompt", "answer"))["scores"]
     return score - pending.result()["penalties"] if pending is not None else score
 
 
@@ -65,7 +64,7 @@ def remax(spec: JobSpec, make_group: Callable[[str], WorkerGroup], out: Path, na
             batch.tensors["advantages"] = algos.broadcast_to_tokens(reward - baseline, mask)
             batch.meta["kl_coef"] = [0.0] * len(batch)
             with roles.phase("update_actor"):
-                stats = actor.update(batch.select(*SEQ, "old_logprobs", "advantages", "kl_coef"), step=step - 1)
+                stats = actor.update(batch.select(*SEQ_KEYS, "old_logprobs", "advantages", "kl_coef"), step=step - 1)
                 actor.sync_weights()
             memory = roles.memory()
             roles.end_step()

@@ -13,6 +13,10 @@ from torch import nn
 from .algos import entropy_from_logits, logprobs_from_logits
 from .kernels.lm_head import fusable, fused_head
 
+SEQ_KEYS = ("input_ids", "attention_mask", "responses", "response_mask")
+"""The Batch keys of a prompt+response sequence (the layout above): what every role's forward pass over a
+rollout reads."""
+
 
 def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
     """[B, S] positions that skip left padding (pad positions get 0)."""
