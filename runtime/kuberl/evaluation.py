@@ -1,9 +1,10 @@
 """Held-out evaluation (`spec.data.eval`): greedy answers to the eval prompts, scored by the job's reward.
 
 Every `eval.interval` steps and at the last step, inside the step after the weight sync: the actor
-decodes each eval prompt greedily with its rollout engine's model (the policy's current weights), the
-reward role scores the answers as it scores rollouts, and the step's record gains
-`eval_reward_mean` (and `eval_response_length_mean`, `time_eval_s`).
+answers each eval prompt through its rollout engine's greedy decoding (`RolloutEngine.greedy_answers`,
+the policy's current weights; `ActorWorker.evaluate`), the reward role scores the answers as it scores
+rollouts, and the step's record gains `eval_reward_mean` (and `eval_response_length_mean`, `time_eval_s`).
+This module is the driver's side: the eval batch and its scores.
 """
 
 from __future__ import annotations
@@ -11,14 +12,12 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
-from .batch import Batch
+from .sequence import SEQ_KEYS
 from .spec import JobSpec
 from .tasks import META_KEYS, load_eval_rows, prompt_batch
 
 if TYPE_CHECKING:
     from .proxies import ActorProxy, RewardProxy
-
-SEQ_KEYS = ("input_ids", "attention_mask", "responses", "response_mask")
 
 
 class Evaluator:
@@ -57,43 +56,3 @@ def common_ranks(sizes: list[int]) -> int:
     for size in sizes:
         out = out * size // math.gcd(out, size)
     return out
-
-
-def greedy_responses(model: Any, tokenizer: Any, prompt_ids, prompt_mask, max_new_tokens: int):
-    """Greedy decoding with a Hugging Face causal LM: prompts [B, P] (left-padded) -> responses [B, R]
-    (right-padded with pad, R = max_new_tokens)."""
-    import torch
-
-    device = next(model.parameters()).device
-    out = model.generate(
-        input_ids=prompt_ids.to(device),
-        attention_mask=prompt_mask.to(device),
-        do_sample=False,
-        max_new_tokens=max_new_tokens,
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-    )
-    resp = out[:, prompt_ids.shape[1] :]
-    if resp.shape[1] < max_new_tokens:
-        pad = resp.new_full((resp.shape[0], max_new_tokens - resp.shape[1]), tokenizer.pad_token_id)
-        resp = torch.cat([resp, pad], dim=1)
-    return resp
-
-
-def eval_batch(model: Any, tokenizer: Any, batch: Batch, max_new_tokens: int) -> Batch:
-    """The actor's side: greedy responses and the masks the reward role needs (CPU tensors)."""
-    import torch
-
-    from .sequence import response_mask
-
-    prompts, pmask = batch["prompt_ids"], batch["prompt_mask"]
-    responses = greedy_responses(model, tokenizer, prompts, pmask, max_new_tokens).cpu()
-    rmask = response_mask(responses, tokenizer.eos_token_id, tokenizer.pad_token_id)
-    return Batch(
-        {
-            "responses": responses,
-            "response_mask": rmask,
-            "input_ids": torch.cat([prompts.cpu(), responses], 1),
-            "attention_mask": torch.cat([pmask.cpu().float(), rmask], 1).long(),
-        }
-    )

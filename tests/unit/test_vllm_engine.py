@@ -195,6 +195,34 @@ def test_engine_logic_with_a_stand_in_for_vllm(monkeypatch: pytest.MonkeyPatch, 
     assert torch.equal(eng.generate(ids, mask, seed=1), out)
 
 
+def test_greedy_answers_with_a_stand_in_for_vllm(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Evaluation through the interface: temperature 0, a stop at EOS even under fixedLength, and the engine left
+    awake for the next rollout (no sync comes between them); rollouts still ignore EOS and sleep after."""
+    import tempfile
+    import types
+
+    from kuberl.rollout.vllm import VLLMRollout
+
+    monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(LLM=_StandInLLM, SamplingParams=_StandInParams))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    eng = VLLMRollout(spec(fixedLength=True), char_tokenizer(), torch.device("cpu"))
+    seen: list[_StandInParams] = []
+    generate = eng.llm.generate
+    monkeypatch.setattr(eng.llm, "generate", lambda prompts, params, use_tqdm=False: (
+        seen.extend(params), generate(prompts, params, use_tqdm))[1])
+    eng.load_weights(load_causal_lm(spec().model, dtype=torch.float32, seed=0).state_dict())
+    ids, mask = prompts(["say a:", "b"])
+    assert eng.greedy_answers(ids, mask).shape == (2, 12) and not eng._asleep
+    assert all(p.temperature == 0.0 and not p.ignore_eos and p.stop_token_ids == [char_tokenizer().eos_token_id]
+               for p in seen)
+    seen.clear()
+    eng.generate(ids, mask, seed=1)
+    assert eng._asleep and all(p.ignore_eos and not p.stop_token_ids for p in seen)
+    with pytest.raises(RuntimeError, match="asynchronous needs engine hf"):
+        eng.behaviour_model()
+    assert eng.resident_modules() == []
+
+
 # -- with vLLM and a GPU (skipped here) -----------------------------------------------------------------
 
 
@@ -307,6 +335,28 @@ def test_sleep_returns_memory_and_the_next_sync_brings_the_engine_back(engine, w
         engine.load_weights(weights)  # level 2 discarded the weights: the sync writes all of them
         assert engine.last_sync["woke"] == 1.0
         assert torch.equal(want, engine.generate(ids, mask, seed=9))
+    finally:
+        engine.sleep_after_generate = False
+        if engine._asleep:
+            engine.load_weights(weights)
+
+
+def test_greedy_answers_stop_at_eos_and_leave_the_engine_awake(engine, weights) -> None:
+    """Evaluation (kuberl.evaluation) on vLLM: deterministic, right-padded after EOS, and the next rollout runs
+    without a sync in between even when the engine sleeps after rollouts."""
+    tok = char_tokenizer()
+    engine.load_weights(weights)
+    ids, mask = prompts(LONG + ["c"])
+    engine.sleep_after_generate = True
+    try:
+        first = engine.greedy_answers(ids, mask)
+        assert not engine._asleep and torch.equal(first, engine.greedy_answers(ids, mask))
+        for row in first.tolist():
+            if tok.eos_token_id in row:
+                end = row.index(tok.eos_token_id)
+                assert row[end + 1 :] == [tok.pad_token_id] * (len(row) - end - 1)
+        assert torch.equal(engine.generate(ids, mask, seed=0, greedy=True), first)  # same greedy path, no EOS rule
+        assert engine._asleep
     finally:
         engine.sleep_after_generate = False
         if engine._asleep:

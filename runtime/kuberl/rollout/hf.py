@@ -5,6 +5,7 @@ Two paths over the same Hugging Face model object:
 - fast (`spec.rollout.compile: true` on CUDA): `StaticDecoder` — a static KV cache, the decode step
   captured in a CUDA graph, its per-layer pure parts fused by `torch.compile`. Models it cannot run
   (see `fast.unsupported_reason`) fall back to `generate`, with the reason in `self.fallback_reason`.
+Evaluation's `greedy_answers` takes transformers `generate` on both.
 
 Weight sync copies into the model's parameters in place, so the fast path's captured graphs (which
 read those very tensors) stay valid.
@@ -83,26 +84,54 @@ class HFRollout:
         """Left-padded prompts [B, P] -> responses [B, max_new_tokens]; torch's global RNG is not touched."""
         r = self.spec.rollout
         if self.fast is not None:
-            try:
-                return self.fast.generate(input_ids, attention_mask, r.max_new_tokens, self.sampling(greedy),
-                                          generator=torch.Generator().manual_seed(seed))
-            except Exception as exc:  # inductor/Triton problems on an unusual setup: keep the graphs, drop compile
-                if not self.fast.compiled:
-                    raise
-                log.warning("hf rollout: torch.compile of the decode step failed (%s: %s); "
-                            "using CUDA graphs without it",
-                            type(exc).__name__, exc)
-                self.fast.disable_compile()
-                return self.fast.generate(input_ids, attention_mask, r.max_new_tokens, self.sampling(greedy),
-                                          generator=torch.Generator().manual_seed(seed))
+            return self._fast_generate(input_ids, attention_mask, seed, greedy)
         draw = [] if greedy else [OwnDraw(r.temperature, r.top_p, torch.Generator(self.device).manual_seed(seed))]
+        return self._transformers_generate(input_ids, attention_mask, draw, r.max_new_tokens if r.fixed_length else 0)
+
+    @torch.no_grad()
+    def greedy_answers(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """Left-padded prompts [B, P] -> greedy responses [B, max_new_tokens] up to EOS (even under fixedLength),
+        through transformers generate on either path: the fast decoder's kernels round differently, and
+        evaluation keeps decoding as it always has."""
+        return self._transformers_generate(input_ids, attention_mask, [], 0)
+
+    def behaviour_model(self) -> torch.nn.Module:
+        """The engine's own copy of the policy (synced after each update)."""
+        return self.model
+
+    def resident_modules(self) -> list[torch.nn.Module]:
+        """The model, unless the fast path's CUDA graphs captured its buffers (moving it would leave them behind)."""
+        return [self.model] if self.fast is None else []
+
+    def _fast_generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, seed: int,
+                       greedy: bool) -> torch.Tensor:
+        """`StaticDecoder`; a failing torch.compile of its decode step falls back to its graphs without it."""
+        r = self.spec.rollout
+        try:
+            return self.fast.generate(input_ids, attention_mask, r.max_new_tokens, self.sampling(greedy),
+                                      generator=torch.Generator().manual_seed(seed))
+        except Exception as exc:  # inductor/Triton problems on an unusual setup: keep the graphs, drop compile
+            if not self.fast.compiled:
+                raise
+            log.warning("hf rollout: torch.compile of the decode step failed (%s: %s); "
+                        "using CUDA graphs without it",
+                        type(exc).__name__, exc)
+            self.fast.disable_compile()
+            return self.fast.generate(input_ids, attention_mask, r.max_new_tokens, self.sampling(greedy),
+                                      generator=torch.Generator().manual_seed(seed))
+
+    def _transformers_generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                               draw: list[LogitsProcessor], min_new_tokens: int) -> torch.Tensor:
+        """transformers `generate` (its greedy path, taking the one token `draw` leaves when it samples):
+        prompts [B, P] -> responses [B, max_new_tokens], right-padded with pad after an EOS."""
+        r = self.spec.rollout
         out = self.model.generate(
             input_ids=input_ids.to(self.device),
             attention_mask=attention_mask.to(self.device),
-            do_sample=False,  # the draw is OwnDraw's; generate takes the one token it leaves
+            do_sample=False,  # a draw is OwnDraw's; generate takes the one token it leaves
             logits_processor=draw,
             max_new_tokens=r.max_new_tokens,
-            min_new_tokens=r.max_new_tokens if r.fixed_length else 0,
+            min_new_tokens=min_new_tokens,
             pad_token_id=self.tok.pad_token_id,
             eos_token_id=self.tok.eos_token_id,
         )

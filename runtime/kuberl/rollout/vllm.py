@@ -25,7 +25,8 @@ for where it ran). What it relies on, all public API of that version:
   engine sleeps at level 2, returning its KV cache and weights to the GPU (the actor trains in that
   memory); the next `load_weights` wakes the weights, writes them, then wakes the KV cache. Level 2 (weights
   discarded, not offloaded) because every step overwrites them anyway; a `generate` that finds them
-  discarded without a sync in between is an error.
+  discarded without a sync in between is an error. Evaluation's `greedy_answers` (temperature 0, up to EOS
+  even under fixedLength) runs between a sync and the next rollout and leaves the engine awake for it.
 
 Built-in models (`spec.model.builtin`) exist only in code: vLLM needs a directory, so the built-in model and
 its character tokenizer are saved once per (shape, dtype) under the temporary directory
@@ -155,15 +156,17 @@ class VLLMRollout:
                           "wake_kv_and_reset_s": t1 - t_load, "woke": float(was_asleep)}
 
     # -- generation --------------------------------------------------------------------------------
-    def _sampling_params(self, seed: int, greedy: bool = False):
+    def _sampling_params(self, seed: int, greedy: bool = False, fixed_length: bool | None = None):
+        """`fixed_length` None: spec.rollout.fixedLength's (no stop at EOS when set)."""
         r = self.spec.rollout
+        fixed = r.fixed_length if fixed_length is None else fixed_length
         return self._SamplingParams(
             n=1,
             temperature=0.0 if greedy else r.temperature,
             top_p=r.top_p,
             max_tokens=r.max_new_tokens,
-            ignore_eos=r.fixed_length,
-            stop_token_ids=None if r.fixed_length or self.tok.eos_token_id is None else [self.tok.eos_token_id],
+            ignore_eos=fixed,
+            stop_token_ids=None if fixed or self.tok.eos_token_id is None else [self.tok.eos_token_id],
             seed=seed,
             detokenize=False,
         )
@@ -176,6 +179,29 @@ class VLLMRollout:
 
     def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, seed: int,
                  greedy: bool = False) -> torch.Tensor:
+        """Rollouts; the engine sleeps after them (`sleep_after_generate`)."""
+        responses = self._decode(input_ids, attention_mask, seed, greedy, None)
+        if self.sleep_after_generate:
+            self.sleep()
+        return responses
+
+    def greedy_answers(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """Evaluation, between a sync and the next rollout: greedy (temperature 0) up to EOS whatever
+        fixedLength says; the engine stays awake for that rollout."""
+        return self._decode(input_ids, attention_mask, 0, True, False)
+
+    def behaviour_model(self) -> torch.nn.Module:
+        """Refused: the model lives in vLLM's own process (the spec lets spec.rollout.asynchronous run on hf only)."""
+        raise RuntimeError("vllm rollout: its model lives in vLLM's process, so it gives no behaviour log-probs "
+                           "(spec.rollout.asynchronous needs engine hf)")
+
+    def resident_modules(self) -> list[torch.nn.Module]:
+        """None: vLLM's memory is its own (sleep mode returns it)."""
+        return []
+
+    def _decode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, seed: int, greedy: bool,
+                fixed_length: bool | None) -> torch.Tensor:
+        """Left-padded prompts [B, P] -> responses [B, R] right-padded with pad (CPU, int64)."""
         if self._asleep:
             raise RuntimeError("vllm rollout: the engine's weights were released after the last rollout "
                                "(sleep mode); load_weights must run before the next generate")
@@ -187,10 +213,9 @@ class VLLMRollout:
         # consecutive steps (seed, seed + 1) do not reuse each other's per-sample streams.
         gen = torch.Generator().manual_seed(seed)
         seeds = torch.randint(0, 2**31 - 1, (len(prompts),), generator=gen).tolist()
-        outputs = self.llm.generate(prompts, [self._sampling_params(s, greedy) for s in seeds], use_tqdm=False)
+        params = [self._sampling_params(s, greedy, fixed_length) for s in seeds]
+        outputs = self.llm.generate(prompts, params, use_tqdm=False)
         self.last_cached_tokens = sum(o.num_cached_tokens or 0 for o in outputs)  # prefix-cache hits (prompt tokens)
-        if self.sleep_after_generate:
-            self.sleep()
         responses = torch.full((len(prompts), R), pad, dtype=torch.long)
         for i, out in enumerate(outputs):
             tokens = list(out.outputs[0].token_ids)[:R]

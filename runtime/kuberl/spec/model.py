@@ -778,9 +778,6 @@ def _eval_problems(spec: JobSpec) -> list[Problem]:
     if ev is not None and not (ev.task or ev.files or spec.data.task):
         out.append(("data.eval", "has no prompts: a built-in held-out split exists only for a built-in spec.data.task",
                     "give spec.data.eval.files (held-out prompts) or spec.data.eval.task"))
-    if spec.rollout.engine == "vllm" and ev is not None:
-        out.append(("data.eval", "evaluation decodes greedily with the hf engine's model; vllm has none",
-                    "use spec.rollout.engine hf, or remove spec.data.eval"))
     return out
 
 

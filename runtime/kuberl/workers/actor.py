@@ -9,10 +9,9 @@ import torch
 from .. import algos, lora
 from ..batch import Batch
 from ..dispatch import Dispatch, register
-from ..evaluation import eval_batch
 from ..models import load_causal_lm
-from ..rollout import make_engine
-from ..sequence import response_logprobs, response_mask
+from ..rollout import make_engine, response_batch
+from ..sequence import response_logprobs
 from .base import Worker
 from .train import FSDPTrainer
 
@@ -30,10 +29,8 @@ class ActorWorker(Worker):
         self.sync_weights()
 
     def resident_modules(self) -> list[torch.nn.Module]:
-        """The policy, and the hf engine's model unless CUDA graphs captured its buffers (rollout.compile)."""
-        engine = getattr(self.engine, "model", None)
-        keep = isinstance(engine, torch.nn.Module) and getattr(self.engine, "fast", None) is None
-        return [*super().resident_modules(), *([engine] if keep else [])]
+        """The policy, and the engine's own (the hf engine's model unless CUDA graphs captured its buffers)."""
+        return [*super().resident_modules(), *self.engine.resident_modules()]
 
     @register(Dispatch.ALL, repeatable=True)
     def sync_weights(self) -> float:
@@ -61,20 +58,20 @@ class ActorWorker(Worker):
             torch.cuda.synchronize()
         gen_s = time.perf_counter() - t0
         eos = None if self.spec.rollout.fixed_length else self.tokenizer.eos_token_id
-        rmask = response_mask(responses, eos, self.tokenizer.pad_token_id)
-        input_ids = torch.cat([prompts, responses], dim=1)
-        attention_mask = torch.cat([pmask.float(), rmask], dim=1).long()
-        out = Batch({"responses": responses, "response_mask": rmask, "input_ids": input_ids,
-                     "attention_mask": attention_mask})
-        behaviour = self.engine.model if self.spec.rollout.asynchronous else self.trainer.model
+        out = response_batch(prompts, pmask, responses, eos, self.tokenizer.pad_token_id)
+        behaviour = self.engine.behaviour_model() if self.spec.rollout.asynchronous else self.trainer.model
         out.tensors["old_logprobs"] = self._logprobs(out, behaviour)
         return Batch({k: v.cpu() for k, v in out.tensors.items()}, {"gen_seconds": [gen_s] * len(out)})
 
     @register(Dispatch.SPLIT, repeatable=True)
     @torch.no_grad()
     def evaluate(self, batch: Batch) -> Batch:
-        """Greedy answers to held-out prompts with the rollout engine's model (kuberl.evaluation)."""
-        return eval_batch(self.engine.model, self.tokenizer, batch, self.spec.rollout.max_new_tokens)
+        """Held-out prompts (kuberl.evaluation) -> the engine's greedy answers: responses, response_mask [B, R]
+        (up to EOS, whatever rollout.fixedLength says), input_ids, attention_mask [B, P+R]; CPU tensors."""
+        prompts, pmask = batch["prompt_ids"], batch["prompt_mask"]
+        responses = self.engine.greedy_answers(prompts, pmask).cpu()
+        return response_batch(prompts.cpu(), pmask.cpu(), responses, self.tokenizer.eos_token_id,
+                              self.tokenizer.pad_token_id)
 
     @register(Dispatch.SPLIT, repeatable=True)
     @torch.no_grad()
