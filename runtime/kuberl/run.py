@@ -12,7 +12,9 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 from .record import StepRecord
 from .spec import JobSpec, RLTrainingJob, SpecInvalid, enabled_roles, load_manifest, validate_manifest
@@ -30,19 +32,34 @@ class LocalRayFailed(RuntimeError):
 FAULT_MODES = ("kill", "hang", "stop")  # SIGKILL, a call that never returns, SIGSTOP
 
 
-def parse_fault(text: str) -> tuple[str, int, str]:
-    """'critic:3', 'critic:3:hang' or 'critic:3:stop' -> (role, step, mode)."""
+class FaultFlag(NamedTuple):
+    """One `--fault ROLE:STEP[:MODE]`: hit `role`'s worker process at `step` (1-based) with `mode`."""
+
+    role: str
+    step: int
+    mode: str = "kill"
+
+
+def parse_fault(text: str) -> FaultFlag:
+    """'critic:3', 'critic:3:hang' or 'critic:3:stop' -> FaultFlag(role, step, mode); the one parser of --fault."""
     parts = text.split(":")
     if len(parts) not in (2, 3) or not parts[1].isdigit() or (len(parts) == 3 and parts[2] not in FAULT_MODES):
         raise UsageError(f"--fault {text!r}: expected ROLE:STEP or ROLE:STEP:MODE with MODE one of "
                          f"{', '.join(FAULT_MODES)}, e.g. critic:3")
-    return parts[0], int(parts[1]), parts[2] if len(parts) == 3 else "kill"
+    return FaultFlag(parts[0], int(parts[1]), parts[2] if len(parts) == 3 else "kill")
 
 
-def apply_overrides(job: RLTrainingJob, steps: int | None, faults: list[str],
+def require_ray_backend(backend: str, spec: JobSpec) -> None:
+    """Faults (spec.resilience.faults, --fault) kill worker processes, which the local backend runs none of."""
+    if backend == "local" and spec.resilience.faults:
+        raise UsageError("fault injection kills worker processes: it needs --backend ray")
+
+
+def apply_overrides(job: RLTrainingJob, steps: int | None, faults: Sequence[FaultFlag | str],
                     metrics_port: int | None = None, metrics_address: str | None = None) -> RLTrainingJob:
     """The single-field flags (--steps, --fault, --metrics-*) on a loaded job, re-validated, so they get the
-    same field-named errors as the file (`--set` overrides are applied while loading it)."""
+    same field-named errors as the file (`--set` overrides are applied while loading it). `faults`: parsed
+    flags, or their text."""
     obj = job.model_dump(by_alias=True, exclude_none=True)
     if steps is not None:
         obj["spec"]["trainer"]["steps"] = steps
@@ -50,9 +67,9 @@ def apply_overrides(job: RLTrainingJob, steps: int | None, faults: list[str],
         obj["spec"]["trainer"]["metrics"]["prometheusPort"] = metrics_port
     if metrics_address is not None:
         obj["spec"]["trainer"]["metrics"]["prometheusAddress"] = metrics_address
-    for text in faults:
-        role, step, _ = parse_fault(text)
-        obj["spec"]["resilience"]["faults"].append({"role": role, "step": step})
+    for fault in faults:
+        flag = parse_fault(fault) if isinstance(fault, str) else fault
+        obj["spec"]["resilience"]["faults"].append({"role": flag.role, "step": flag.step})
     return validate_manifest(obj)
 
 
@@ -95,16 +112,17 @@ def start_local_ray(spec: JobSpec) -> None:
                              f"machine is less busy, or pass --backend local)") from None
 
 
-def build_driver(job: RLTrainingJob, out: Path, backend: str, device: str, faults: list[str], progress: bool):
+def build_driver(job: RLTrainingJob, out: Path, backend: str, device: str, faults: Sequence[FaultFlag],
+                 progress: bool):
+    """`faults`: the --fault flags, which give the modes of spec.resilience.faults (default kill)."""
     from .driver import Driver, Fault
     from .groups import LocalWorkerGroup, RayWorkerGroup
 
     spec = job.spec
-    modes = {(r, s): m for r, s, m in map(parse_fault, faults)}
+    require_ray_backend(backend, spec)
+    modes = {(f.role, f.step): f.mode for f in faults}
     fault_list = [Fault(f.role, f.step, modes.get((f.role, f.step), "kill")) for f in spec.resilience.faults]
     if backend == "local":
-        if fault_list:
-            raise UsageError("fault injection kills worker processes: it needs --backend ray")
         make = lambda role: LocalWorkerGroup(role, spec, device)  # noqa: E731
     else:
         from .colocation import SharedPlacement
@@ -115,8 +133,9 @@ def build_driver(job: RLTrainingJob, out: Path, backend: str, device: str, fault
 
 
 def run_job(job: RLTrainingJob, out: Path, backend: str = "ray", device: str = "auto", ray_address: str | None = None,
-            faults: tuple[str, ...] = (), progress: bool = True, export: bool = True) -> list[StepRecord]:
-    """Run a validated job to completion; returns this run's per-step records."""
+            faults: Sequence[FaultFlag] = (), progress: bool = True, export: bool = True) -> list[StepRecord]:
+    """Run a validated job to completion; returns this run's per-step records. `faults`: the parsed --fault
+    flags (`parse_fault`), already in the job's spec.resilience.faults (`apply_overrides`)."""
     from .metrics import plot_reward_curve, plot_timeline
 
     out.mkdir(parents=True, exist_ok=True)
@@ -136,7 +155,7 @@ def run_job(job: RLTrainingJob, out: Path, backend: str = "ray", device: str = "
     from .groups import RoleError, WorkerFailure
     from .progress import ProgressFiles, progress_of
 
-    driver = build_driver(job, out, backend, device, list(faults), progress)
+    driver = build_driver(job, out, backend, device, faults, progress)
     reporter = ProgressFiles.from_env()
     total = job.spec.trainer.steps
     last: list[StepRecord] = []
@@ -197,7 +216,7 @@ def run_command(args: argparse.Namespace) -> int:
     from .preflight import PreflightFailed
 
     try:
-        job, out = prepare(args)
+        job, out, faults = prepare(args)
     except (SpecInvalid, PreflightFailed) as exc:
         return exc.report()
     except UsageError as exc:
@@ -211,7 +230,7 @@ def run_command(args: argparse.Namespace) -> int:
     from .rewards import RewardFunctionError
 
     try:
-        records = run_job(job, out, args.backend, args.device, args.ray_address, tuple(args.fault),
+        records = run_job(job, out, args.backend, args.device, args.ray_address, faults,
                           not args.no_progress, not args.no_export)
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -233,9 +252,10 @@ def run_command(args: argparse.Namespace) -> int:
     return ExitCode.OK
 
 
-def prepare(args: argparse.Namespace) -> tuple[RLTrainingJob | None, Path]:
+def prepare(args: argparse.Namespace) -> tuple[RLTrainingJob | None, Path, list[FaultFlag]]:
     """Validate the job, its data, reward and model, and its output folder; write the job record.
-    Returns (None, out) when the job is already finished (said so on stdout)."""
+    Returns the job (None when it is already finished, said so on stdout), its output folder and the
+    parsed --fault flags."""
     from . import checkpoint, identity
     from .preflight import (
         PreflightFailed,
@@ -248,10 +268,10 @@ def prepare(args: argparse.Namespace) -> tuple[RLTrainingJob | None, Path]:
         warn_unknown_characters,
     )
 
-    job = apply_overrides(load_manifest(args.job, args.set), args.steps, args.fault, args.metrics_port,
-                          args.metrics_address)
-    if args.backend == "local" and job.spec.resilience.faults:
-        raise UsageError("fault injection kills worker processes: it needs --backend ray")
+    job = load_manifest(args.job, args.set)
+    faults = [parse_fault(text) for text in args.fault]
+    job = apply_overrides(job, args.steps, faults, args.metrics_port, args.metrics_address)
+    require_ray_backend(args.backend, job.spec)
     rows = check_job(job.spec, Path(args.job).parent)
     name, out = job.metadata.name, Path(args.out or f"runs/{job.metadata.name}")
     problems = output_problems(job.spec, out)
@@ -270,7 +290,7 @@ def prepare(args: argparse.Namespace) -> tuple[RLTrainingJob | None, Path]:
     if done >= total:
         print(f"job {name!r} is already finished: {done}/{total} steps in {out}; {summary(out)} "
               f"(to train further raise trainer.steps, e.g. --steps {done + total}; to start over pass --restart)")
-        return None, out
+        return None, out, faults
     warn_unknown_characters(job.spec, rows)
     if not args.ray_address:  # on Kubernetes (the driver joins the job's RayCluster) they apply
         for ignored in filter(None, (ignored_placement(job.spec), ignored_credentials(job.spec))):
@@ -278,7 +298,7 @@ def prepare(args: argparse.Namespace) -> tuple[RLTrainingJob | None, Path]:
     if done:
         print(f"[{name}] resuming from step {done} ({checkpoint.step_dir(root, done)})", flush=True)
     mine.write(root)
-    return job, out
+    return job, out, faults
 
 
 def summary(out: Path) -> str:
