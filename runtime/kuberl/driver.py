@@ -105,14 +105,9 @@ class Driver:
 
     def _restore_driver(self, step: int) -> None:
         state = checkpoint.read_state(self.ckpt_root, step)
-        self.roles.step = self.roles.last_checkpoint = state["step"]
+        self.roles.resume(state["step"], state.get("restarts", {}))
         self.loader.load_state_dict(state["data"])
         self.kl_ctl.load_state_dict(state["kl_controller"])
-        for role, n in state.get("restarts", {}).items():
-            if role in self.history:
-                self.history[role].restarts = n
-        for f in self.roles.faults:
-            f.fired = f.fired or f.step <= self.step
 
     def save_checkpoint(self, data_state: dict[str, int] | None = None) -> None:
         """Start checkpointing the completed step `self.step` (its writes overlap the next step, which

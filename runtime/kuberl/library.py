@@ -23,54 +23,40 @@ role's warm standby takes the failed ranks' place (`kuberl.standby`). Each
 recovery is kept in `history[role]`; a role that fails more often than `spec.roles.<role>.maxRestarts`
 allows raises `JobFailed`. docs/library.md has the whole API; `kuberl.driver` is the built-in PPO and
 GRPO program written on it, and `examples/remax.py` another one.
+
+`Roles` makes the calls to the roles; the books of their saved state (trained steps, checkpoints, snapshot
+folders, what a restore loads) are kept by its `RoleState` (`kuberl.role_state`). `Prompts`
+(`kuberl.prompts`) and the errors that end a job (`kuberl.job_errors`) are importable from here too.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import shutil
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from . import checkpoint, dcp_reader, gcfreeze, identity, saves
-from .batch import Batch
+from . import checkpoint, gcfreeze, saves
 from .colocation import sharing
 from .dispatch import method_info
 from .groups import WorkerFailure, WorkerGroup
+from .job_errors import CheckpointUntrusted, JobFailed, PlacementDegraded
+from .prompts import Prompts
 from .proxies import PROXIES, ActorProxy, CriticProxy, RefProxy, RewardProxy, RoleProxy
 from .record import Recovery, RoleStep
+from .role_state import HOST_MEMORY, PendingCheckpoint, RoleState
 from .spec import JobSpec, enabled_roles
-from .spec.contract import Reason, restart_budget_spent
+from .spec.contract import restart_budget_spent
+from .spec.model import TRAINING_ROLES
 from .workers import Worker
 
-HOST_MEMORY = Path("/dev/shm")  # where roles with GPUs keep their per-step snapshots (gigabytes each step)
+__all__ = ["HOST_MEMORY", "STATEFUL", "CheckpointUntrusted", "Fault", "JobFailed", "PendingCheckpoint",
+           "PlacementDegraded", "Prompts", "RoleHistory", "Roles"]
 
-STATEFUL = ("actor", "critic")  # roles whose state (weights, optimizer) is trained and checkpointed
+STATEFUL = TRAINING_ROLES  # roles whose state (weights, optimizer) is trained and checkpointed
 T = TypeVar("T", bound=RoleProxy)
-
-
-class JobFailed(RuntimeError):
-    """The job cannot go on (a role spent its restart budget); the message names the role and reason."""
-
-    reason = Reason.REACHED_MAX_RESTARTS
-
-
-class PlacementDegraded(JobFailed):
-    """`spec.placement.policy: required` and a role's GPU groups are linked below `minLink`."""
-
-    reason = Reason.PLACEMENT_DEGRADED
-
-
-class CheckpointUntrusted(JobFailed):
-    """A checkpoint the job was to load is not known to be its own: the job record (job.json) changed while it
-    ran, or the DCP index refers to code (`kuberl.dcp_reader`). Nothing of it is loaded."""
-
-    reason = Reason.CHECKPOINT_REFUSED
 
 
 @dataclass
@@ -84,15 +70,6 @@ class Fault:
     mode: str = "kill"
     fired: bool = False
     phase: str = ""
-
-
-@dataclass
-class PendingCheckpoint:
-    """A checkpoint whose writes are in flight: committed (its state file written) once all are whole."""
-
-    step: int
-    folder: Path
-    state: dict[str, Any]
 
 
 @dataclass
@@ -111,15 +88,7 @@ class Roles:
         self.spec, self.make_group, self.name = spec, make_group, name
         self.roles = enabled_roles(spec)
         self.faults = faults or []
-        self.checkpoint_root = checkpoint_root
-        self.snapshot_root = checkpoint_root / "snapshots" if checkpoint_root is not None else None
-        self.run_id = uuid.uuid4().hex[:12]  # this run's snapshots only: never another run's, nor another size's
-        self._resizes = {r: 0 for r in STATEFUL}
-        self.trained = {r: 0 for r in STATEFUL}  # each stateful role's trained step: its last completed update
-        self.updates: dict[str, tuple[int, Callable[..., Any], tuple[Any, ...], dict[str, Any]]] = {}  # role ->
-        # its last completed update (trained step, method, arguments): run again on a restore one step short
-        self.pending: PendingCheckpoint | None = None
-        self._saving = 0  # the step whose checkpoint is being saved
+        self.saved = RoleState(checkpoint_root, name)  # the books of the trainable roles' checkpoints and snapshots
         self.groups: dict[str, WorkerGroup] = {}
         self.settled: dict[str, int] = {}  # role -> its group's generation whose processes were settled (gcfreeze)
         self.proxies: dict[str, RoleProxy] = {}
@@ -128,9 +97,7 @@ class Roles:
         self.topology_sources: dict[str, str] = {}  # role -> where its ranks read the links (nvml, nvidia-smi, none)
         self.hosts: dict[str, list[str]] = {}  # role -> its ranks' hostnames, in rank order
         self.step = 0  # completed steps: the step in progress is step + 1
-        self.last_checkpoint = 0  # the newest complete checkpoint's step (0: none)
         self._phase = ""
-        self._record: bytes | None = None  # the job record in the checkpoint root when the roles started
         self.on_restart: list[Callable[[Recovery], None]] = []  # called after each role restart
         self.on_budget_spent: list[Callable[[str], None]] = []  # called before JobFailed is raised
 
@@ -140,8 +107,8 @@ class Roles:
         for role in self.roles:
             self.groups[role] = self._new_group(role)
             self.groups[role].launch()
-        self._drop_snapshots()  # a previous run's snapshots are past the checkpoint it resumes from
-        self._record = identity.record(self.checkpoint_root) if self.checkpoint_root is not None else None
+        self.saved.drop_snapshots()  # a previous run's snapshots are past the checkpoint it resumes from
+        self.saved.remember_record()
         for role in self.roles:
             self.groups[role].wait_ready()
             self.proxies[role] = PROXIES.get(role, RoleProxy)(self.groups[role], self)
@@ -166,7 +133,7 @@ class Roles:
     def shutdown(self) -> None:
         for group in self.groups.values():
             group.shutdown()
-        self._drop_snapshots(host_memory_only=True)
+        self.saved.drop_snapshots(host_memory_only=True)
         gcfreeze.thaw()
 
     def __enter__(self) -> Roles:
@@ -206,20 +173,50 @@ class Roles:
             current = self.proxies[role] = cls(self.groups[role], self)
         return current
 
+    # -- the saved state (kept by `self.saved`, a `kuberl.role_state.RoleState`) ---------------------
+    @property
+    def checkpoint_root(self) -> Path | None:
+        return self.saved.checkpoint_root
+
+    @property
+    def snapshot_root(self) -> Path | None:
+        """Where the trainable roles' snapshots go when not in host memory (None: they keep none)."""
+        return self.saved.snapshot_root
+
+    @snapshot_root.setter
+    def snapshot_root(self, root: Path | None) -> None:
+        self.saved.snapshot_root = root
+
+    @property
+    def last_checkpoint(self) -> int:
+        """The newest complete checkpoint's step (0: none)."""
+        return self.saved.last_checkpoint
+
     # -- steps and phases --------------------------------------------------------------------------
     def begin_step(self, step: int) -> None:
         """The program starts step `step` (1-based; faults for this step may fire from now on)."""
         self.step = step - 1
+
+    def resume(self, step: int, restarts: dict[str, int]) -> None:
+        """Take the job up after its complete checkpoint of step `step`, its roles' `restarts` since it began
+        as that checkpoint recorded them (faults of steps up to `step` fired then); `load_checkpoint` loads it."""
+        self.step = step
+        self.saved.at_checkpoint(step)
+        for role, n in restarts.items():
+            if role in self.history:
+                self.history[role].restarts = n
+        for f in self.faults:
+            f.fired = f.fired or f.step <= self.step
 
     def end_step(self) -> None:
         """The step is complete once its updates have returned: their snapshots are copied in the background,
         beside the next step's first phases (each role's next update waits for its own), and a role that dies
         before its copy is whole runs the update again (`recover`). A checkpoint started in an earlier step is
         committed at the first step's end that finds its writes done: none waits for them here."""
-        if self.pending is not None and not self._writing():
+        if self.saved.pending is not None and not self._writing():
             self.commit(snapshots=False)
         for role in self._stateful():
-            self._follow(role, self.trained[role])
+            self._follow(role, self.saved.trained[role])
         self._settle()
         self.step += 1
 
@@ -271,10 +268,10 @@ class Roles:
         writing `state` (the program's own: data position, ...) as its state file, once every role's part
         is whole. A role that no longer holds step `step`'s state (restored from older state after a
         failure) makes the checkpoint void: it is removed, never marked complete."""
-        self._saving = step  # a failure from here on is recorded in this checkpoint's phase and step
+        self.saved.begin_save(step)  # a failure from here on is recorded in this checkpoint's phase and step
         self.commit(snapshots=False)  # the previous one first: one checkpoint in flight
-        d = checkpoint.fresh_step_dir(self._root(), step)
-        stale, committed = [], dict(self.trained)  # a restore during the save lowers self.trained
+        d = checkpoint.fresh_step_dir(self.saved.root(), step)
+        stale, committed = [], dict(self.saved.trained)  # a restore during the save lowers the trained steps
         with self.phase("checkpoint"):
             for role in self._stateful():
                 held = self.proxies[role].save(str(d / role))
@@ -282,12 +279,9 @@ class Roles:
                     stale.append(f"{role} holds step {held}")
         if stale:
             self.commit(snapshots=False)  # the writes end before the folder goes
-            shutil.rmtree(d, ignore_errors=True)
-            print(f"[{self.name}] checkpoint of step {step} not saved: {', '.join(stale)} (restored from older "
-                  f"state after a failure); the newest complete checkpoint stays step {self.last_checkpoint}",
-                  flush=True)
+            self.saved.void(step, d, stale)
             return d
-        self.pending = PendingCheckpoint(step, d, state if state is not None else {"step": step})
+        self.saved.hold(step, d, state)
         return d
 
     def commit(self, dead: str | None = None, snapshots: bool = True) -> None:
@@ -297,38 +291,28 @@ class Roles:
         for role in self._stateful():
             if role != dead:
                 self.proxies[role].commit_saves(snapshots)
-        pending, self.pending = self.pending, None
+        pending = self.saved.take_pending()
         if pending is None:
             return
-        torn = [role for role in self._stateful() if not (saves.complete(pending.folder / role) if role == dead else
-                                                           all(self.proxies[role].has_checkpoint(
-                                                               str(pending.folder / role))))]
-        if torn:
-            shutil.rmtree(pending.folder, ignore_errors=True)
-            print(f"[{self.name}] checkpoint of step {pending.step} removed: the part of {', '.join(torn)} is "
-                  f"incomplete (a failure during its write); the newest complete checkpoint stays step "
-                  f"{self.last_checkpoint}", flush=True)
-            return
-        try:
-            checkpoint.write_state(self._root(), pending.step, pending.state, self.spec.trainer.checkpoint.keep)
-        except OSError as exc:  # no room for the state file: the checkpoint is void, training goes on
-            shutil.rmtree(pending.folder, ignore_errors=True)
-            print(f"[{self.name}] warning: checkpoint of step {pending.step} is void (its state file: "
-                  f"{exc.strerror}); training goes on and the newest complete checkpoint stays step "
-                  f"{self.last_checkpoint}", flush=True)
-            return
-        self.last_checkpoint = pending.step
+        torn = [role for role in self._stateful() if not self._part_whole(role, pending.folder / role, dead)]
+        self.saved.complete(pending, torn, self.spec.trainer.checkpoint.keep)
+
+    def _part_whole(self, role: str, folder: Path, dead: str | None) -> bool:
+        """Whether `role`'s part of a checkpoint (`folder`) is whole: asked of its ranks, or read on the
+        driver's side for the `dead` role."""
+        if role == dead:
+            return saves.complete(folder)
+        return all(self.proxies[role].has_checkpoint(str(folder)))
 
     def load_checkpoint(self, step: int) -> None:
         """Load every stateful role from the checkpoint of step `step`."""
         for role in self._stateful():
-            self.proxies[role].load(self._checkpoint_of(role, step), step)
-            self.trained[role] = step
-            self.updates.pop(role, None)
-        self.last_checkpoint = step
+            self.proxies[role].load(self.saved.checkpoint_of(role, step), step)
+            self.saved.loaded(role, step)
+        self.saved.at_checkpoint(step)
 
     def _stateful(self) -> list[str]:
-        return [role for role in STATEFUL if role in self.proxies]
+        return [role for role in TRAINING_ROLES if role in self.proxies]
 
     def _snapshots_on(self, role: str) -> bool:
         """spec.resilience.snapshots for `role`: auto means on, but for a role that shares its GPUs (colocateWith),
@@ -336,56 +320,21 @@ class Roles:
         mode = self.spec.resilience.snapshots
         return mode == "on" or (mode == "auto" and not sharing(self.spec, role))
 
-    def _snapshot_dir(self, role: str) -> Path:
-        """Where `role`'s ranks keep their snapshots: host memory for a role with GPUs (a disk does not take
-        gigabytes every step), else beside the checkpoints (on Kubernetes their volume, which a standby pod
-        can read too). One folder per run and role size, so that slots left on a worker's host by an earlier
-        run (a driver restarted on Kubernetes) or by the role before a resize are never read."""
-        base = self._host_snapshots() if self.spec.roles.get(role).gpus and HOST_MEMORY.is_dir() else self.snapshot_root
-        return base / self.run_id / f"{role}.{self._resizes[role]}"
+    def _gpus(self, role: str) -> bool:
+        return bool(self.spec.roles.get(role).gpus)
 
-    def _host_snapshots(self) -> Path:
-        """This job's snapshot folder in host memory, keyed by its checkpoint root: two jobs never share one."""
-        key = hashlib.sha256(str(self.snapshot_root.resolve()).encode()).hexdigest()[:16]
-        return HOST_MEMORY / f"kuberl-snapshots-{key}"
-
-    def _drop_snapshots(self, host_memory_only: bool = False) -> None:
-        """Remove the stateful roles' snapshots (those in host memory are never left behind by a run that ends)."""
-        if self.snapshot_root is not None:
-            shutil.rmtree(self._host_snapshots(), ignore_errors=True)
-            if not host_memory_only:
-                shutil.rmtree(self.snapshot_root, ignore_errors=True)
+    def _snapshot_dir(self, role: str) -> Path | None:
+        """Where `role`'s ranks keep their snapshots (`RoleState.snapshot_dir`); None without a checkpoint root."""
+        return self.saved.snapshot_dir(role, self._gpus(role))
 
     def _enable_snapshots(self, role: str) -> None:
-        if role in STATEFUL and self.snapshot_root is not None and self._snapshots_on(role):
+        if role in TRAINING_ROLES and self.snapshot_root is not None and self._snapshots_on(role):
             RoleProxy(self.groups[role]).enable_snapshots(str(self._snapshot_dir(role)))
 
     def _follow(self, role: str, step: int) -> None:
         """Have the role's warm standby load its snapshot of committed step `step` now, in the background."""
         if step > 0 and self.snapshot_root is not None and self._snapshots_on(role):
             self.groups[role].follow(Worker.follow_snapshot, str(self._snapshot_dir(role)), step)
-
-    def _root(self) -> Path:
-        if self.checkpoint_root is None:
-            raise ValueError("Roles(checkpoint_root=...) is needed to save or load checkpoints")
-        return self.checkpoint_root
-
-    def _checkpoint_of(self, role: str, step: int) -> str:
-        """`role`'s folder in the checkpoint of `step`, once it is found to be this job's: the job record as
-        it was when the roles started, and the DCP index (where the driver sees it: a shared volume) data only.
-        Raises CheckpointUntrusted otherwise; the workers read the index through the same allow-list."""
-        root = self._root()
-        if identity.record(root) != self._record:
-            raise CheckpointUntrusted(
-                f"{root / identity.IDENTITY_FILE} changed while job {self.name!r} ran: something else writes its "
-                f"checkpoint folder, so none of its checkpoints is loaded (fix: give the job a volume of its own)")
-        folder = checkpoint.step_dir(root, step) / role
-        if (folder / ".metadata").is_file():
-            try:
-                dcp_reader.read_metadata(folder / ".metadata")
-            except dcp_reader.CheckpointRefused as exc:
-                raise CheckpointUntrusted(str(exc)) from None
-        return str(folder)
 
     # -- placement ---------------------------------------------------------------------------------
     def check_placement(self, roles: list[str] | None = None) -> None:
@@ -411,7 +360,7 @@ class Roles:
 
     def fault_for(self, role: str, fn: Callable[..., Any]) -> str | None:
         saving = self._phase == "checkpoint"
-        step = self._saving if saving else self.step + 1
+        step = self.saved.saving if saving else self.step + 1
         for f in self.faults:
             if f.role != role or f.step != step or f.fired:
                 continue
@@ -424,16 +373,14 @@ class Roles:
         return None
 
     def updated(self, role: str, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        if role in STATEFUL:
-            self.trained[role] = self.step + 1
-            self.updates[role] = (self.step + 1, fn, args, kwargs)
+        self.saved.updated(role, self.step + 1, (fn, args, kwargs))
 
     def recover(self, failure: WorkerFailure, phase: str, detect_s: float, in_flight: list[str] | None = None
                 ) -> Recovery:
         """Recreate only `failure.role`'s group and restore its state. A recreate that fails again (no
         capacity in time, a rank dying during start) counts as another restart of the same budget."""
         role = failure.role
-        step = self._saving if phase == "checkpoint" else self.step + 1  # the step whose work failed
+        step = self.saved.saving if phase == "checkpoint" else self.step + 1  # the step whose work failed
         rec = Recovery(role, step, phase, failure.reason, failure.detail, detect_s=detect_s,
                        diagnosis=failure.diagnosis, in_flight=in_flight or [phase or "no phase"])
         history, budget = self.history[role], self.spec.roles.get(role).max_restarts
@@ -452,16 +399,15 @@ class Roles:
                   f"restarting {role} only ({history.restarts}/{budget})", flush=True)
             try:
                 rec.standby = group.restart()
-                rec.restored_from, held = self._restore(role) if role in STATEFUL else ("model path", 0)
-                if role in STATEFUL and self._update_again(role, held):
+                rec.restored_from, held = self._restore(role) if role in TRAINING_ROLES else ("model path", 0)
+                if role in TRAINING_ROLES and self._update_again(role, held):
                     held += 1
                     rec.restored_from += f", then its update of step {held} again"
                 break
             except WorkerFailure as again:
                 rec.detail = f"{rec.detail}; recreating it failed: {again.detail}"
-        if role in STATEFUL:  # committed updates the restore did not bring back
-            rec.steps_lost = max(0, self.trained[role] - held)
-            self.trained[role] = held
+        if role in TRAINING_ROLES:  # committed updates the restore did not bring back
+            rec.steps_lost = self.saved.restored(role, held)
         self.check_placement([role])
         rec.hosts = list(self.hosts.get(role, []))
         rec.ready_s = time.perf_counter() - t0
@@ -474,9 +420,10 @@ class Roles:
         """Run the role's last completed update again on its new ranks when the restore came back one step short
         of it (the role died before that update's snapshot was whole); the update is a function of the state
         and the batch the driver kept. Returns whether it ran."""
-        step, fn, args, kwargs = self.updates.get(role, (None, None, (), {}))
-        if step is None or step != held + 1 or step != self.trained[role]:
+        update = self.saved.update_to_repeat(role, held)
+        if update is None:
             return False
+        fn, args, kwargs = update
         proxy = RoleProxy(self.groups[role])  # unsupervised: a failure here is caught by `recover`
         proxy.call(fn, *args, **kwargs)
         proxy.reapplied()
@@ -488,21 +435,18 @@ class Roles:
         last completed step (DCP: world-size independent), which the caller has committed (`Driver._checkpoint_now`).
         Its snapshots, written for the old world size, are dropped. Returns the old world size."""
         group, before = self.groups[role], self.groups[role].world_size
-        if role in STATEFUL and self.last_checkpoint != self.step:
+        if role in TRAINING_ROLES and self.last_checkpoint != self.step:
             raise ValueError(f"rescaling {role} needs the checkpoint of step {self.step} committed first")
         group.shutdown()
         group.resize(spec)
         self.spec = spec
         group.start()
-        if role in STATEFUL:
-            if self.snapshot_root is not None:
-                shutil.rmtree(self._snapshot_dir(role), ignore_errors=True)
-            self._resizes[role] += 1
+        if role in TRAINING_ROLES:
+            self.saved.resized(role, self._gpus(role))
             self._enable_snapshots(role)
             if self.step > 0:
-                self.proxies[role].load(self._checkpoint_of(role, self.step), self.step)
-            self.trained[role] = self.step
-            self.updates.pop(role, None)
+                self.proxies[role].load(self.saved.checkpoint_of(role, self.step), self.step)
+            self.saved.loaded(role, self.step)
         self.check_placement([role])
         return before
 
@@ -513,48 +457,18 @@ class Roles:
         proxy = RoleProxy(self.groups[role])  # unsupervised: a failure here is caught by `recover`
         proxy.stop_following()  # a standby that took over: no longer waits for the old ranks' snapshots
         self._enable_snapshots(role)
-        if self.snapshot_root is not None:
-            seen = proxy.newest_snapshot(str(self._snapshot_dir(role)))
-            snap = min(seen) if None not in seen else None
-            if snap is not None and snap >= self.last_checkpoint and snap > 0:
-                loaded = proxy.load_snapshot(snap)
-                return f"snapshot step {snap}{'' if loaded else ', held by the standby'}", snap
-        if self.last_checkpoint == 0:
+        folder = self._snapshot_dir(role)
+        snap = None if folder is None else self.saved.snapshot_to_load(proxy.newest_snapshot(str(folder)))
+        if snap is not None:
+            loaded = proxy.load_snapshot(snap)
+            return f"snapshot step {snap}{'' if loaded else ', held by the standby'}", snap
+        step = self.last_checkpoint
+        if step == 0:
             return "model path", 0
-        path = self._checkpoint_of(role, self.last_checkpoint)
+        path = self.saved.checkpoint_of(role, step)
         if not all(proxy.has_checkpoint(path)):
             print(f"[{self.name}] warning: the new {role} ranks cannot see {path} (no shared checkpoint volume: "
                   f"spec.trainer.checkpoint.volumeClaim); {role} restarts from the model path", flush=True)
             return "model path (checkpoint not visible to the new ranks)", 0
-        proxy.load(path, self.last_checkpoint)
-        return f"checkpoint step {self.last_checkpoint}", self.last_checkpoint
-
-
-class Prompts:
-    """The job's prompts as tokenized batches, in the seeded, resumable order of `spec.data`.
-
-    `next_batch()` -> Batch: prompt_ids [N, P] and prompt_mask [N, P] (left-padded), group_index [N]
-    (equal for the samples of one prompt), meta `tasks.META_KEYS`; N = data.batchSize x samples per
-    prompt, each prompt repeated that many times in a row."""
-
-    def __init__(self, spec: JobSpec):
-        from .models import load_tokenizer
-        from .tasks import PromptLoader, load_rows
-
-        self.spec = spec
-        self.tokenizer = load_tokenizer(spec.model)
-        self.tokenizer.truncation_side = "left"
-        self.loader = PromptLoader(load_rows(spec.data), spec.data.batch_size, spec.trainer.seed, spec.data.shuffle)
-
-    def next_batch(self) -> Batch:
-        from .tasks import prompt_batch
-
-        spec = self.spec
-        return prompt_batch(self.loader.next_batch(), self.tokenizer, spec.samples_per_prompt,
-                            spec.data.max_prompt_length)
-
-    def state_dict(self) -> dict[str, int]:
-        return self.loader.state_dict()
-
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        self.loader.load_state_dict(state)
+        proxy.load(path, step)
+        return f"checkpoint step {step}", step
