@@ -27,17 +27,45 @@ from . import algos, checkpoint, elastic
 from .batch import Batch
 from .evaluation import Evaluator, common_ranks
 from .groups import WorkerGroup, world_size
-from .library import STATEFUL, Fault, JobFailed, PlacementDegraded, Prompts, RoleHistory, Roles
+from .library import Fault, JobFailed, PlacementDegraded, RoleHistory, Roles
 from .metrics import MetricsSink, last_step, mfu
+from .prompts import Prompts
 from .record import RoleStep, StepRecord, uncovered_s
-from .schedule import Phases, Rollout
+from .schedule import Phase, Phases, Rollout
 from .spec import JobSpec, SpecInvalid
 from .spec.contract import ReplicasDocument
+from .spec.model import TRAINING_ROLES
 from .tasks import META_KEYS
 from .tracking import make_trackers
 
 __all__ = ["Driver", "Fault", "JobFailed", "PlacementDegraded"]
 SEQ = ("input_ids", "attention_mask", "responses", "response_mask")
+
+
+class RolloutAhead:
+    """The one-step-off rollout (spec.rollout.asynchronous): step k+1's rollout, sent beside step k's updates
+    with the weights that generated step k's batch, and taken up by step k+1 (one update stale). Off, it never
+    sends one."""
+
+    def __init__(self, enabled: bool):
+        self.enabled = enabled
+        self.rollout: Rollout | None = None  # the next step's rollout, sent during this step
+
+    def take(self) -> Rollout | None:
+        """The rollout sent ahead, if any; it is no longer ahead (the step that takes it up owns it)."""
+        rollout, self.rollout = self.rollout, None
+        return rollout
+
+    def send(self, step: int, last_step: int, send: Callable[[int], Rollout]) -> Phase | None:
+        """When on and the run has a step `step` (1-based; `last_step` the run's last), send its rollout now
+        (`send(step)`); returns the call in flight, or None."""
+        if self.enabled and step <= last_step:
+            self.rollout = send(step)
+        return self.rollout.phase if self.rollout is not None else None
+
+    def data_before(self, otherwise: Callable[[], dict[str, int]]) -> dict[str, int]:
+        """The data position before the prompts sent ahead (a resume draws them again); `otherwise()` if none."""
+        return self.rollout.data_before if self.rollout is not None else otherwise()
 
 
 class Driver:
@@ -57,15 +85,13 @@ class Driver:
         self.roles.on_budget_spent.append(self._final_checkpoint)
         self.prompts = Prompts(spec)
         self.loader = self.prompts.loader
-        ranks = common_ranks([world_size(spec, r) for r in ("actor", "reward")])
-        self.evaluator = Evaluator.for_spec(spec, self.prompts.tokenizer, ranks)
+        self.evaluator = self._evaluator(spec)
         a = spec.algorithm
         self.kl_ctl = algos.make_kl_controller(a.kl.controller, a.kl.coef, a.kl.target, a.kl.horizon)
         self.loader_at_step_start = self.loader.state_dict()
         self.metrics_port: int | None = None
         self.resumed: tuple[int, int] | None = None  # (checkpoint step resumed from, steps lost past it), on resume
-        self.asynchronous = spec.rollout.asynchronous
-        self.ahead: Rollout | None = None  # asynchronous: the next step's rollout, sent during this step
+        self.ahead = RolloutAhead(spec.rollout.asynchronous)
         self.sequential = False  # True: one phase after another (the overlap's reference, in tests)
         self.t_run = time.perf_counter()
 
@@ -109,12 +135,17 @@ class Driver:
         self.loader.load_state_dict(state["data"])
         self.kl_ctl.load_state_dict(state["kl_controller"])
 
+    def _evaluator(self, spec: JobSpec) -> Evaluator | None:
+        """The held-out evaluation for `spec` (None without one), split over the ranks actor and reward share."""
+        ranks = common_ranks([world_size(spec, r) for r in ("actor", "reward")])
+        return Evaluator.for_spec(spec, self.prompts.tokenizer, ranks)
+
     def save_checkpoint(self, data_state: dict[str, int] | None = None) -> None:
         """Start checkpointing the completed step `self.step` (its writes overlap the next step, which
         commits it). `data_state` is the data position after that step (default: the loader's position
         now, which is right between steps, less the prompts of a rollout already sent for the next step,
         which a resume draws again)."""
-        data = self.ahead.data_before if self.ahead is not None else self.loader.state_dict()
+        data = self.ahead.data_before(self.loader.state_dict)
         state = {"step": self.step, "data": data_state or data,
                  "kl_controller": self.kl_ctl.state_dict(),
                  "restarts": {r: h.restarts for r, h in self.history.items()}}
@@ -124,7 +155,7 @@ class Driver:
         """Past the budget: checkpoint the last completed step when the failed role holds no trainable
         state; otherwise the last periodic checkpoint is already the newest consistent state."""
         self.roles.commit(dead=failed_role)  # a checkpoint in flight first
-        if failed_role not in STATEFUL and self.step > self.roles.last_checkpoint:
+        if failed_role not in TRAINING_ROLES and self.step > self.roles.last_checkpoint:
             self.save_checkpoint(data_state=self.loader_at_step_start)
             self.roles.commit(dead=failed_role)
 
@@ -145,53 +176,82 @@ class Driver:
 
     def train_step(self) -> StepRecord:
         """One step; phases that need nothing of each other run at the same time (see the module doc)."""
-        roles = self.roles
-        actor, critic, ref, reward = roles.actor, roles.critic, roles.ref, roles.reward
         t_step = time.perf_counter()
-        since = roles.mark()
-        roles.begin_step(self.step + 1)
-        phases = Phases(roles, t_step, self.sequential)
-        staleness = 0 if self.ahead is None else 1  # generated ahead: with the weights before the last update
-        current = self.ahead or self._send_rollout(phases, self.step + 1)
-        if self.ahead is not None:
-            phases.adopt(self.ahead.phase)
-        self.ahead, self.loader_at_step_start, batch = None, current.data_before, current.prompts
+        since = self.roles.mark()
+        self.roles.begin_step(self.step + 1)
+        phases = Phases(self.roles, t_step, self.sequential)
+        batch, staleness = self._rollout(phases)
+        self._score(phases, batch)
+        with phases.local("advantage"):
+            stats = self.compute_advantages(batch)
+        stats.update(self._update(phases, batch, t_step))
+        sync = max(phases.run("weight_sync", self.roles.actor.sync_weights))  # the engine's weights change here only
+        stats.update(self._evaluate(phases))
+        memory = self._close_step(phases)
+        rec = self.record(batch, stats, phases.durations(), sync, self.roles.role_steps(since, memory))
+        rec.step_s, rec.timeline = time.perf_counter() - t_step, phases.spans()
+        rec.phases["other"] = uncovered_s(rec.timeline, rec.step_s)
+        rec.start_s, rec.staleness = t_step - self.t_run, staleness
+        return rec
+
+    def _rollout(self, phases: Phases) -> tuple[Batch, int]:
+        """This step's prompts with their responses and old log-probs: the rollout sent ahead during the last
+        step (one update stale), else one sent now. Returns the batch and its staleness (1 or 0)."""
+        ahead = self.ahead.take()
+        current = ahead or self._send_rollout(phases, self.step + 1)
+        if ahead is not None:
+            phases.adopt(ahead.phase)
+        self.loader_at_step_start, batch = current.data_before, current.prompts
         batch.update(current.phase.finish())
+        return batch, 0 if ahead is None else 1
+
+    def _score(self, phases: Phases, batch: Batch) -> None:
+        """Reward scores [B], ref log-probs [B,R] and critic values [B,R] of the rollout, at once, into `batch`."""
+        reward, ref, critic = self.roles.reward, self.roles.ref, self.roles.critic
         scores = phases.start("reward", reward.compute_scores, batch.select(*SEQ, *META_KEYS))
         ref_lp = phases.start("ref", ref.compute_ref_logprobs, batch.select(*SEQ)) if ref is not None else None
         values = phases.start("values", critic.compute_values, batch.select(*SEQ)) if critic is not None else None
         for out in phases.wait(scores, ref_lp, values):
             if out is not None:
                 batch.update(out)
-        with phases.local("advantage"):
-            stats = self.compute_advantages(batch)
+
+    def _update(self, phases: Phases, batch: Batch, t_step: float) -> dict[str, float]:
+        """The critic's and the actor's updates at once (and, one step off, the next step's rollout beside them,
+        its calls timed from `t_step`); returns their statistics, the critic's first."""
+        actor, critic = self.roles.actor, self.roles.critic
         ref_keys = ("ref_logprobs",) if "ref_logprobs" in batch.tensors else ()
         crit_up = None if critic is None else phases.start(
             "update_critic", critic.update, batch.select(*SEQ, "values", "returns"), step=self.step)
         act_up = phases.start("update_actor", actor.update,
                               batch.select(*SEQ, "old_logprobs", "advantages", *ref_keys, "kl_coef"), step=self.step)
-        if self.asynchronous and self.step + 2 <= self.spec.trainer.steps:
-            # step k+1's rollout, beside step k's updates, with the weights that generated step k's batch
-            self.ahead = self._send_rollout(Phases(roles, t_step), self.step + 2)
-        for out in phases.wait(crit_up, act_up, self.ahead and self.ahead.phase)[:2]:
+        # step k+1's rollout, beside step k's updates, with the weights that generated step k's batch
+        ahead = self.ahead.send(self.step + 2, self.spec.trainer.steps,
+                                lambda step: self._send_rollout(Phases(self.roles, t_step), step))
+        stats: dict[str, float] = {}
+        for out in phases.wait(crit_up, act_up, ahead)[:2]:
             if out is not None:
                 stats.update(out)
-        sync = max(phases.run("weight_sync", actor.sync_weights))  # the one point the engine's weights change
-        if self.evaluator is not None and self.evaluator.due(self.step + 1):
-            with phases.local("eval", role="actor"):
-                stats.update(self.evaluator.run(actor, reward))
-        with phases.local("end_step"):  # memory peaks, a checkpoint's commit once written, snapshots followed
-            memory = roles.memory()
-            roles.end_step()
+        return stats
+
+    def _evaluate(self, phases: Phases) -> dict[str, float]:
+        """The held-out evaluation's statistics when it is due this step, else none."""
+        if self.evaluator is None or not self.evaluator.due(self.step + 1):
+            return {}
+        with phases.local("eval", role="actor"):
+            return self.evaluator.run(self.roles.actor, self.roles.reward)
+
+    def _close_step(self, phases: Phases) -> dict[str, dict[str, int]]:
+        """The step's end: memory peaks, a checkpoint's commit once written, snapshots followed; then the
+        completed step's checkpoint when due (its structure only: the writes overlap the next steps). Returns
+        the roles' memory peaks."""
+        with phases.local("end_step"):
+            memory = self.roles.memory()
+            self.roles.end_step()
         tr = self.spec.trainer
         if self.step % tr.checkpoint.interval == 0 or self.step == tr.steps:
-            with phases.local("checkpoint"):  # its structure only: the writes overlap the next steps
+            with phases.local("checkpoint"):
                 self.save_checkpoint()
-        rec = self.record(batch, stats, phases.durations(), sync, roles.role_steps(since, memory))
-        rec.step_s, rec.timeline = time.perf_counter() - t_step, phases.spans()
-        rec.phases["other"] = uncovered_s(rec.timeline, rec.step_s)
-        rec.start_s, rec.staleness = t_step - self.t_run, staleness
-        return rec
+        return memory
 
     def scale_requests(self) -> dict[str, int]:
         """role -> replicas asked for that differ from what runs: the operator's document, then `kuberl scale`'s."""
@@ -220,21 +280,20 @@ class Driver:
                 self.refused[role] = replicas
                 continue
             self.refused.pop(role, None)
-            if role in STATEFUL:
+            if role in TRAINING_ROLES:
                 self._checkpoint_now()
             before = self.roles.rescale(spec, role)
             self.spec = spec
-            ranks = common_ranks([world_size(spec, r) for r in ("actor", "reward")])
-            self.evaluator = Evaluator.for_spec(spec, self.prompts.tokenizer, ranks)
+            self.evaluator = self._evaluator(spec)
             print(f"[{self.name}] scaled {role} from {before} to {self.roles.groups[role].world_size} ranks "
                   f"after step {self.step}; other roles untouched", flush=True)
 
     def _checkpoint_now(self) -> None:
         """Commit a checkpoint of the last completed step (a trainable role's restart at another world size
         starts from it); a rollout sent ahead is dropped, and its prompts are drawn again by the next step."""
-        if self.ahead is not None:
-            self.loader.load_state_dict(self.ahead.data_before)
-            self.ahead = None
+        dropped = self.ahead.take()
+        if dropped is not None:
+            self.loader.load_state_dict(dropped.data_before)
         self.roles.commit()
         if self.step > self.roles.last_checkpoint:
             self.save_checkpoint()
