@@ -32,7 +32,7 @@ from .metrics import MetricsSink, last_step, mfu
 from .prompts import Prompts
 from .record import RoleStep, StepRecord, uncovered_s
 from .schedule import Phase, Phases, Rollout
-from .spec import JobSpec, SpecInvalid
+from .spec import JobSpec
 from .spec.contract import ReplicasDocument
 from .spec.model import TRAINING_ROLES
 from .tasks import META_KEYS
@@ -78,7 +78,7 @@ class Driver:
         to live in other pods (a trainable role's resize then needs a shared checkpoint volume)."""
         self.spec, self.name, self.out = spec, name, out_dir
         self.replicas_source = replicas_source
-        self.refused: dict[str, int] = {}  # role -> the replicas last refused (a standing request is said once)
+        self.scaling = elastic.ScaleArbiter(name, out_dir)
         self.progress, self.on_step = progress, on_step
         self.ckpt_root = checkpoint.root_for(spec, out_dir)
         self.roles = Roles(spec, make_group, faults, self.ckpt_root, name)
@@ -253,40 +253,23 @@ class Driver:
                 self.save_checkpoint()
         return memory
 
-    def scale_requests(self) -> dict[str, int]:
-        """role -> replicas asked for that differ from what runs: the operator's document, then `kuberl scale`'s."""
-        doc = self.replicas_source() if self.replicas_source is not None else None
-        asked = dict(doc.roles) if doc is not None else {}
-        asked.update(elastic.take_requests(self.out).roles)
-        return elastic.changes(ReplicasDocument(roles=asked), self.spec)
-
     def apply_scale_requests(self) -> None:
-        """Between two steps: resize the roles asked for (kuberl.elastic). A request that breaks a rule is
-        refused with one line naming it (once, while it stands); the job goes on as it was."""
-        for role, replicas in self.scale_requests().items():
-            problem = elastic.request_problem(role, replicas)
-            if problem is None and role not in self.groups:
-                problem = f"role {role} does not run in this job"
-            if problem is None and self.replicas_source is not None:  # on Kubernetes: the ranks live in other pods
-                problem = elastic.shared_storage_problem(self.spec, role)
-            spec = None
-            try:
-                spec = elastic.rescaled(self.spec, role, replicas) if problem is None else None
-            except SpecInvalid as exc:
-                problem = "; ".join(str(e) for e in exc.errors)
-            if spec is None:
-                if self.refused.get(role) != replicas:
-                    print(f"[{self.name}] scale refused: {problem}", flush=True)
-                self.refused[role] = replicas
-                continue
-            self.refused.pop(role, None)
-            if role in TRAINING_ROLES:
-                self._checkpoint_now()
-            before = self.roles.rescale(spec, role)
-            self.spec = spec
-            self.evaluator = self._evaluator(spec)
-            print(f"[{self.name}] scaled {role} from {before} to {self.roles.groups[role].world_size} ranks "
-                  f"after step {self.step}; other roles untouched", flush=True)
+        """Between two steps: resize the roles asked for that `kuberl.elastic.ScaleArbiter` lets through (it says
+        why it refuses one, once while it stands); the job goes on as it was."""
+        for role, replicas in self.scaling.requests(self.spec, self.replicas_source).items():
+            spec = self.scaling.approve(self.spec, role, replicas, self.groups, self.replicas_source is not None)
+            if spec is not None:
+                self._resize(role, spec)
+
+    def _resize(self, role: str, spec: JobSpec) -> None:
+        """Recreate `role`'s group at its size in `spec` (a trainable role from a checkpoint of the last step)."""
+        if role in TRAINING_ROLES:
+            self._checkpoint_now()
+        before = self.roles.rescale(spec, role)
+        self.spec = spec
+        self.evaluator = self._evaluator(spec)
+        print(f"[{self.name}] scaled {role} from {before} to {self.roles.groups[role].world_size} ranks "
+              f"after step {self.step}; other roles untouched", flush=True)
 
     def _checkpoint_now(self) -> None:
         """Commit a checkpoint of the last completed step (a trainable role's restart at another world size

@@ -10,15 +10,17 @@ WorkerGroup at the new size. A frozen role (ref, reward) holds no trained state:
 path. A trainable role (actor, critic) restarts at the new world size from a checkpoint of the last
 completed step, committed first (DCP checkpoints are world-size independent; its per-rank snapshots
 are not, and start again); so nothing is lost. Every other role's workers (Ray actors) stay as they
-are, and the data-parallel split follows the new world size.
+are, and the data-parallel split follows the new world size. `ScaleArbiter` is the driver's arbiter: which
+requests go ahead, and the one line that says why one does not.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Collection
 from pathlib import Path
 
-from .spec import JobSpec, validate_manifest
+from .spec import JobSpec, SpecInvalid, validate_manifest
 from .spec.contract import LIVE_RESIZED, ReplicasDocument
 from .spec.model import TRAINING_ROLES
 
@@ -90,6 +92,45 @@ def rescaled(spec: JobSpec, role: str, replicas: int) -> JobSpec:
     raw = spec.model_dump(by_alias=True, exclude_none=True)
     raw["roles"][role]["replicas"] = replicas
     return validate_manifest({"apiVersion": "kuberl.io/v1alpha1", "kind": "RLTrainingJob", "spec": raw}).spec
+
+
+class ScaleArbiter:
+    """Between two steps of job `name` (writing to `out`): the replicas asked for, and which go ahead. A request
+    that breaks a rule is refused with one line naming it, said once while it stands."""
+
+    def __init__(self, name: str, out: Path):
+        self.name, self.out = name, out
+        self.refused: dict[str, int] = {}  # role -> the replicas last refused (a standing request is said once)
+
+    def requests(self, spec: JobSpec, source: Callable[[], ReplicasDocument | None] | None) -> dict[str, int]:
+        """role -> replicas asked for that differ from what ``spec`` runs: the operator's document (``source``,
+        on Kubernetes), then `kuberl scale`'s requests (taken as they are read)."""
+        doc = source() if source is not None else None
+        asked = dict(doc.roles) if doc is not None else {}
+        asked.update(take_requests(self.out).roles)
+        return changes(ReplicasDocument(roles=asked), spec)
+
+    def approve(self, spec: JobSpec, role: str, replicas: int, running: Collection[str],
+                on_kubernetes: bool) -> JobSpec | None:
+        """``spec`` with ``role`` at ``replicas``, when the request breaks no rule (``running``: the job's roles;
+        ``on_kubernetes``: the ranks live in other pods); else None, and the refusal is said."""
+        problem = request_problem(role, replicas)
+        if problem is None and role not in running:
+            problem = f"role {role} does not run in this job"
+        if problem is None and on_kubernetes:
+            problem = shared_storage_problem(spec, role)
+        new = None
+        try:
+            new = rescaled(spec, role, replicas) if problem is None else None
+        except SpecInvalid as exc:
+            problem = "; ".join(str(e) for e in exc.errors)
+        if new is None:
+            if self.refused.get(role) != replicas:
+                print(f"[{self.name}] scale refused: {problem}", flush=True)
+            self.refused[role] = replicas
+            return None
+        self.refused.pop(role, None)
+        return new
 
 
 def cmd_scale(args) -> int:
