@@ -12,15 +12,18 @@ import sys
 import traceback
 from collections.abc import Callable, Sequence
 
-from .spec import SpecInvalid, crd_yaml, load_manifest
+from .spec import SpecInvalid, crd_yaml, deprecations, manifest_with, validate_manifest
 from .spec.contract import ExitCode
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
     try:
-        job = load_manifest(args.job, args.set)
+        manifest = manifest_with(args.job, args.set)
+        job = validate_manifest(manifest)
     except SpecInvalid as exc:
         return exc.report()
+    for note in deprecations(manifest):
+        print(f"{args.job}: note: {note}", file=sys.stderr)
     checked = "manifest"
     if not args.spec_only:
         from pathlib import Path

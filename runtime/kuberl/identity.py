@@ -8,8 +8,12 @@ before anything is written, naming the difference.
 Fields that change what is trained (hashed): `spec.model` (hub, path, builtin, dtype), all of
 `spec.algorithm`, `spec.data` (task or files, keys, prompt length, batch size, shuffle; not `eval`),
 `spec.reward`, the rollout's sampling (`maxNewTokens`, `temperature`, `topP`, `n`, `fixedLength`) and the
-trainer's hyperparameters (`ppoEpochs`, `miniBatchSize`, `actorLr`, `criticLr`, `weightDecay`,
-`gradClip`, `warmupSteps`, `seed`).
+trainer's hyperparameters (`ppoEpochs`, `miniBatchSize`, `gradClip`, `seed`) and each training role's
+optimizer (`spec.roles.<role>.optim`). The optimizer is recorded as before that block existed, under
+`spec.trainer.actorLr`, `criticLr`, `weightDecay` and `warmupSteps` (the values in effect, which validation writes
+back into those deprecated fields), plus, under `spec.roles.<role>.optim.<field>`, what they cannot hold: betas
+other than the default, and a weight decay or warm-up of one role's own. A job that sets none of those hashes as
+it did, so its checkpoints still resume.
 
 Not hashed, free to change between runs: `trainer.steps` (raise it to train further), checkpoint
 interval/keep/path, metrics ports, tracking, evaluation, `microBatchSize` (gradient accumulation is
@@ -28,6 +32,7 @@ from typing import Any
 
 from . import checkpoint
 from .spec import JobSpec
+from .spec.model import ADAMW_BETAS, TRAINING_ROLES
 
 IDENTITY_FILE = "job.json"
 OUTPUT_ARTEFACTS = ("metrics.jsonl", "reward_curve.png", "tensorboard", "model")
@@ -58,6 +63,18 @@ def trained_fields(spec: JobSpec) -> dict[str, Any]:
     for section, keys in _TRAINED.items():
         part = dumped[section] or {}
         _flatten(f"spec.{section}", part if keys is None else {k: part.get(k) for k in keys}, out)
+    return out | _optim_beyond_trainer(spec, dumped["trainer"])
+
+
+def _optim_beyond_trainer(spec: JobSpec, trainer: dict[str, Any]) -> dict[str, Any]:
+    """Each training role's optimizer settings in effect that spec.trainer's deprecated fields (hashed above, as
+    dumped in `trainer`) do not carry."""
+    out = {}
+    for role in TRAINING_ROLES:
+        carried = {"lr": trainer[f"{role}Lr"], "betas": list(ADAMW_BETAS), "weightDecay": trainer["weightDecay"],
+                   "warmupSteps": trainer["warmupSteps"]}
+        optim = spec.optim(role).model_dump(by_alias=True, mode="json")
+        out |= {f"spec.roles.{role}.optim.{k}": v for k, v in optim.items() if v != carried[k]}
     return out
 
 

@@ -2,7 +2,7 @@
 
 from .crd import crd_yaml, generate_crd
 from .errors import SpecError, SpecInvalid
-from .load import apply_set, load_manifest, parse_yaml, read_manifest, validate_manifest
+from .load import apply_set, deprecations, load_manifest, manifest_with, parse_yaml, read_manifest, validate_manifest
 from .model import (
     API_VERSION,
     GROUP,
@@ -21,6 +21,6 @@ from .model import (
 __all__ = [
     "API_VERSION", "GROUP", "KIND", "PLURAL", "ROLES", "SHORT_NAME", "VERSION",
     "JobSpec", "RLTrainingJob", "RoleSpec", "SpecError", "SpecInvalid",
-    "apply_set", "crd_yaml", "enabled_roles", "read_manifest", "role_resource", "generate_crd", "load_manifest",
-    "parse_yaml", "validate_manifest",
+    "apply_set", "crd_yaml", "deprecations", "enabled_roles", "read_manifest", "role_resource", "generate_crd",
+    "load_manifest", "manifest_with", "parse_yaml", "validate_manifest",
 ]

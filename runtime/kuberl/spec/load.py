@@ -9,9 +9,10 @@ from typing import Any
 
 import yaml
 from pydantic import ValidationError
+from pydantic.alias_generators import to_camel
 
 from .errors import SpecError, SpecInvalid, from_validation_error
-from .model import API_VERSION, KIND, RLTrainingJob
+from .model import API_VERSION, KIND, OPTIM_ALIASES, RLTrainingJob
 from .yaml_loader import load_all
 
 
@@ -104,12 +105,27 @@ def parse_value(raw: str) -> Any:
 def load_manifest(path: str | Path, overrides: Sequence[str] = ()) -> RLTrainingJob:
     """Read, parse and validate a manifest file, with `--set PATH=VALUE` overrides applied first
     (so an override gets the same field-named errors as the file)."""
+    return validate_manifest(manifest_with(path, overrides))
+
+
+def manifest_with(path: str | Path, overrides: Sequence[str] = ()) -> Any:
+    """Read and parse a manifest file and apply `--set PATH=VALUE` overrides (not validated)."""
     obj = read_manifest(path)
     for text in overrides:
         if not isinstance(obj, dict):
             break  # validate_manifest reports the non-mapping document
         apply_set(obj, text)
-    return validate_manifest(obj)
+    return obj
+
+
+def deprecations(obj: Any) -> list[str]:
+    """A note per deprecated field a parsed manifest sets (spec.trainer's optimizer fields), naming what replaces it."""
+    spec = obj.get("spec") if isinstance(obj, dict) else None
+    trainer = spec.get("trainer") if isinstance(spec, dict) else None
+    given = [old for old in OPTIM_ALIASES if isinstance(trainer, dict) and to_camel(old) in trainer]
+    return [f"spec.trainer.{to_camel(old)} is deprecated (accepted for one more version): write "
+            f"{' and '.join(f'spec.roles.{role}.optim.{to_camel(new)}' for role in roles)} instead"
+            for old in given for roles, new in [OPTIM_ALIASES[old]]]
 
 
 def read_manifest(path: str | Path) -> Any:

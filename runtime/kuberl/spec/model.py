@@ -7,8 +7,9 @@ on `JobSpec` and report the full field path.
 
 from __future__ import annotations
 
+import copy
 import re
-from typing import Any, Literal, get_args
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
@@ -358,17 +359,28 @@ class TrackingSpec(Section):
     wandb: WandbSpec | None = Field(None, description="Log to Weights & Biases (needs the wandb package).")
 
 
+def _deprecated(*new: str) -> str:
+    """The description of a spec.trainer field that a role's optim block replaces (accepted for one version)."""
+    both = len(new) > 1
+    return (f"Deprecated, accepted for one more version: write {' and '.join(new)}. When set, it fills "
+            f"{'those fields' if both else 'that field'}; read back, it is the value in effect"
+            f"{' (null where they differ)' if both else ''}.")
+
+
 class TrainerSpec(Section):
     steps: int = Field(60, ge=1, le=MAX_STEPS, description="Training steps (one rollout batch each).")
     ppo_epochs: int = Field(1, ge=1, le=1000, description="Passes over each rollout batch.")
     mini_batch_size: int = Field(16, ge=1, le=MAX_SAMPLES, description="Samples per optimizer step.")
     micro_batch_size: int = Field(8, ge=1, le=MAX_SAMPLES,
                                   description="Samples per forward/backward on one rank (gradient accumulation).")
-    actor_lr: float = Field(1e-3, gt=0)
-    critic_lr: float = Field(1e-3, gt=0)
-    weight_decay: float = Field(0.0, ge=0)
+    actor_lr: float | None = Field(None, gt=0, description=_deprecated("spec.roles.actor.optim.lr"))
+    critic_lr: float | None = Field(None, gt=0, description=_deprecated("spec.roles.critic.optim.lr"))
+    weight_decay: float | None = Field(None, ge=0, description=_deprecated("spec.roles.actor.optim.weightDecay",
+                                                                          "spec.roles.critic.optim.weightDecay"))
     grad_clip: float = Field(1.0, gt=0)
-    warmup_steps: int = Field(0, ge=0, le=MAX_STEPS)
+    warmup_steps: int | None = Field(None, ge=0, le=MAX_STEPS,
+                                     description=_deprecated("spec.roles.actor.optim.warmupSteps",
+                                                             "spec.roles.critic.optim.warmupSteps"))
     seed: int = Field(0, ge=0, le=2**32 - 1,
                       description="Seed of the data order, sampling and built-in models' weights (numpy's range, "
                                   "which vLLM seeds).")
@@ -478,6 +490,39 @@ class RoleSpec(Scheduling):
         return self.replicas * max(self.gpus, 1)
 
 
+ADAMW_BETAS = (0.9, 0.95)
+OPTIM_DEFAULTS: dict[str, Any] = {"lr": 1e-3, "betas": list(ADAMW_BETAS), "weight_decay": 0.0, "warmup_steps": 0}
+"""What a training role's optimizer uses for a field that neither its optim block nor a deprecated alias sets."""
+OPTIM_ALIASES: dict[str, tuple[tuple[str, ...], str]] = {
+    "actor_lr": (("actor",), "lr"), "critic_lr": (("critic",), "lr"),
+    "weight_decay": (TRAINING_ROLES, "weight_decay"), "warmup_steps": (TRAINING_ROLES, "warmup_steps")}
+"""Each deprecated field of spec.trainer: the roles whose optim field it stands for, and that field."""
+
+
+class OptimSpec(Section):
+    """A training role's optimizer (AdamW) and its learning-rate warm-up, as the manifest gives it. A field left
+    out takes its deprecated spec.trainer alias when that is set, else its default: JobSpec.optim(role) is the
+    block in effect."""
+
+    lr: float | None = Field(None, gt=0, description="Learning rate, reached at the end of the warm-up. Default "
+                                                    "0.001.")
+    betas: list[Annotated[float, Field(ge=0, lt=1)]] | None = Field(
+        None, min_length=2, max_length=2,
+        description="AdamW's beta1 and beta2: the decay of its running averages of the gradient and of its square. "
+                    f"Default {list(ADAMW_BETAS)}.")
+    weight_decay: float | None = Field(None, ge=0, description="AdamW's decoupled weight decay. Default 0.")
+    warmup_steps: int | None = Field(
+        None, ge=0, le=MAX_STEPS,
+        description="Linear warm-up: step s (from 0) trains at lr x min(1, (s + 1) / (warmupSteps + 1)). Default 0.")
+
+
+class TrainingRoleSpec(RoleSpec):
+    """A role that trains (actor, critic): its size and resources, where its pods may run, and its optimizer."""
+
+    optim: OptimSpec | None = Field(None, description="The role's optimizer: learning rate, AdamW's betas and "
+                                                      "weight decay, warm-up.")
+
+
 # An extra role's config is free-form JSON, which every watcher of RLTrainingJobs parses: a deep one would make a
 # parser recurse until it fails (Python's json at about 1000 levels). The API server cannot bound a free-form
 # field's depth in the CRD (its CEL sees no unknown fields), so the chart's job policy does, with these numbers.
@@ -529,8 +574,8 @@ class ExtraRoleSpec(RoleSpec):
 
 
 class RolesSpec(Section):
-    actor: RoleSpec = Field(default_factory=RoleSpec)
-    critic: RoleSpec = Field(default_factory=RoleSpec)
+    actor: TrainingRoleSpec = Field(default_factory=TrainingRoleSpec)
+    critic: TrainingRoleSpec = Field(default_factory=TrainingRoleSpec)
     ref: RoleSpec = Field(default_factory=RoleSpec)
     reward: RoleSpec = Field(default_factory=RoleSpec)
     extra: dict[str, ExtraRoleSpec] = Field(
@@ -656,7 +701,17 @@ class JobSpec(Section):
         problems = cross_field_problems(self)
         if problems:
             raise CrossFieldError(problems)
+        write_back_aliases(self)
         return self
+
+    def optim(self, role: str) -> OptimSpec:
+        """A training role's optimizer in effect: each field from spec.roles.<role>.optim, else from its deprecated
+        spec.trainer alias, else OPTIM_DEFAULTS."""
+        own = self.roles.get(role).optim or OptimSpec()
+        aliases = {new: getattr(self.trainer, old) for old, (roles, new) in OPTIM_ALIASES.items() if role in roles}
+        return OptimSpec(**{name: next(v for v in (getattr(own, name), aliases.get(name), copy.copy(default))
+                                       if v is not None)
+                            for name, default in OPTIM_DEFAULTS.items()})
 
 
 class ObjectMeta(BaseModel):
@@ -737,7 +792,7 @@ def cross_field_problems(spec: JobSpec) -> list[Problem]:
     rules = (_algorithm_problems, _tensor_parallel_problems, _eval_problems, _engine_problems, _batch_problems,
              memory_problems, colocation_problems, _builtin_context_problems, _estimator_problems,
              needed_role_problems, _role_enabled_problems, _placement_problems, _checkpoint_problems,
-             _fault_problems)
+             _fault_problems, _optim_alias_problems)
     return [problem for rule in rules for problem in rule(spec)]
 
 
@@ -1016,6 +1071,30 @@ def _shared_gpu_problems(spec: JobSpec, running: list[str]) -> list[Problem]:
                     f"set spec.{roles.path(standing[0])}.standby to false (each role that shares GPUs), or remove "
                     f"colocateWith"))
     return out
+
+
+def _optim_alias_problems(spec: JobSpec) -> list[Problem]:
+    """A deprecated spec.trainer field and the optim field it stands for, both set, to different values."""
+    out = []
+    for old, (roles, new) in OPTIM_ALIASES.items():
+        alias = getattr(spec.trainer, old)
+        for role in roles:
+            own, at = spec.roles.get(role).optim, f"roles.{role}.optim.{to_camel(new)}"
+            value = None if own is None else getattr(own, new)
+            if alias is not None and value is not None and value != alias:
+                out.append((at, f"is {value}, but the deprecated spec.trainer.{to_camel(old)} it replaces is {alias}",
+                            f"remove spec.trainer.{to_camel(old)} (spec.{at} replaces it)"))
+    return out
+
+
+def write_back_aliases(spec: JobSpec) -> None:
+    """Set each deprecated spec.trainer alias to the value in effect (null where the roles it stands for differ), so
+    that a spec dumped and read again (a worker's) holds no conflict, a spec that sets no optim block dumps as it
+    did before the block existed, and code reading an alias reads what trains."""
+    effective = {old: [getattr(spec.optim(role), new) for role in roles]
+                 for old, (roles, new) in OPTIM_ALIASES.items()}
+    for old, values in effective.items():
+        setattr(spec.trainer, old, values[0] if values.count(values[0]) == len(values) else None)
 
 
 def _colocation_cycle(spec: JobSpec, role: str) -> bool:

@@ -15,11 +15,8 @@ from .train import FSDPTrainer
 
 class CriticWorker(Worker):
     def setup(self) -> None:
-        tr = self.spec.trainer
-        model = load_value_model(self.spec.model, seed=tr.seed)
-        self.trainer = FSDPTrainer(model, self.device, self.dtype, tr.critic_lr, tr.weight_decay, tr.grad_clip,
-                                   tr.warmup_steps, self.kernels, self.role_spec.offload,
-                                   self.role_spec.lora, head=("head",), seed=tr.seed)
+        model = load_value_model(self.spec.model, seed=self.spec.trainer.seed)
+        self.trainer = FSDPTrainer.for_role(self, model, head=("head",))
 
     @register(Dispatch.SPLIT, repeatable=True)
     @torch.no_grad()

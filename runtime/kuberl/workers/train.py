@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -17,7 +18,10 @@ from ..batch import Batch
 from ..kernels.optim import ShardedAdamW, clip_grad_norm_local
 from ..kernels.options import KernelOptions
 from ..saves import AsyncSaver
-from ..spec.model import LoraSpec, OffloadSpec, TrainerSpec
+from ..spec.model import ADAMW_BETAS, LoraSpec, OffloadSpec, TrainerSpec
+
+if TYPE_CHECKING:
+    from .base import Worker
 
 # loss_fn(micro_batch) -> (sum of per-token loss over the micro-batch's valid tokens, {stat: token-sum})
 LossFn = Callable[[Batch], tuple[torch.Tensor, dict[str, torch.Tensor]]]
@@ -29,8 +33,11 @@ class FSDPTrainer:
     def __init__(self, model: nn.Module, device: torch.device, dtype: torch.dtype, lr: float,
                  weight_decay: float, grad_clip: float, warmup_steps: int = 0,
                  kernels: KernelOptions | None = None, offload: OffloadSpec | None = None,
-                 lora_spec: LoraSpec | None = None, head: tuple[str, ...] = (), seed: int = 0):
-        """`kernels`: which training kernels to use (default: none of the compiled or fused ones).
+                 lora_spec: LoraSpec | None = None, *, head: tuple[str, ...] = (), seed: int = 0,
+                 betas: tuple[float, float] = ADAMW_BETAS):
+        """`lr`, `betas`, `weight_decay`: AdamW's; `warmup_steps`: of linear warm-up (set_step); `grad_clip`: the
+        gradients' global norm bound. `kernels`: which training kernels to use (default: none of the compiled or
+        fused ones).
         `offload`: the role's CPU offload (params: FSDP2 CPUOffloadPolicy, the AdamW step on the CPU with
         the fused kernel; optimizer alone: the moments streamed through the GPU each step). `lora_spec`
         (rank > 0): adapters on its target layers, everything else frozen but the parameters named by
@@ -44,13 +51,22 @@ class FSDPTrainer:
                                  offload_params=offload.params, reshard_after_forward=offload.reshard_after_forward)
         on_gpu = device.type == "cuda"
         trainable = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = ShardedAdamW(trainable, lr=lr, weight_decay=weight_decay, fused=on_gpu,
+        self.optimizer = ShardedAdamW(trainable, lr=lr, weight_decay=weight_decay, betas=betas, fused=on_gpu,
                                       offload_state=offload.optimizer and not offload.params)
         self.base_lr, self.warmup_steps, self.grad_clip = lr, warmup_steps, grad_clip
         self.trained_step = 0  # updates applied: the step whose state the model holds (0: the model path's)
         self.last_result: dict[str, float] | None = None  # what the update to trained_step returned, when known
         self.saver = AsyncSaver()
         self._loading = threading.Lock()
+
+    @classmethod
+    def for_role(cls, worker: Worker, model: nn.Module, head: tuple[str, ...] = ()) -> FSDPTrainer:
+        """The trainer of a training role's worker: its device, dtype and kernels, its optimizer in effect
+        (JobSpec.optim: spec.roles.<role>.optim with its deprecated aliases), offload and LoRA, and spec.trainer's
+        gradClip and seed."""
+        tr, rs, optim = worker.spec.trainer, worker.spec.roles.get(worker.role), worker.spec.optim(worker.role)
+        return cls(model, worker.device, worker.dtype, optim.lr, optim.weight_decay, tr.grad_clip, optim.warmup_steps,
+                   worker.kernels, rs.offload, rs.lora, head=head, seed=tr.seed, betas=tuple(optim.betas))
 
     def train_minibatch(self, mb: Batch, micro_size: int, loss_fn: LossFn) -> dict[str, float]:
         """One optimizer step over a mini-batch on this rank.
