@@ -62,15 +62,19 @@ def apply_set(obj: dict[str, Any], text: str) -> None:
     path, eq, raw = text.partition("=")
     if not eq or not path.strip():
         raise SpecInvalid([SpecError(f"--set {text}", "is not PATH=VALUE", "write e.g. --set trainer.steps=10")])
-    parts = path.strip().split(".")
-    if parts[0] not in ("spec", "metadata"):
-        parts = ["spec", *parts]
     try:
         value = parse_value(raw)
     except yaml.YAMLError as exc:
         raise SpecInvalid([SpecError(f"--set {text}", f"has a value that is not YAML ({getattr(exc, 'problem', exc)})",
                                      "quote the value")]) from None
-    node: Any = obj
+    _assign(obj, _set_steps(path.strip(), text), value, text)
+
+
+def _set_steps(path: str, text: str) -> list[str | int]:
+    """The keys and list indices of a `--set` path (`text` is the whole option, for errors)."""
+    parts = path.split(".")
+    if parts[0] not in ("spec", "metadata"):
+        parts = ["spec", *parts]
     steps: list[str | int] = []
     for part in parts:
         m = _PART.match(part)
@@ -79,6 +83,12 @@ def apply_set(obj: dict[str, Any], text: str) -> None:
                                          "use dotted field names, e.g. trainer.steps")])
         steps.append(m.group(1))
         steps.extend(int(i) for i in re.findall(r"\d+", m.group(2)))
+    return steps
+
+
+def _assign(obj: dict[str, Any], steps: list[str | int], value: Any, text: str) -> None:
+    """Set the value at `steps`, making the maps and lists on the way that are missing or null."""
+    node: Any = obj
     for i, key in enumerate(steps):
         last = i == len(steps) - 1
         where = ".".join(str(s) for s in steps[: i + 1])
