@@ -337,7 +337,7 @@ async def create_once(ctx: Context, body: kopf.Body, obj: MutableMapping[str, An
     return True
 
 
-def pending_changes(diff: Sequence[Any], live: frozenset[str] = frozenset()) -> list[str]:
+def diff_field_paths(diff: Sequence[Any], live: frozenset[str] = frozenset()) -> list[str]:
     """Changed spec fields, other than suspend and the ``live`` ones, from kopf's diff of ``spec``."""
     fields = {".".join(("spec", *[str(f) for f in item[1] if f != "spec"][:3])) for item in diff}
     return sorted(fields - {"spec.suspend"} - live)
@@ -418,7 +418,7 @@ async def apply_spec(ctx: Context, indices: Indices, body: kopf.Body, patch: kop
                    if await delete_owned(ctx, indices, res, namespace, child, body.meta.uid)]
         if stopped:
             kopf.event(body, type="Normal", reason="Suspended", message=f"deleted {', '.join(stopped)}")
-    elif (changes := pending_changes(diff, rescale.live_fields(job))) and not any(
+    elif (changes := diff_field_paths(diff, rescale.live_fields(job))) and not any(
             c.startswith("RayCluster") for c in created):
         kopf.event(body, type="Normal", reason="SpecChangePending",
                    message=f"{', '.join(changes)} changed: the running RayCluster and driver keep the spec they "

@@ -44,7 +44,7 @@ def changed_fields(old: Any, new: Any, path: str = "spec") -> list[str]:
     return [] if old == new else [path]
 
 
-def pending_changes(applied: Mapping[str, Any] | None, job: RLTrainingJob) -> list[str]:
+def unapplied_changes(applied: Mapping[str, Any] | None, job: RLTrainingJob) -> list[str]:
     """Fields changed since the runtime was built that it does not have yet (none when unknown)."""
     if applied is None:
         return []

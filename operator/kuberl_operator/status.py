@@ -20,7 +20,7 @@ from . import conditions as cond
 from . import names, rescale
 from .health import PodView, Tracking, assess_role
 from .progress import DriverOutcome, Progress
-from .spec_changes import pending_changes
+from .spec_changes import unapplied_changes
 
 PENDING, PROVISIONING, RUNNING, RESTARTING = "Pending", "Provisioning", "Running", "Restarting"
 SUCCEEDED, FAILED, SUSPENDED = "Succeeded", "Failed", "Suspended"
@@ -383,7 +383,7 @@ def live_pending(job: RLTrainingJob, seen: Observed) -> list[str]:
     which are pending while the driver runs another size than the spec's (whatever the RayCluster was built with)."""
     live = rescale.live_fields(job)
     waiting = {f for f in live if rescale.pending(job, f.split(".")[2], seen.progress, seen.applied_spec)}
-    return sorted({f for f in pending_changes(seen.applied_spec, job) if f not in live} | waiting)
+    return sorted({f for f in unapplied_changes(seen.applied_spec, job) if f not in live} | waiting)
 
 
 def refused_status(old: Mapping[str, Any], generation: int, reason: str, message: str, now: str) -> dict[str, Any]:

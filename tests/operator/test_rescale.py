@@ -14,7 +14,7 @@ from kuberl.spec.contract import REPLICAS_KEY, ProgressDocument, ReplicasDocumen
 from kuberl_operator import builders, rescale
 from kuberl_operator.cache import kept
 from kuberl_operator.health import PodView
-from kuberl_operator.reconcile import pending_changes, worker_groups
+from kuberl_operator.reconcile import diff_field_paths, worker_groups
 from kuberl_operator.spec_changes import applied_spec
 from kuberl_operator.status import Observed, decide
 
@@ -135,7 +135,7 @@ def test_the_raycluster_patch_sizes_only_the_resized_group(validator) -> None:
 
 def test_a_live_replicas_change_is_not_an_event_for_a_resume() -> None:
     diff = [("change", ("roles", "reward", "replicas"), 1, 2), ("change", ("trainer", "steps"), 5, 7)]
-    assert pending_changes(diff, rescale.live_fields(job())) == ["spec.trainer.steps"]
+    assert diff_field_paths(diff, rescale.live_fields(job())) == ["spec.trainer.steps"]
 
 
 def test_status_follows_a_shrink_and_counts_no_failure() -> None:

@@ -8,7 +8,7 @@ from typing import Any
 from kuberl.spec import validate_manifest
 from kuberl_operator import builders
 from kuberl_operator.health import PodView
-from kuberl_operator.spec_changes import APPLIED_SPEC, applied_spec, changed_fields, pending_changes
+from kuberl_operator.spec_changes import APPLIED_SPEC, applied_spec, changed_fields, unapplied_changes
 from kuberl_operator.status import Observed, decide
 
 OPTS = builders.BuildOptions(namespace="ml", image="runtime:1")
@@ -24,11 +24,11 @@ def job(**spec: Any):
 def test_the_raycluster_carries_the_spec_it_was_built_from(validator) -> None:
     cluster = builders.ray_cluster(job(), OPTS)
     assert APPLIED_SPEC in cluster["metadata"]["annotations"] and validator(cluster) == []
-    assert pending_changes(applied_spec(cluster), job()) == []  # defaults written out: nothing differs
+    assert unapplied_changes(applied_spec(cluster), job()) == []  # defaults written out: nothing differs
     later = job(trainer={"microBatchSize": 1, "steps": 99}, roles={"ref": {"replicas": 2}}, suspend=True)
-    assert pending_changes(applied_spec(cluster), later) == ["spec.roles.ref.replicas", "spec.trainer.steps"]
+    assert unapplied_changes(applied_spec(cluster), later) == ["spec.roles.ref.replicas", "spec.trainer.steps"]
     assert applied_spec({"metadata": {"annotations": {APPLIED_SPEC: "{not json"}}}) is None
-    assert pending_changes(None, later) == []  # a cluster made before the annotation existed: unknown
+    assert unapplied_changes(None, later) == []  # a cluster made before the annotation existed: unknown
     assert changed_fields({"a": [1], "b": {"c": 1}}, {"a": [2], "b": {}}) == ["spec.a", "spec.b.c"]
 
 
