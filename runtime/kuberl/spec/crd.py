@@ -1,4 +1,5 @@
-"""Generate the RLTrainingJob CustomResourceDefinition from the pydantic spec model.
+"""Generate the RLTrainingJob CustomResourceDefinition from the pydantic models: the spec's (`model`) and the
+status's (`status`, what the operator writes).
 
 pydantic emits JSON Schema (2020-12); Kubernetes wants a *structural* OpenAPI v3.0 schema:
 no $ref, no anyOf-with-null (use nullable), boolean exclusive bounds, no additionalProperties
@@ -10,100 +11,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from .model import GROUP, KIND, PLURAL, SHORT_NAME, VERSION, JobSpec
+from pydantic.json_schema import GenerateJsonSchema
 
-STATUS_SCHEMA: dict[str, Any] = {
-    # Every field the operator writes is declared (and nothing else is kept): a real API server
-    # prunes undeclared status fields, so a field missing here would silently vanish.
-    "type": "object",
-    "properties": {
-        "phase": {"type": "string", "enum": ["Pending", "Provisioning", "Running", "Restarting", "Succeeded", "Failed",
-                                             "Suspended"]},
-        "phaseSince": {"type": "string", "format": "date-time",
-                       "description": "When the job entered its phase: Restarting and Provisioning have deadlines "
-                                      "(spec.resilience.restartTimeoutSeconds, startTimeoutSeconds)."},
-        "step": {"type": "integer", "description": "Last training step the driver reported."},
-        "totalSteps": {"type": "integer"},
-        "tokensPerSec": {"type": "number"},
-        "resumedFrom": {"type": "integer", "description": "The checkpoint step the running driver resumed from (after "
-                                                          "a head failure or a lost driver pod)."},
-        "stepsLost": {"type": "integer", "description": "Steps the driver before it had completed past that "
-                                                        "checkpoint, trained again."},
-        "restarts": {"type": "integer", "description": "Restarts summed over roles."},
-        "rayCluster": {"type": "string", "description": "Name of the live RayCluster."},
-        "rayClusterUID": {"type": "string",
-                          "description": "UID of the live RayCluster: pods of another cluster never count."},
-        "observedGeneration": {"type": "integer"},
-        "message": {"type": "string"},
-        "pendingChanges": {"type": "array", "items": {"type": "string"},
-                           "description": "Spec fields changed since the running RayCluster and driver were made: "
-                                          "applied by a suspend and resume."},
-        "conditions": {
-            "type": "array",
-            "items": {
-                "type": "object",
-                "required": ["type", "status"],
-                "properties": {
-                    "type": {"type": "string"},
-                    "status": {"type": "string", "enum": ["True", "False", "Unknown"]},
-                    "reason": {"type": "string"},
-                    "message": {"type": "string"},
-                    "observedGeneration": {"type": "integer"},
-                    "lastTransitionTime": {"type": "string", "format": "date-time"},
-                },
-            },
-        },
-        "head": {
-            "type": "object",
-            "description": "The Ray head pod: its failure restarts the whole Ray cluster (docs/operator.md).",
-            "properties": {
-                "ready": {"type": "boolean"},
-                "restarts": {"type": "integer", "description": "Whole-cluster restarts after the head pod failed."},
-                "lastFailure": {"type": "string"},
-                "members": {"type": "object", "additionalProperties": {"type": "string"},
-                            "description": "Head pods seen alive, uid -> name."},
-                "handledUIDs": {"type": "array", "items": {"type": "string"},
-                                "description": "Head pods whose failure is already counted."},
-            },
-        },
-        "roles": {
-            "type": "object",
-            "description": "Per role: health, restarts, worst GPU link, and the operator's pod bookkeeping.",
-            "additionalProperties": {
-                "type": "object",
-                "properties": {
-                    "desired": {"type": "integer", "description": "The role's pods (replicas, and its standby)."},
-                    "replicas": {"type": "integer", "description": "Replicas the driver's WorkerGroup runs now, as "
-                                                                "it reported (a live resize shows here once applied)."},
-                    "colocatedWith": {"type": "string",
-                                      "description": "spec.roles.<role>.colocateWith: the role whose pods run this "
-                                                     "role's ranks (desired and ready count those pods)."},
-                    "standby": {"type": "integer", "description": "Standby pods (a role's warm standby)."},
-                    "ready": {"type": "integer"},
-                    "restarts": {"type": "integer", "description": "max(podRestarts, the driver's count)."},
-                    "podRestarts": {"type": "integer",
-                                    "description": "Restarts the operator counted from pod failures."},
-                    "lastFailure": {"type": "string",
-                                    "description": "The newest failure: a pod's, or the one the driver reported."},
-                    "driverFailure": {"type": "string", "description": "The newest failure the driver reported "
-                                                                      "(a hang's diagnosis, a process that died)."},
-                    "worstLink": {"type": "string", "description": "Worst GPU link inside the role's groups "
-                                                                  "(NV#, PIX, PXB, PHB, NODE, SYS)."},
-                    "unschedulable": {"type": "string",
-                                      "description": "Why the role's pods wait for a node, in the scheduler's words."},
-                    "unschedulableSince": {"type": "string", "description": "When the role began to wait for a node "
-                                                                          "(startTimeoutSeconds bounds the wait)."},
-                    "imageWaiting": {"type": "string", "description": "Why a pod of the role cannot start from its "
-                                                                    "image (ImagePullBackOff, ErrImageNeverPull)."},
-                    "members": {"type": "object", "additionalProperties": {"type": "string"},
-                                "description": "Pods seen alive, uid -> name (a member that vanishes was deleted)."},
-                    "handledUIDs": {"type": "array", "items": {"type": "string"},
-                                    "description": "Pods whose failure is already counted."},
-                },
-            },
-        },
-    },
-}
+from .model import GROUP, KIND, PLURAL, SHORT_NAME, VERSION, JobSpec
+from .status import JobStatus
 
 PRINTER_COLUMNS = [
     {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
@@ -166,6 +77,21 @@ def spec_schema() -> dict[str, Any]:
     return structural(raw, raw.get("$defs", {}))
 
 
+class NoneOmitted(GenerateJsonSchema):
+    """JSON Schema of a model dumped with ``exclude_none``: a field that is None is left out, never written as
+    null, so an optional field's schema is its value's (no ``nullable``)."""
+
+    def nullable_schema(self, schema: Any) -> dict[str, Any]:
+        return self.generate_inner(schema["schema"])
+
+
+def status_schema() -> dict[str, Any]:
+    """The structural schema of `.status`: every field the operator writes (`kuberl.spec.status`) and nothing else,
+    as a real API server prunes undeclared status fields."""
+    raw = JobStatus.model_json_schema(by_alias=True, mode="serialization", schema_generator=NoneOmitted)
+    return structural(raw, raw.get("$defs", {}))
+
+
 def generate_crd() -> dict[str, Any]:
     """The full CustomResourceDefinition object for RLTrainingJob."""
     schema = {
@@ -176,7 +102,7 @@ def generate_crd() -> dict[str, Any]:
             "kind": {"type": "string"},
             "metadata": {"type": "object"},
             "spec": spec_schema(),
-            "status": STATUS_SCHEMA,
+            "status": status_schema(),
         },
     }
     return {
