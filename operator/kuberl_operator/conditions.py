@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 READY = "Ready"
@@ -10,6 +10,7 @@ SUSPENDED = "Suspended"
 SUCCEEDED = "Succeeded"
 FAILED = "Failed"
 TERMINAL = (SUCCEEDED, FAILED)
+Change = tuple[str, bool, str, str]  # a condition to set: type, status, reason, message
 
 
 def find(conditions: Sequence[Mapping[str, Any]], type_: str) -> Mapping[str, Any] | None:
@@ -40,3 +41,12 @@ def set_condition(
     if old is None:
         return [dict(c) for c in conditions] + [new]
     return [new if c.get("type") == type_ else dict(c) for c in conditions]
+
+
+def set_conditions(conditions: Sequence[Mapping[str, Any]], changes: Iterable[Change], generation: int,
+                   now: str) -> list[dict[str, Any]]:
+    """A new list with each of ``changes`` set in turn (`set_condition`)."""
+    out = [dict(c) for c in conditions]
+    for type_, status, reason, message in changes:
+        out = set_condition(out, type_, status, reason, message, generation, now)
+    return out

@@ -1,8 +1,11 @@
 """Observations -> the job's status: phase, conditions, per-role health, progress, and the actions
 that follow (pods to delete, Events to post, the RayCluster to tear down).
 
-``decide`` is pure; the reconciler gathers the observations, writes the status it returns with a
-resourceVersion precondition, and only then acts, so every action follows a recorded decision.
+``decide`` is pure, a chain of small named rules: the sticky rule of a finished job, each role's and the
+head's outcome (`role_outcome`, `head_outcome`), the Events of new failures, the phase rule (ended,
+suspended or active), the status assembly (typed: `kuberl.spec.status`) and the pods to delete. The
+reconciler gathers the observations, writes the status it returns with a resourceVersion precondition, and
+only then acts, so every action follows a recorded decision.
 """
 
 from __future__ import annotations
@@ -10,20 +13,20 @@ from __future__ import annotations
 import datetime
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, get_args
 
 from kuberl.colocation import host_of
 from kuberl.spec import RLTrainingJob, enabled_roles
 from kuberl.spec.contract import Reason, restart_budget_spent
+from kuberl.spec.status import HeadStatus, JobPhase, JobStatus, RoleStatus
 
 from . import conditions as cond
 from . import names, rescale
-from .health import PodView, Tracking, assess_role
+from .health import PodView, RoleHealth, Tracking, assess_role
 from .progress import DriverOutcome, Progress
 from .spec_changes import unapplied_changes
 
-PENDING, PROVISIONING, RUNNING, RESTARTING = "Pending", "Provisioning", "Running", "Restarting"
-SUCCEEDED, FAILED, SUSPENDED = "Succeeded", "Failed", "Suspended"
+PENDING, PROVISIONING, RUNNING, RESTARTING, SUCCEEDED, FAILED, SUSPENDED = get_args(JobPhase)
 ROLE_RESTARTING = "RoleRestarting"
 HEAD_FAILED = "RayHeadFailed"  # the Ray head pod failed: the whole Ray cluster restarts
 ROLE_FAILED = "RoleFailed"  # the driver reported a role's failure (a hang's diagnosis, a process that died)
@@ -34,6 +37,12 @@ RESTART_TIMED_OUT = "RestartTimedOut"  # Restarting past spec.resilience.restart
 PROVISIONING_TIMED_OUT = "ProvisioningTimedOut"  # Provisioning past spec.resilience.startTimeoutSeconds
 TIME_FORMAT = "%Y-%m-%dT%H:%M:%SZ"  # every time in status (reconcile.now)
 PLACEMENT_DEGRADED = Reason.PLACEMENT_DEGRADED.value  # the driver refused GPUs linked below spec.placement.minLink
+REWRITTEN = ("rayCluster", "rayClusterUID", "pendingChanges")  # kept from the old status only if written again
+# A role's new report, Event per change of its value: (RoleStatus field, Event reason, message with {role}, {why}).
+NEWS = (("driver_failure", ROLE_FAILED, "role {role} (reported by the driver): {why}"),
+        ("image_waiting", IMAGE_PULL_FAILED, "role {role}: {why}"),
+        ("unschedulable", UNSCHEDULABLE, "role {role} waits for a node: {why}"))
+PhaseNote = tuple[str, str, str]  # (phase, reason, message): how a job ended (verdict, overdue), or its active phase
 
 
 @dataclass(frozen=True)
@@ -52,6 +61,8 @@ class Observed:
 
 @dataclass(frozen=True)
 class Event:
+    """A Kubernetes Event about the job, posted after its status is written."""
+
     type: str  # Normal or Warning
     reason: str
     message: str
@@ -59,6 +70,8 @@ class Event:
 
 @dataclass(frozen=True)
 class Decision:
+    """What a pass writes (the status, as JSON) and does."""
+
     status: dict[str, Any]
     events: tuple[Event, ...] = ()
     delete_pods: tuple[str, ...] = ()
@@ -69,111 +82,153 @@ class Decision:
 
 @dataclass
 class RoleOutcome:
-    status: dict[str, Any]
+    """A role's status this pass, and what its pods' health asks for."""
+
+    status: RoleStatus
     failures: tuple[str, ...]
     doomed: tuple[str, ...]
     leaving: tuple[str, ...] = ()  # pods given up by a shrink (no failure): KubeRay deletes them
 
 
+@dataclass(frozen=True)
+class PodCount:
+    """One pass's count of a role's pods: ready ones, new failures, pods to delete, pods a shrink gives up."""
+
+    ready: int = 0
+    failures: tuple[str, ...] = ()
+    doomed: tuple[str, ...] = ()
+    leaving: tuple[str, ...] = ()
+    tracking: Tracking = field(default_factory=Tracking)
+
+
+def previous_role(old: Mapping[str, Any], role: str) -> Mapping[str, Any]:
+    """The role's entry in the old status (empty when it has none)."""
+    return (old.get("roles") or {}).get(role) or {}
+
+
+def cluster_pods(pods: Sequence[PodView], seen: Observed, role: str | None = None) -> list[PodView]:
+    """The pods of the live RayCluster, of one ``role`` (None: any); none without a RayCluster."""
+    if seen.cluster_uid is None:
+        return []
+    return [p for p in pods if p.owner == seen.cluster_uid and (role is None or p.role == role)]
+
+
+def known_tracking(old: Mapping[str, Any], prev: Mapping[str, Any], seen: Observed) -> Tracking:
+    """The bookkeeping to count against: the old status's, unless the RayCluster was replaced since."""
+    return Tracking.from_status(prev) if old.get("rayClusterUID") == seen.cluster_uid else Tracking()
+
+
+def shrink(job: RLTrainingJob, role: str, pods: Sequence[PodView], known: Tracking, seen: Observed,
+           live: Sequence[str]) -> tuple[tuple[str, ...], Tracking]:
+    """The pods a live shrink of the role gives up (``live``: the roles resized live), and the bookkeeping that
+    counts their going as no failure."""
+    if role not in live:
+        return (), known
+    keep = rescale.group_pods(job, role, seen.progress, seen.applied_spec, seen.groups.get(role))
+    if keep >= (seen.groups.get(role) or 0):
+        return (), known
+    gone = rescale.leaving(pods, keep, seen.progress.hosts_of(role))
+    leaving = tuple(p.name for p in gone)
+    members = {u: n for u, n in known.members.items() if n not in leaving}
+    return leaving, Tracking(members, known.handled | {p.uid for p in gone})
+
+
+def count_pods(job: RLTrainingJob, role: str, host: str, pods: Sequence[PodView], known: Tracking, seen: Observed,
+               live: Sequence[str], cluster_restart: bool) -> PodCount:
+    """New failures of a role's pods and the pods to delete; on a ``cluster_restart`` every pod goes and none of
+    it is the role's failure."""
+    leaving, known = shrink(job, role, pods, known, seen, live)
+    # KubeRay deletes what a shrink gives up, never the operator: were the pod gone before KubeRay's
+    # own delete of it, KubeRay would count it still there and delete another pod of the group.
+    kuberay_deletes = {*leaving, *seen.given_up.get(host, ())}
+    if cluster_restart:
+        doomed = tuple(sorted(p.name for p in pods if not p.deleting and p.name not in kuberay_deletes))
+        return PodCount(doomed=doomed, leaving=leaving, tracking=Tracking({}, frozenset(p.uid for p in pods)))
+    health = assess_role(pods, known, gang=not job.spec.standby(host))
+    doomed = tuple(n for n in health.doomed if n not in kuberay_deletes)
+    return PodCount(health.ready, health.failures, doomed, leaving, health.tracking)
+
+
+def newest_failure(prev: Mapping[str, Any], now: str, failures: Sequence[str], reported: str | None,
+                   image: str | None) -> str | None:
+    """``lastFailure``: the old one, unless this pass brings new pod failures, a new report of the driver's, or a
+    new image problem (the later of these wins)."""
+    last = prev.get("lastFailure")
+    if failures:
+        last = f"{now}: {'; '.join(failures)}"
+    if reported and reported != prev.get("driverFailure"):
+        last = f"{now}: {reported}"
+    if image and image != prev.get("imageWaiting"):
+        last = f"{now}: {image}"
+    return last or None
+
+
+def role_status(job: RLTrainingJob, role: str, host: str, prev: Mapping[str, Any], seen: Observed,
+                pods: Sequence[PodView], count: PodCount, now: str) -> RoleStatus:
+    """``status.roles.<role>`` from this pass's count of its pods, the driver's report and the old entry."""
+    reported, image, waits = seen.progress.failure_of(role), image_problem(pods), waiting_for_node(pods)
+    pod_restarts = int(prev.get("podRestarts", 0)) + (1 if count.failures else 0)
+    standby = int(job.spec.standby(role))
+    return RoleStatus(
+        desired=job.spec.roles.get(role).replicas + standby,  # the role's pods, its standby's included
+        colocated_with=host if host != role else None,
+        standby=standby or None,
+        ready=count.ready,
+        restarts=max(pod_restarts, seen.progress.restarts_of(role)),
+        pod_restarts=pod_restarts,
+        last_failure=newest_failure(prev, now, count.failures, reported, image),
+        driver_failure=reported or None,
+        replicas=seen.progress.replicas_of(role),
+        worst_link=seen.progress.link_of(role) or None,
+        unschedulable=waits,
+        unschedulable_since=(prev.get("unschedulableSince") or now) if waits else None,
+        image_waiting=image,
+        **count.tracking.to_status(),
+    )
+
+
 def role_outcome(role: str, job: RLTrainingJob, old: Mapping[str, Any], seen: Observed, accounting: bool,
-                 now: str, cluster_restart: bool = False) -> RoleOutcome:
-    """One role's status; with ``accounting`` on, new pod failures are counted and its gang doomed. On a
-    ``cluster_restart`` (the head failed) every pod of the role goes, and none of it counts as the role's failure.
+                 now: str, live: Sequence[str], cluster_restart: bool = False) -> RoleOutcome:
+    """One role's status; with ``accounting`` on, new pod failures are counted and its gang doomed (``live``: the
+    roles resized live, `rescale.live_roles`). On a ``cluster_restart`` (the head failed) every pod of the role
+    goes, and none of it counts as the role's failure.
 
     A colocated role's pods are its host's (``colocateWith``): it is ready when they are, and their failure is
     its failure too (its processes ran there), counted against its own budget with its own bookkeeping; they go
     as the host's gang. A failure of its processes alone is the driver's to see and restart: it comes in the
     progress report (restarts, lastFailure), and no pod is touched for it."""
-    spec = job.spec.roles.get(role)
-    host = host_of(job.spec, role)
-    prev = (old.get("roles") or {}).get(role) or {}
-    pods = [p for p in seen.pods if p.role == host and seen.cluster_uid is not None and p.owner == seen.cluster_uid]
-    pod_restarts = int(prev.get("podRestarts", 0))
-    last_failure = prev.get("lastFailure")
-    failures: tuple[str, ...] = ()
-    doomed: tuple[str, ...] = ()
-    leaving: tuple[str, ...] = ()
-    if accounting:
-        same_cluster = old.get("rayClusterUID") == seen.cluster_uid
-        known = Tracking.from_status(prev) if same_cluster else Tracking()
-        live = role in rescale.live_roles(job)
-        keep = rescale.group_pods(job, role, seen.progress, seen.applied_spec, seen.groups.get(role)) if live else 0
-        if live and keep < (seen.groups.get(role) or 0):
-            gone = rescale.leaving(pods, keep, seen.progress.hosts_of(role))
-            leaving = tuple(p.name for p in gone)
-            known = Tracking({u: n for u, n in known.members.items() if n not in leaving},
-                             known.handled | {p.uid for p in gone})
-        health = assess_role(pods, known, gang=not job.spec.standby(host))
-        failures, doomed, tracking, ready = health.failures, health.doomed, health.tracking, health.ready
-        if cluster_restart:
-            failures, ready, tracking = (), 0, Tracking({}, frozenset(p.uid for p in pods))
-            doomed = tuple(sorted(p.name for p in pods if not p.deleting))
-        # KubeRay deletes what a shrink gives up, never the operator: were the pod gone before KubeRay's
-        # own delete of it, KubeRay would count it still there and delete another pod of the group.
-        kuberay_deletes = {*leaving, *seen.given_up.get(host, ())}
-        doomed = tuple(n for n in doomed if n not in kuberay_deletes)
-        if failures:
-            pod_restarts += 1
-            last_failure = f"{now}: {'; '.join(failures)}"
-    else:
-        tracking, ready = Tracking(), 0
-    reported = seen.progress.failure_of(role)  # what the driver saw (a hang's diagnosis): no pod failed for it
-    if reported and reported != prev.get("driverFailure"):
-        last_failure = f"{now}: {reported}"
-    image = image_problem(pods)
-    if image and image != prev.get("imageWaiting"):
-        last_failure = f"{now}: {image}"
-    standby = int(job.spec.standby(role))
-    status = {
-        "desired": spec.replicas + standby,  # the role's pods, its standby's included
-        **({"colocatedWith": host} if host != role else {}),
-        **({"standby": standby} if standby else {}),
-        "ready": ready,
-        "restarts": max(pod_restarts, seen.progress.restarts_of(role)),
-        "podRestarts": pod_restarts,
-        **({"lastFailure": last_failure} if last_failure else {}),
-        **({"driverFailure": reported} if reported else {}),
-        **({"replicas": n} if (n := seen.progress.replicas_of(role)) is not None else {}),
-        **({"worstLink": link} if (link := seen.progress.link_of(role)) else {}),
-        **({"unschedulable": waits, "unschedulableSince": prev.get("unschedulableSince") or now}
-           if (waits := waiting_for_node(pods)) else {}),
-        **({"imageWaiting": image} if image else {}),
-        **tracking.to_status(),
-    }
-    return RoleOutcome(status, failures, doomed, leaving)
+    host, prev = host_of(job.spec, role), previous_role(old, role)
+    pods = cluster_pods(seen.pods, seen, host)
+    count = (count_pods(job, role, host, pods, known_tracking(old, prev, seen), seen, live, cluster_restart)
+             if accounting else PodCount())
+    return RoleOutcome(role_status(job, role, host, prev, seen, pods, count, now), count.failures, count.doomed,
+                       count.leaving)
 
 
 @dataclass
 class HeadOutcome:
-    status: dict[str, Any]
+    """The Ray head's status this pass, and what its pod's health asks for."""
+
+    status: HeadStatus
     failures: tuple[str, ...]
     doomed: tuple[str, ...]
     observed: bool  # a head pod of the current cluster is listed
-    ready: bool
 
 
 def head_outcome(old: Mapping[str, Any], seen: Observed, accounting: bool, now: str) -> HeadOutcome:
     """The Ray head's status (``status.head``), counted like a role of one pod: a head pod that fails,
     is deleted, or whose node is lost is a new failure, once."""
     prev = old.get("head") or {}
-    pods = [p for p in seen.head if seen.cluster_uid is not None and p.owner == seen.cluster_uid]
-    restarts, last_failure = int(prev.get("restarts", 0)), prev.get("lastFailure")
-    failures: tuple[str, ...] = ()
-    doomed: tuple[str, ...] = ()
-    tracking, ready = Tracking(), False
-    if accounting:
-        same_cluster = old.get("rayClusterUID") == seen.cluster_uid
-        health = assess_role(pods, Tracking.from_status(prev) if same_cluster else Tracking())
-        failures, doomed, tracking, ready = health.failures, health.doomed, health.tracking, health.ready > 0
-        if failures:
-            restarts += 1
-            last_failure = f"{now}: {'; '.join(failures)}"
-    status = {"ready": ready, "restarts": restarts, **({"lastFailure": last_failure} if last_failure else {}),
-              **tracking.to_status()}
-    return HeadOutcome(status, failures, doomed, bool(pods), ready)
+    pods = cluster_pods(seen.head, seen)
+    health = assess_role(pods, known_tracking(old, prev, seen)) if accounting else RoleHealth(0, (), Tracking(), ())
+    failed = f"{now}: {'; '.join(health.failures)}" if health.failures else None
+    status = HeadStatus(ready=health.ready > 0, restarts=int(prev.get("restarts", 0)) + (1 if failed else 0),
+                        last_failure=failed or prev.get("lastFailure") or None, **health.tracking.to_status())
+    return HeadOutcome(status, health.failures, health.doomed, bool(pods))
 
 
 def parse_time(when: str) -> datetime.datetime:
+    """A time as status writes it (``TIME_FORMAT``), in UTC."""
     return datetime.datetime.strptime(when, TIME_FORMAT).replace(tzinfo=datetime.UTC)
 
 
@@ -182,26 +237,31 @@ def later(when: str, seconds: float) -> str:
     return (parse_time(when) + datetime.timedelta(seconds=seconds)).strftime(TIME_FORMAT)
 
 
-def overdue(job: RLTrainingJob, active: tuple[str, str, str], roles: Mapping[str, RoleOutcome],
-            head: HeadOutcome, old: Mapping[str, Any], now: str) -> tuple[str, str, str] | None:
+def deadline(job: RLTrainingJob, phase: str) -> tuple[float, str, str] | None:
+    """(seconds, spec.resilience field, Failed reason) bounding ``phase``; None for a phase without a deadline."""
+    resilience = job.spec.resilience
+    if phase == RESTARTING:
+        return resilience.restart_deadline_seconds(), "restartTimeoutSeconds", RESTART_TIMED_OUT
+    if phase == PROVISIONING:
+        return resilience.start_timeout_seconds, "startTimeoutSeconds", PROVISIONING_TIMED_OUT
+    return None
+
+
+def overdue(job: RLTrainingJob, active: PhaseNote, roles: Mapping[str, RoleOutcome], head: HeadOutcome,
+            old: Mapping[str, Any], now: str) -> PhaseNote | None:
     """(Failed, reason, message) when the job has been Restarting or Provisioning past its deadline, in the
     same phase since ``status.phaseSince``; the message names what it waited for: the phase's own message and
     the pods not ready, by role."""
     phase, _, message = active
-    since = old.get("phaseSince")
-    if phase != old.get("phase") or not since:
+    since = old.get("phaseSince") if phase == old.get("phase") else None
+    bounded = deadline(job, phase) if since else None
+    if since is None or bounded is None:
         return None
-    resilience = job.spec.resilience
-    if phase == RESTARTING:
-        bound, name, reason = resilience.restart_deadline_seconds(), "restartTimeoutSeconds", RESTART_TIMED_OUT
-    elif phase == PROVISIONING:
-        bound, name, reason = resilience.start_timeout_seconds, "startTimeoutSeconds", PROVISIONING_TIMED_OUT
-    else:
-        return None
+    bound, name, reason = bounded
     if (parse_time(now) - parse_time(since)).total_seconds() < bound:
         return None
-    waiting = [f"role {r} {o.status['ready']}/{o.status['desired']}" for r, o in roles.items()
-               if o.status["ready"] < o.status["desired"]] + ([] if head.ready else ["the Ray head"])
+    waiting = [f"role {r} {o.status.ready}/{o.status.desired}" for r, o in roles.items()
+               if o.status.ready < o.status.desired] + ([] if head.status.ready else ["the Ray head"])
     return FAILED, reason, (f"{phase} since {since}, past spec.resilience.{name} ({bound:g}s): {message}; "
                             f"not ready: {', '.join(waiting) or 'none'}")
 
@@ -221,13 +281,13 @@ def image_problem(pods: Sequence[PodView]) -> str | None:
     return f"pod {stuck[0][0]} {stuck[0][1]}" if stuck else None
 
 
-def verdict(job: RLTrainingJob, roles: Mapping[str, RoleOutcome], seen: Observed) -> tuple[str, str, str] | None:
+def verdict(job: RLTrainingJob, roles: Mapping[str, RoleOutcome], seen: Observed) -> PhaseNote | None:
     """(phase, reason, message) when the job is over: a spent restart budget, or the driver's outcome."""
     for r, o in roles.items():
         budget = job.spec.roles.get(r).max_restarts
-        if restart_budget_spent(o.status["restarts"], budget):
-            last = f"; last failure {o.status['lastFailure']}" if o.status.get("lastFailure") else ""
-            message = (f"role {r} restarted {o.status['restarts']} times, more than "
+        if restart_budget_spent(o.status.restarts, budget):
+            last = f"; last failure {o.status.last_failure}" if o.status.last_failure else ""
+            message = (f"role {r} restarted {o.status.restarts} times, more than "
                        f"spec.{job.spec.roles.path(r)}.maxRestarts ({budget}){last}")
             return FAILED, Reason.REACHED_MAX_RESTARTS.value, message
     if job.spec.suspend or seen.driver is None:
@@ -246,136 +306,219 @@ def shared_action(host: str) -> str:
 
 
 def head_failed_message(head: HeadOutcome) -> str:
+    """The message of a head failure: the Ready condition's and the Event's."""
     return (f"Ray head {'; '.join(head.failures)}: the whole Ray cluster restarts (every role's pods are "
             f"replaced; the driver resumes from its last checkpoint)")
 
 
-def active_phase(job: RLTrainingJob, roles: Mapping[str, RoleOutcome], seen: Observed,
-                 ready: Mapping[str, Any] | None, head: HeadOutcome | None = None) -> tuple[str, str, str]:
-    """(phase, Ready reason, message) of a job that runs; ``ready`` is the previous Ready condition."""
-    restarting = [r for r, o in roles.items() if o.failures]
-    waiting = [f"{r} {o.status['ready']}/{o.status['desired']}" for r, o in roles.items()
-               if o.status["ready"] < o.status["desired"]]
-    if seen.cluster_uid is None:
-        return PENDING, "WaitingForRayCluster", f"waiting for RayCluster {names.cluster(job.metadata.name)}"
-    if head is not None and head.failures:
+def not_ready(roles: Mapping[str, RoleOutcome], head: HeadOutcome) -> list[str]:
+    """What is not ready: the Ray head (a listed head pod, not ready) first, then "ROLE ready/desired" per role."""
+    down = ["the Ray head"] if head.observed and not head.status.ready else []
+    return down + [f"{r} {o.status.ready}/{o.status.desired}" for r, o in roles.items()
+                   if o.status.ready < o.status.desired]
+
+
+def restarting_phase(roles: Mapping[str, RoleOutcome], ready: Mapping[str, Any], head: HeadOutcome,
+                     waiting: Sequence[str]) -> PhaseNote | None:
+    """Restarting: the head or a role failed this pass, or did before and something is not ready again yet
+    (``ready``: the previous Ready condition, empty when none)."""
+    if head.failures:
         return RESTARTING, HEAD_FAILED, head_failed_message(head)
-    head_down = head is not None and head.observed and not head.ready
-    if ready is not None and ready.get("reason") == HEAD_FAILED and (waiting or head is None or not head.ready):
+    previous = ready.get("reason")
+    if previous == HEAD_FAILED and (waiting or not head.status.ready):
         return RESTARTING, HEAD_FAILED, ready["message"]  # until the new head and every role are ready
-    if head_down:
-        waiting.insert(0, "the Ray head")
+    restarting = [r for r, o in roles.items() if o.failures]
     if restarting:
         return RESTARTING, ROLE_RESTARTING, f"restarting {', '.join(restarting)}"
-    if waiting and ready is not None and ready.get("reason") == ROLE_RESTARTING:
+    if waiting and previous == ROLE_RESTARTING:
         return RESTARTING, ROLE_RESTARTING, ready["message"]  # until the restarted role is ready again
+    return None
+
+
+def node_wait(role: str, status: RoleStatus, bound: float) -> str:
+    """A role that waits for a node, since when, and when the driver gives up (``bound`` seconds after)."""
+    since = status.unschedulable_since or ""
+    return (f"role {role} waits for a node: {status.unschedulable} (since {since}; the driver gives up at "
+            f"{later(since, bound)}, spec.resilience.startTimeoutSeconds {bound:g}s after)")
+
+
+def provisioning_phase(job: RLTrainingJob, roles: Mapping[str, RoleOutcome],
+                       waiting: Sequence[str]) -> PhaseNote | None:
+    """Provisioning: a role waits for a node, can't start from its image, or its pods are not all ready."""
     bound = job.spec.resilience.start_timeout_seconds
-    stuck = [f"role {r} waits for a node: {o.status['unschedulable']} (since {o.status['unschedulableSince']}; the "
-             f"driver gives up at {later(o.status['unschedulableSince'], bound)}, "
-             f"spec.resilience.startTimeoutSeconds {bound:g}s after)" for r, o in roles.items()
-             if o.status.get("unschedulable")]
+    stuck = [node_wait(r, o.status, bound) for r, o in roles.items() if o.status.unschedulable]
     if stuck:
         return PROVISIONING, UNSCHEDULABLE, "; ".join(stuck)
-    images = [f"role {r}: {o.status['imageWaiting']}" for r, o in roles.items() if o.status.get("imageWaiting")]
+    images = [f"role {r}: {o.status.image_waiting}" for r, o in roles.items() if o.status.image_waiting]
     if images:
         return PROVISIONING, IMAGE_PULL_FAILED, "; ".join(images) + " (check spec.image or the operator's --image)"
     if waiting:
         return PROVISIONING, "RolesNotReady", f"waiting for pods: {', '.join(waiting)}"
-    return RUNNING, "AllRolesReady", f"all {len(roles)} roles ready"
+    return None
 
 
-def restart_note(job: RLTrainingJob, role: str, outcome: RoleOutcome, action: str) -> str:
+def active_phase(job: RLTrainingJob, roles: Mapping[str, RoleOutcome], seen: Observed, ready: Mapping[str, Any],
+                 head: HeadOutcome) -> PhaseNote:
+    """(phase, Ready reason, message) of a job that runs; ``ready`` is the previous Ready condition (empty when
+    none)."""
+    if seen.cluster_uid is None:
+        return PENDING, "WaitingForRayCluster", f"waiting for RayCluster {names.cluster(job.metadata.name)}"
+    waiting = not_ready(roles, head)
+    return (restarting_phase(roles, ready, head, waiting) or provisioning_phase(job, roles, waiting)
+            or (RUNNING, "AllRolesReady", f"all {len(roles)} roles ready"))
+
+
+def restart_action(job: RLTrainingJob, role: str) -> str:
+    """What a pod failure of the role does to its pods: its standby takes over, or its gang restarts."""
+    if job.spec.standby(role):
+        return "its standby takes the failed pods' place, and a new standby pod is made"
+    return "restarting the role's pods"
+
+
+def restart_note(job: RLTrainingJob, role: str, outcome: RoleOutcome) -> str:
     """What a role's newest failure leads to: its restart (n of at most maxRestarts), or the job's end."""
-    budget, restarts = job.spec.roles.get(role).max_restarts, outcome.status["restarts"]
+    budget, restarts = job.spec.roles.get(role).max_restarts, outcome.status.restarts
     if restart_budget_spent(restarts, budget):
         return f"no restart: failure {restarts} spends spec.{job.spec.roles.path(role)}.maxRestarts ({budget})"
-    host = outcome.status.get("colocatedWith")
-    return f"{shared_action(host) if host else action} (restart {restarts} of at most {budget})"
+    host = outcome.status.colocated_with
+    return f"{shared_action(host) if host else restart_action(job, role)} (restart {restarts} of at most {budget})"
+
+
+def sticky(old: Mapping[str, Any], seen: Observed) -> Decision:
+    """A finished job's status is final: kept as it is; its RayCluster, if still there, is torn down."""
+    return Decision(dict(old), teardown=seen.cluster_uid is not None)
+
+
+def outcomes(job: RLTrainingJob, old: Mapping[str, Any], seen: Observed, now: str,
+             live: Sequence[str]) -> tuple[HeadOutcome, dict[str, RoleOutcome]]:
+    """The head's and each enabled role's outcome; pods are counted only while the job runs on a RayCluster."""
+    accounting = not job.spec.suspend and seen.cluster_uid is not None
+    head = head_outcome(old, seen, accounting, now)
+    roles = {r: role_outcome(r, job, old, seen, accounting, now, live, cluster_restart=bool(head.failures))
+             for r in enabled_roles(job.spec)}
+    return head, roles
+
+
+def news(roles: Mapping[str, RoleOutcome], old: Mapping[str, Any], name: str) -> list[tuple[str, str]]:
+    """(role, value) of each role whose RoleStatus field ``name`` is set and not what the old status said."""
+    alias = RoleStatus.model_fields[name].alias
+    return [(r, why) for r, o in roles.items()
+            if (why := getattr(o.status, name)) and why != previous_role(old, r).get(alias)]
+
+
+def failure_events(job: RLTrainingJob, old: Mapping[str, Any], head: HeadOutcome,
+                   roles: Mapping[str, RoleOutcome]) -> list[Event]:
+    """Warning Events of this pass's news: a head failure, each role's restart, and each role's new report of the
+    driver, image problem or wait for a node."""
+    events = [Event("Warning", HEAD_FAILED, head_failed_message(head))] if head.failures else []
+    events += [Event("Warning", "RoleRestart", f"role {r}: {'; '.join(o.failures)}; {restart_note(job, r, o)}")
+               for r, o in roles.items() if o.failures]
+    return events + [Event("Warning", reason, text.format(role=r, why=why))
+                     for name, reason, text in NEWS for r, why in news(roles, old, name)]
+
+
+@dataclass(frozen=True)
+class PhaseStep:
+    """The job's phase this pass: its message, conditions and Events, and whether the job ended."""
+
+    phase: str
+    message: str
+    conditions: list[dict[str, Any]]
+    events: tuple[Event, ...] = ()
+    ended: bool = False
+
+
+def ended_step(conds: list[dict[str, Any]], ended: PhaseNote, generation: int, now: str) -> PhaseStep:
+    """A job that ended: its Succeeded or Failed condition (and PlacementDegraded for that reason), Ready False,
+    and an Event."""
+    phase, reason, message = ended
+    degraded = [(PLACEMENT_DEGRADED, True, reason, message)] if reason == PLACEMENT_DEGRADED else []
+    changes = [(phase, True, reason, message), *degraded, (cond.READY, False, f"Job{phase}", message)]
+    event = Event("Normal" if phase == SUCCEEDED else "Warning", reason, message)
+    return PhaseStep(phase, message, cond.set_conditions(conds, changes, generation, now), (event,), ended=True)
+
+
+def suspended_step(conds: list[dict[str, Any]], generation: int, now: str) -> PhaseStep:
+    """A suspended job: conditions Suspended True and Ready False."""
+    message = "spec.suspend is true: the RayCluster and the driver are stopped"
+    changes = [(cond.SUSPENDED, True, "Suspended", message), (cond.READY, False, "Suspended", message)]
+    return PhaseStep(SUSPENDED, message, cond.set_conditions(conds, changes, generation, now))
+
+
+def active_step(conds: list[dict[str, Any]], active: PhaseNote, old: Mapping[str, Any], seen: Observed, generation: int,
+                now: str) -> PhaseStep:
+    """A job that runs: Ready from its phase (Suspended False once resumed), an Event when it starts Running, and
+    the driver's message while it runs."""
+    phase, reason, message = active
+    running = phase == RUNNING
+    was_suspended = cond.find(conds, cond.SUSPENDED) is not None
+    resumed = [(cond.SUSPENDED, False, "Resumed", "spec.suspend is false")] if was_suspended else []
+    conds = cond.set_conditions(conds, [*resumed, (cond.READY, running, reason, message)], generation, now)
+    events = (Event("Normal", "Running", message),) if running and old.get("phase") != RUNNING else ()
+    return PhaseStep(phase, seen.progress.message if running and seen.progress.message else message, conds, events)
+
+
+def phase_rule(job: RLTrainingJob, generation: int, old: Mapping[str, Any], seen: Observed, now: str,
+               head: HeadOutcome, roles: Mapping[str, RoleOutcome]) -> PhaseStep:
+    """The job's phase: ended (its verdict, or a deadline passed), else suspended, else active."""
+    conds = [dict(c) for c in old.get("conditions", [])]
+    ended = verdict(job, roles, seen)
+    if ended is None and job.spec.suspend:
+        return suspended_step(conds, generation, now)
+    if ended is None:
+        active = active_phase(job, roles, seen, cond.find(conds, cond.READY) or {}, head)
+        ended = overdue(job, active, roles, head, old, now)
+        if ended is None:
+            return active_step(conds, active, old, seen, generation, now)
+    return ended_step(conds, ended, generation, now)
+
+
+def assemble_status(job: RLTrainingJob, generation: int, old: Mapping[str, Any], seen: Observed, now: str,
+                    step: PhaseStep, head: HeadOutcome, roles: Mapping[str, RoleOutcome]) -> dict[str, Any]:
+    """The status to write: this pass's fields over the old status's others (progress the driver reports no
+    more stays); rayCluster, rayClusterUID and pendingChanges go when not written again."""
+    live, progress = seen.cluster_uid is not None, seen.progress
+    pending = live_pending(job, seen) if live and not job.spec.suspend else []
+    new = JobStatus(
+        phase=step.phase, message=step.message, conditions=step.conditions, observed_generation=generation,
+        phase_since=(old.get("phaseSince") or now) if old.get("phase") == step.phase else now,
+        roles={r: o.status for r, o in roles.items()}, head=head.status,
+        restarts=sum(o.status.restarts for o in roles.values()) + head.status.restarts,
+        pending_changes=pending or None,  # until applied: live ones by the driver, the rest by a suspend and resume
+        ray_cluster=names.cluster(job.metadata.name) if live else None, ray_cluster_uid=seen.cluster_uid,
+        step=progress.step, total_steps=progress.total_steps, tokens_per_sec=progress.tokens_per_sec,
+        resumed_from=progress.resumed_from, steps_lost=progress.steps_lost,
+    )
+    return {**{k: v for k, v in old.items() if k not in REWRITTEN}, **new.to_status()}
+
+
+def pods_to_delete(head: HeadOutcome, roles: Mapping[str, RoleOutcome]) -> tuple[str, ...]:
+    """The pods to delete now, each once: a colocated role dooms its host's pods with the host."""
+    return tuple(dict.fromkeys((*head.doomed, *(p for o in roles.values() for p in o.doomed))))
+
+
+def live_groups(job: RLTrainingJob, seen: Observed, roles: Mapping[str, RoleOutcome],
+                live: Sequence[str]) -> dict[str, int]:
+    """Worker group replicas of the ``live``-resized roles; none without a RayCluster."""
+    if seen.cluster_uid is None:
+        return {}
+    return {r: rescale.group_pods(job, r, seen.progress, seen.applied_spec, seen.groups.get(r))
+            for r in live if r in roles}
 
 
 def decide(job: RLTrainingJob, generation: int, old: Mapping[str, Any], seen: Observed, now: str) -> Decision:
     """The next status of a (valid) job and what to do about it."""
-    conds: list[dict[str, Any]] = [dict(c) for c in old.get("conditions", [])]
-    if cond.terminal(conds):  # sticky: a finished job's status is final
-        return Decision(dict(old), teardown=seen.cluster_uid is not None)
-
-    def put(type_: str, status: bool, reason: str, message: str) -> None:
-        nonlocal conds
-        conds = cond.set_condition(conds, type_, status, reason, message, generation, now)
-
-    accounting = not job.spec.suspend and seen.cluster_uid is not None
-    head = head_outcome(old, seen, accounting, now)
-    roles = {r: role_outcome(r, job, old, seen, accounting, now, cluster_restart=bool(head.failures))
-             for r in enabled_roles(job.spec)}
-    events = [Event("Warning", HEAD_FAILED, head_failed_message(head))] if head.failures else []
-    def action(role: str) -> str:
-        return ("its standby takes the failed pods' place, and a new standby pod is made" if job.spec.standby(role)
-                else "restarting the role's pods")
-
-    events += [Event("Warning", "RoleRestart", f"role {r}: {'; '.join(o.failures)}; "
-                                               f"{restart_note(job, r, o, action(r))}")
-               for r, o in roles.items() if o.failures]
-    events += [Event("Warning", ROLE_FAILED, f"role {r} (reported by the driver): {why}")
-               for r, o in roles.items()
-               if (why := o.status.get("driverFailure")) and why != ((old.get("roles") or {}).get(r) or {}).get(
-                   "driverFailure")]
-    events += [Event("Warning", IMAGE_PULL_FAILED, f"role {r}: {why}")
-               for r, o in roles.items()
-               if (why := o.status.get("imageWaiting")) and why != ((old.get("roles") or {}).get(r) or {}).get(
-                   "imageWaiting")]
-    events += [Event("Warning", UNSCHEDULABLE, f"role {r} waits for a node: {why}")
-               for r, o in roles.items()
-               if (why := o.status.get("unschedulable")) and why != ((old.get("roles") or {}).get(r) or {}).get(
-                   "unschedulable")]
-    ended, active = verdict(job, roles, seen), None
-    if ended is None and not job.spec.suspend:
-        active = active_phase(job, roles, seen, cond.find(conds, cond.READY), head)
-        ended = overdue(job, active, roles, head, old, now)
-    if ended is not None:
-        phase, reason, message = ended
-        put(phase, True, reason, message)  # the Succeeded or Failed condition
-        if reason == PLACEMENT_DEGRADED:
-            put(PLACEMENT_DEGRADED, True, reason, message)
-        put(cond.READY, False, f"Job{phase}", message)
-        events.append(Event("Normal" if phase == SUCCEEDED else "Warning", reason, message))
-    elif job.spec.suspend:
-        phase, message = SUSPENDED, "spec.suspend is true: the RayCluster and the driver are stopped"
-        put(cond.SUSPENDED, True, "Suspended", message)
-        put(cond.READY, False, "Suspended", message)
-    else:
-        if cond.find(conds, cond.SUSPENDED) is not None:
-            put(cond.SUSPENDED, False, "Resumed", "spec.suspend is false")
-        assert active is not None  # computed above for a job that runs
-        phase, reason, message = active
-        put(cond.READY, phase == RUNNING, reason, message)
-        if phase == RUNNING and old.get("phase") != RUNNING:
-            events.append(Event("Normal", "Running", message))
-        if phase == RUNNING and seen.progress.message:
-            message = seen.progress.message
-
-    status = {k: v for k, v in old.items() if k not in ("rayCluster", "rayClusterUID", "pendingChanges")}
-    if seen.cluster_uid is not None and not job.spec.suspend and (pending := live_pending(job, seen)):
-        status["pendingChanges"] = pending  # until applied: live ones by the driver, the rest by a suspend and resume
-    status.update(phase=phase, phaseSince=old.get("phaseSince") or now if old.get("phase") == phase else now,
-                  message=message, conditions=conds, observedGeneration=generation,
-                  roles={r: o.status for r, o in roles.items()}, head=head.status,
-                  restarts=sum(o.status["restarts"] for o in roles.values()) + head.status["restarts"])
-    if seen.cluster_uid is not None:
-        status.update(rayCluster=names.cluster(job.metadata.name), rayClusterUID=seen.cluster_uid)
-    progress = {"step": seen.progress.step, "totalSteps": seen.progress.total_steps,
-                "tokensPerSec": seen.progress.tokens_per_sec, "resumedFrom": seen.progress.resumed_from,
-                "stepsLost": seen.progress.steps_lost}
-    status.update({k: v for k, v in progress.items() if v is not None})
-    terminal = ended is not None
-    # a colocated role dooms its host's pods with the host: each pod is deleted once
-    doomed = dict.fromkeys((*head.doomed, *(p for o in roles.values() for p in o.doomed)))
-    delete_pods = () if terminal else tuple(doomed)
-    groups = {} if terminal or seen.cluster_uid is None else {
-        r: rescale.group_pods(job, r, seen.progress, seen.applied_spec, seen.groups.get(r))
-        for r in rescale.live_roles(job) if r in roles}
-    leaving = {r: o.leaving for r, o in roles.items() if o.leaving}
-    return Decision(status, tuple(events), delete_pods, teardown=terminal and seen.cluster_uid is not None,
-                    groups=groups, leaving=leaving)
+    if cond.terminal(old.get("conditions", [])):
+        return sticky(old, seen)
+    live = rescale.live_roles(job)  # once per pass: it walks the colocation sets
+    head, roles = outcomes(job, old, seen, now, live)
+    step = phase_rule(job, generation, old, seen, now, head, roles)
+    events = (*failure_events(job, old, head, roles), *step.events)
+    return Decision(assemble_status(job, generation, old, seen, now, step, head, roles), events,
+                    delete_pods=() if step.ended else pods_to_delete(head, roles),
+                    teardown=step.ended and seen.cluster_uid is not None,
+                    groups={} if step.ended else live_groups(job, seen, roles, live),
+                    leaving={r: o.leaving for r, o in roles.items() if o.leaving})
 
 
 def live_pending(job: RLTrainingJob, seen: Observed) -> list[str]:
@@ -386,11 +529,17 @@ def live_pending(job: RLTrainingJob, seen: Observed) -> list[str]:
     return sorted({f for f in unapplied_changes(seen.applied_spec, job) if f not in live} | waiting)
 
 
+def failed_status(old: Mapping[str, Any], generation: int, message: str, now: str,
+                  changes: Sequence[cond.Change]) -> dict[str, Any]:
+    """Status of a job that failed before anything was made: phase Failed, with the conditions ``changes`` set."""
+    conds = cond.set_conditions(old.get("conditions", []), changes, generation, now)
+    return JobStatus(phase=FAILED, message=message, conditions=conds, observed_generation=generation).to_status()
+
+
 def refused_status(old: Mapping[str, Any], generation: int, reason: str, message: str, now: str) -> dict[str, Any]:
     """Status of a job refused before anything was made: Failed for ``reason``, naming the fields."""
-    conds = cond.set_condition(old.get("conditions", []), cond.FAILED, True, reason, message, generation, now)
-    conds = cond.set_condition(conds, cond.READY, False, reason, message, generation, now)
-    return {"phase": FAILED, "message": message, "conditions": conds, "observedGeneration": generation}
+    return failed_status(old, generation, message, now, [(cond.FAILED, True, reason, message),
+                                                        (cond.READY, False, reason, message)])
 
 
 def invalid_spec_status(old: Mapping[str, Any], generation: int, message: str, now: str) -> dict[str, Any]:
@@ -406,11 +555,9 @@ def policy_denied_status(old: Mapping[str, Any], generation: int, message: str, 
 def infeasible_status(old: Mapping[str, Any], generation: int, message: str, now: str) -> dict[str, Any]:
     """Status of a job whose required placement no cluster can give (nothing was created): Failed
     with reason PlacementDegraded, and the PlacementDegraded condition naming the fields."""
-    conds = cond.set_condition(old.get("conditions", []), PLACEMENT_DEGRADED, True, "Infeasible", message,
-                               generation, now)
-    conds = cond.set_condition(conds, cond.FAILED, True, PLACEMENT_DEGRADED, message, generation, now)
-    conds = cond.set_condition(conds, cond.READY, False, PLACEMENT_DEGRADED, message, generation, now)
-    return {"phase": FAILED, "message": message, "conditions": conds, "observedGeneration": generation}
+    return failed_status(old, generation, message, now, [(PLACEMENT_DEGRADED, True, "Infeasible", message),
+                                                        (cond.FAILED, True, PLACEMENT_DEGRADED, message),
+                                                        (cond.READY, False, PLACEMENT_DEGRADED, message)])
 
 
 def merge_diff(old: Any, new: Any) -> Any:
