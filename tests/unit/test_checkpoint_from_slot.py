@@ -20,7 +20,7 @@ from .test_lora import IDS, logits, small_lm
 def trainer():
     from kuberl.workers.train import FSDPTrainer
 
-    return FSDPTrainer(small_lm(), torch.device("cpu"), torch.float32, 1e-2, 0.0, 1.0)
+    return FSDPTrainer(small_lm(), torch.device("cpu"), torch.float32, lr=1e-2, weight_decay=0.0, grad_clip=1.0)
 
 
 def update(t) -> None:

@@ -141,7 +141,8 @@ def test_trainer_trains_adapters_only_and_checkpoints_them_alone(one_rank_group,
     from kuberl.workers.train import FSDPTrainer
 
     def trainer() -> FSDPTrainer:
-        return FSDPTrainer(small_lm(), torch.device("cpu"), torch.float32, 1e-2, 0.0, 1.0, lora_spec=SPEC)
+        return FSDPTrainer(small_lm(), torch.device("cpu"), torch.float32, lr=1e-2, weight_decay=0.0, grad_clip=1.0,
+                           lora_spec=SPEC)
 
     t = trainer()
     before = t.full_state_dict()

@@ -22,9 +22,7 @@ class ActorWorker(Worker):
         policy = load_causal_lm(self.spec.model, seed=tr.seed)
         if self.spec.model.gradient_checkpointing:
             policy.gradient_checkpointing_enable()
-        self.trainer = FSDPTrainer(policy, self.device, self.dtype, tr.actor_lr, tr.weight_decay, tr.grad_clip,
-                                   tr.warmup_steps, self.kernels, self.role_spec.offload,
-                                   self.role_spec.lora, seed=tr.seed)
+        self.trainer = FSDPTrainer.for_role(self, policy)
         self.engine = make_engine(self.spec, self.device, self.dtype, self.tokenizer)
         self.sync_weights()
 

@@ -30,11 +30,10 @@ LossFn = Callable[[Batch], tuple[torch.Tensor, dict[str, torch.Tensor]]]
 class FSDPTrainer:
     """Owns a sharded model and its AdamW optimizer."""
 
-    def __init__(self, model: nn.Module, device: torch.device, dtype: torch.dtype, lr: float,
-                 weight_decay: float, grad_clip: float, warmup_steps: int = 0,
+    def __init__(self, model: nn.Module, device: torch.device, dtype: torch.dtype, *, lr: float,
+                 weight_decay: float, grad_clip: float, warmup_steps: int = 0, betas: tuple[float, float] = ADAMW_BETAS,
                  kernels: KernelOptions | None = None, offload: OffloadSpec | None = None,
-                 lora_spec: LoraSpec | None = None, *, head: tuple[str, ...] = (), seed: int = 0,
-                 betas: tuple[float, float] = ADAMW_BETAS):
+                 lora_spec: LoraSpec | None = None, head: tuple[str, ...] = (), seed: int = 0):
         """`lr`, `betas`, `weight_decay`: AdamW's; `warmup_steps`: of linear warm-up (set_step); `grad_clip`: the
         gradients' global norm bound. `kernels`: which training kernels to use (default: none of the compiled or
         fused ones).
@@ -65,8 +64,9 @@ class FSDPTrainer:
         (JobSpec.optim: spec.roles.<role>.optim with its deprecated aliases), offload and LoRA, and spec.trainer's
         gradClip and seed."""
         tr, rs, optim = worker.spec.trainer, worker.spec.roles.get(worker.role), worker.spec.optim(worker.role)
-        return cls(model, worker.device, worker.dtype, optim.lr, optim.weight_decay, tr.grad_clip, optim.warmup_steps,
-                   worker.kernels, rs.offload, rs.lora, head=head, seed=tr.seed, betas=tuple(optim.betas))
+        return cls(model, worker.device, worker.dtype, lr=optim.lr, weight_decay=optim.weight_decay,
+                   grad_clip=tr.grad_clip, warmup_steps=optim.warmup_steps, betas=tuple(optim.betas),
+                   kernels=worker.kernels, offload=rs.offload, lora_spec=rs.lora, head=head, seed=tr.seed)
 
     def train_minibatch(self, mb: Batch, micro_size: int, loss_fn: LossFn) -> dict[str, float]:
         """One optimizer step over a mini-batch on this rank.
