@@ -35,40 +35,44 @@ def structural(node: Any, defs: dict[str, Any]) -> Any:
         return node
     if "$ref" in node:
         target = defs[node["$ref"].split("/")[-1]]
-        merged = {**target, **{k: v for k, v in node.items() if k != "$ref"}}
-        return structural(merged, defs)
-    any_of = node.get("anyOf")
-    if any_of is not None:
-        kept = [s for s in any_of if s.get("type") != "null"]
-        if len(kept) != 1:
-            raise ValueError(f"cannot express anyOf {any_of} structurally")
-        rest = {k: v for k, v in node.items() if k != "anyOf"}
-        out = structural({**kept[0], **rest}, defs)
-        out["nullable"] = True
-        out.pop("default", None) if rest.get("default") is None else None
-        return out
+        return structural({**target, **{k: v for k, v in node.items() if k != "$ref"}}, defs)
+    if node.get("anyOf") is not None:
+        return _nullable(node, defs)
     out: dict[str, Any] = {}
     for key, value in node.items():
-        if key in _DROP:
-            continue
-        if key == "additionalProperties":  # a map's value schema is kept; `false` (extra="forbid") is not structural
-            if isinstance(value, dict) and "properties" not in node:
-                out[key] = structural(value, defs)
-            continue
-        if key == "const":
-            out["enum"] = [value]
-        elif key in ("exclusiveMinimum", "exclusiveMaximum"):
-            out["minimum" if key == "exclusiveMinimum" else "maximum"] = value
-            out[key] = True
-        elif key == "properties":
-            out[key] = {name: structural(sub, defs) for name, sub in value.items()}
-        elif key == "default" and value is None:
-            continue
-        else:
-            out[key] = structural(value, defs)
+        out.update(_keyword(key, value, node, defs))
     if "enum" in out and "type" not in out:
         out["type"] = "string"
     return out
+
+
+def _nullable(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
+    """`anyOf: [X, null]` (pydantic's `X | None`) as X with `nullable: true`; no other anyOf is structural."""
+    any_of = node["anyOf"]
+    kept = [s for s in any_of if s.get("type") != "null"]
+    if len(kept) != 1:
+        raise ValueError(f"cannot express anyOf {any_of} structurally")
+    rest = {k: v for k, v in node.items() if k != "anyOf"}
+    out = structural({**kept[0], **rest}, defs)
+    out["nullable"] = True
+    if rest.get("default") is None:
+        out.pop("default", None)
+    return out
+
+
+def _keyword(key: str, value: Any, node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
+    """One JSON-Schema keyword of `node` as the structural keywords it becomes (none where it is dropped)."""
+    if key in _DROP or (key == "default" and value is None):
+        return {}
+    if key == "additionalProperties":  # a map's value schema is kept; `false` (extra="forbid") is not structural
+        return {key: structural(value, defs)} if isinstance(value, dict) and "properties" not in node else {}
+    if key == "const":
+        return {"enum": [value]}
+    if key in ("exclusiveMinimum", "exclusiveMaximum"):
+        return {"minimum" if key == "exclusiveMinimum" else "maximum": value, key: True}
+    if key == "properties":
+        return {key: {name: structural(sub, defs) for name, sub in value.items()}}
+    return {key: structural(value, defs)}
 
 
 def spec_schema() -> dict[str, Any]:
