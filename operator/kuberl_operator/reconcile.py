@@ -22,7 +22,7 @@ import datetime
 import logging
 import time
 import zlib
-from collections.abc import AsyncIterator, Mapping, MutableMapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,6 +58,7 @@ from .status import (
     PLACEMENT_DEGRADED,
     POLICY_DENIED,
     TIME_FORMAT,
+    Decision,
     Event,
     Observed,
     decide,
@@ -403,14 +404,7 @@ async def apply_spec(ctx: Context, indices: Indices, body: kopf.Body, patch: kop
     wanted = [obj for obj in builders.all_objects(job, body["spec"], token.value, ctx.options(namespace))
               if not (job.spec.suspend and (resource_of(obj), obj["metadata"]["name"]) in runtime)
               and (probe or resource_of(obj) not in CREATE_ONLY)]
-    created = []
-    for wave in sorted({WAVES.get(obj["kind"], 0) for obj in wanted}):
-        batch = [obj for obj in wanted if WAVES.get(obj["kind"], 0) == wave]
-        results = await asyncio.gather(*(make(obj) for obj in batch), return_exceptions=True)
-        if failed := next((r for r in results if isinstance(r, BaseException)), None):
-            raise failed  # the wave's other requests are done; the next waves wait for the pass that retries
-        created += [f"{obj['kind']} {obj['metadata']['name']}" for obj, made in zip(batch, results) if made]
-    if created:
+    if created := await create_in_waves(wanted, make):
         kopf.event(body, type="Normal", reason="Created", message=f"created {', '.join(created)}")
     await ask_driver(ctx, indices, namespace, job)
     if job.spec.suspend:
@@ -423,6 +417,19 @@ async def apply_spec(ctx: Context, indices: Indices, body: kopf.Body, patch: kop
         kopf.event(body, type="Normal", reason="SpecChangePending",
                    message=f"{', '.join(changes)} changed: the running RayCluster and driver keep the spec they "
                            f"started with; suspend and resume the job to apply it")
+
+
+async def create_in_waves(wanted: Sequence[MutableMapping[str, Any]],
+                          make: Callable[[MutableMapping[str, Any]], Awaitable[bool]]) -> list[str]:
+    """Make ``wanted`` wave by wave (`WAVES`), each wave's requests at once; "Kind name" of each object made."""
+    created = []
+    for wave in sorted({WAVES.get(obj["kind"], 0) for obj in wanted}):
+        batch = [obj for obj in wanted if WAVES.get(obj["kind"], 0) == wave]
+        results = await asyncio.gather(*(make(obj) for obj in batch), return_exceptions=True)
+        if failed := next((r for r in results if isinstance(r, BaseException)), None):
+            raise failed  # the wave's other requests are done; the next waves wait for the pass that retries
+        created += [f"{obj['kind']} {obj['metadata']['name']}" for obj, made in zip(batch, results) if made]
+    return created
 
 
 async def delete_owned(ctx: Context, indices: Indices, res: Resource, namespace: str, name: str,
@@ -529,31 +536,59 @@ async def reconcile_once(ctx: Context, namespace: str, name: str, indices: Indic
     seen = indices.observed(namespace, name, cluster_uid, applied_spec(cluster) if live else None,
                             worker_groups(cluster) if live else None, given_up(cluster) if live else None)
     decision = decide(job, body["metadata"].get("generation", 1), old, seen, now())
-    patch = merge_diff(old, decision.status)
-    if patch is not None:
-        precondition = {"resourceVersion": body["metadata"]["resourceVersion"]}
-        try:
-            ctx.written.put(RLTRAININGJOBS.plural, await ctx.kube.patch(
-                RLTRAININGJOBS, namespace, name, {"metadata": precondition, "status": patch}, sub="status"))
-        except ApiError as exc:
-            if exc.status == 409:  # the job changed meanwhile: redo the pass once the cache holds the change
-                if not await caught_up(ctx, indices, namespace, name, version(body)):
-                    # Within the job's own handler kopf updates its index only once the handler returns: waiting
-                    # again would hold the job (its deletion included) for nothing. Its next pass writes the status.
-                    log.info("status of %s/%s: the cache did not catch up within %ss; the next pass writes it",
-                             namespace, name, CATCH_UP_S)
-                    return True
-                return False
-            raise
+    written = await write_decided_status(ctx, indices, body, decision.status)
+    if written is not None:
+        return written  # the write lost a race: False to redo the pass, True to leave it to the next one
     ctx.metrics.observe(namespace, name, decision.status, job.spec)
-    if (refused := seen.progress.refused) and ctx.refused.get((namespace, name)) != refused:
+    report_refused(ctx, body, seen.progress.refused)
+    await post_events(ctx, body, decision.events)
+    await act(ctx, body, cluster if live else None, decision, seen)
+    return True
+
+
+async def write_decided_status(ctx: Context, indices: Indices, body: Mapping[str, Any],
+                               status: Mapping[str, Any]) -> bool | None:
+    """Patch what changed of the job's status, on the version read; None when written (or nothing changed), else
+    what `reconcile_once` returns after losing the race (409): False to redo the pass once the cache holds the
+    newer job, True to leave the status to the job's next pass."""
+    namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
+    patch = merge_diff(body.get("status") or {}, status)
+    if patch is None:
+        return None
+    precondition = {"resourceVersion": body["metadata"]["resourceVersion"]}
+    try:
+        ctx.written.put(RLTRAININGJOBS.plural, await ctx.kube.patch(
+            RLTRAININGJOBS, namespace, name, {"metadata": precondition, "status": patch}, sub="status"))
+    except ApiError as exc:
+        if exc.status != 409:
+            raise
+        if await caught_up(ctx, indices, namespace, name, version(body)):
+            return False
+        # Within the job's own handler kopf updates its index only once the handler returns: waiting again would
+        # hold the job (its deletion included) for nothing. Its next pass writes the status.
+        log.info("status of %s/%s: the cache did not catch up within %ss; the next pass writes it",
+                 namespace, name, CATCH_UP_S)
+        return True
+    return None
+
+
+def report_refused(ctx: Context, body: Mapping[str, Any], refused: Sequence[str]) -> None:
+    """An Event when the driver's progress report names fields it refused that the last pass did not."""
+    key = (body["metadata"]["namespace"], body["metadata"]["name"])
+    if refused and ctx.refused.get(key) != refused:
         more = f" and {len(refused) - 8} more" if len(refused) > 8 else ""
         kopf.event(body, type="Warning", reason="ProgressRefused",
                    message=f"the driver's progress report was malformed or past its bounds in "
                            f"{', '.join(refused[:8])}{more}: that part is ignored, the rest is used")
-    ctx.refused[(namespace, name)] = refused
-    await post_events(ctx, body, decision.events)
-    resize = rescale.cluster_patch(cluster, decision.groups, decision.leaving) if live else None
+    ctx.refused[key] = refused
+
+
+async def act(ctx: Context, body: Mapping[str, Any], cluster: Mapping[str, Any] | None, decision: Decision,
+              seen: Observed) -> None:
+    """Carry out a decision on the live RayCluster (``cluster``, None if there is none): resize its worker groups,
+    delete the failed pods, tear it down."""
+    namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
+    resize = rescale.cluster_patch(cluster, decision.groups, decision.leaving) if cluster is not None else None
     if resize is not None:  # before any pod goes: KubeRay must not replace a pod a shrink gives up
         ctx.written.put(RAYCLUSTERS.plural, await ctx.kube.json_patch(RAYCLUSTERS, namespace, names.cluster(name),
                                                                       resize))
@@ -565,5 +600,4 @@ async def reconcile_once(ctx: Context, namespace: str, name: str, indices: Indic
         await ctx.kube.delete(PODS, namespace, pod)
     if decision.teardown:
         await ctx.kube.delete(RAYCLUSTERS, namespace, names.cluster(name))
-    return True
 
