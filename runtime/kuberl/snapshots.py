@@ -32,6 +32,7 @@ from concurrent import futures
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -255,23 +256,7 @@ class SlotWriter:
         cuda = any(t.is_cuda for t in tensors)
         for other in range(SLOTS):  # both slots at the first write: their one-time set-up lands on one step
             self._buffer(other, _size(layout), cuda)
-        views = _views(self.bufs[slot], layout)
-        if cuda:
-            self.stream = self.stream or torch.cuda.Stream(device=next(t.device for t in tensors if t.is_cuda))
-            with torch.cuda.stream(self.stream):
-                if ready is not None:
-                    self.stream.wait_event(ready)
-                queued = 0
-                for dst, src in zip(views, tensors):
-                    dst.copy_(src, non_blocking=slot in self.registered)
-                    queued += src.nbytes
-                    if queued >= CHUNK_BYTES:
-                        self.stream.synchronize()
-                        queued = 0
-            self.stream.synchronize()
-        else:
-            for dst, src in zip(views, tensors):
-                dst.copy_(src)
+        self._copy_in(_views(self.bufs[slot], layout), tensors, slot, ready)
         if self.fs not in LOCAL_FS:  # a network filesystem: another node reads the server's bytes, not our cache
             fd = os.open(slot_file(self.root, self.rank, slot), os.O_RDWR | os.O_NOFOLLOW)
             try:
@@ -280,7 +265,33 @@ class SlotWriter:
                 os.close(fd)
         if hold is not None:
             hold.wait()
-        meta = {"step": step, "layout": [[e.dtype, list(e.shape), e.offset] for e in layout], "result": result}
+        self._mark_whole(slot, {"step": step, "layout": [[e.dtype, list(e.shape), e.offset] for e in layout],
+                                "result": result})
+
+    def _copy_in(self, views: list[torch.Tensor], tensors: list[torch.Tensor], slot: int,
+                 ready: torch.cuda.Event | None) -> None:
+        """Copy `tensors` into the slot's `views`: from the GPU on the side stream once `ready`, in chunks of
+        CHUNK_BYTES (non-blocking where the slot is page-locked), else on this thread. Returns once all landed."""
+        if not any(t.is_cuda for t in tensors):
+            for dst, src in zip(views, tensors):
+                dst.copy_(src)
+            return
+        self.stream = self.stream or torch.cuda.Stream(device=next(t.device for t in tensors if t.is_cuda))
+        with torch.cuda.stream(self.stream):
+            if ready is not None:
+                self.stream.wait_event(ready)
+            queued = 0
+            for dst, src in zip(views, tensors):
+                dst.copy_(src, non_blocking=slot in self.registered)
+                queued += src.nbytes
+                if queued >= CHUNK_BYTES:
+                    self.stream.synchronize()
+                    queued = 0
+        self.stream.synchronize()
+
+    def _mark_whole(self, slot: int, meta: dict[str, Any]) -> None:
+        """Write the slot's metadata beside it, then rename it into place: from then on the slot is whole.
+        NoRoom on a full disk (the slot then stays torn)."""
         tmp = _meta_file(self.root, self.rank, slot).with_suffix(".tmp")
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
@@ -290,7 +301,7 @@ class SlotWriter:
             tmp.unlink(missing_ok=True)
             if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
                 raise
-            raise NoRoom(f"no room to mark the snapshot of step {step} whole under {self.root}: "
+            raise NoRoom(f"no room to mark the snapshot of step {meta['step']} whole under {self.root}: "
                          f"{exc.strerror}") from None
         os.replace(tmp, _meta_file(self.root, self.rank, slot))
 
