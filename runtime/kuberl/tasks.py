@@ -58,25 +58,34 @@ def read_rows(path: str, field: str) -> list[tuple[str, dict[str, Any]]]:
     except OSError as exc:
         raise DataError(f"{field}: {path} cannot be read ({exc.strerror or exc}) (fix: check its permissions)"
                         ) from None
-    if p.suffix == ".jsonl":
-        rows = []
+    return jsonl_rows(p, path, field) if p.suffix == ".jsonl" else parquet_rows(p, path, field)
+
+
+def jsonl_rows(p: Path, path: str, field: str) -> list[tuple[str, dict[str, Any]]]:
+    """(path:line, row) for each non-blank line of a JSON-lines file; DataError names `field` and the fix."""
+    try:
+        lines = p.read_text().splitlines()
+    except UnicodeDecodeError as exc:
+        raise DataError(f"{field}: {path} is not UTF-8 text (byte {exc.start}) "
+                        "(fix: save it as UTF-8 JSON lines)") from None
+    rows = []
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
         try:
-            lines = p.read_text().splitlines()
-        except UnicodeDecodeError as exc:
-            raise DataError(f"{field}: {path} is not UTF-8 text (byte {exc.start}) "
-                            "(fix: save it as UTF-8 JSON lines)") from None
-        for i, line in enumerate(lines, 1):
-            if line.strip():
-                try:
-                    obj = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise DataError(f"{field}: {path} line {i} is not JSON ({exc.msg}) "
-                                    "(fix: one JSON object per line)") from None
-                if not isinstance(obj, dict):
-                    raise DataError(f"{field}: {path} line {i} is a JSON {type(obj).__name__}, not an object "
-                                    "(fix: one JSON object per line)")
-                rows.append((f"{path}:{i}", obj))
-        return rows
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise DataError(f"{field}: {path} line {i} is not JSON ({exc.msg}) "
+                            "(fix: one JSON object per line)") from None
+        if not isinstance(obj, dict):
+            raise DataError(f"{field}: {path} line {i} is a JSON {type(obj).__name__}, not an object "
+                            "(fix: one JSON object per line)")
+        rows.append((f"{path}:{i}", obj))
+    return rows
+
+
+def parquet_rows(p: Path, path: str, field: str) -> list[tuple[str, dict[str, Any]]]:
+    """(path row i, row) for each row of a parquet file; DataError names `field` and the fix."""
     import pyarrow.parquet as pq
 
     try:
