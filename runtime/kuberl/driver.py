@@ -32,6 +32,7 @@ from .metrics import MetricsSink, last_step, mfu
 from .prompts import Prompts
 from .record import RoleStep, StepRecord, uncovered_s
 from .schedule import Phase, Phases, Rollout
+from .sequence import SEQ_KEYS
 from .spec import JobSpec
 from .spec.contract import ReplicasDocument
 from .spec.model import TRAINING_ROLES
@@ -39,7 +40,6 @@ from .tasks import META_KEYS
 from .tracking import make_trackers
 
 __all__ = ["Driver", "Fault", "JobFailed", "PlacementDegraded"]
-SEQ = ("input_ids", "attention_mask", "responses", "response_mask")
 
 
 class RolloutAhead:
@@ -208,9 +208,9 @@ class Driver:
     def _score(self, phases: Phases, batch: Batch) -> None:
         """Reward scores [B], ref log-probs [B,R] and critic values [B,R] of the rollout, at once, into `batch`."""
         reward, ref, critic = self.roles.reward, self.roles.ref, self.roles.critic
-        scores = phases.start("reward", reward.compute_scores, batch.select(*SEQ, *META_KEYS))
-        ref_lp = phases.start("ref", ref.compute_ref_logprobs, batch.select(*SEQ)) if ref is not None else None
-        values = phases.start("values", critic.compute_values, batch.select(*SEQ)) if critic is not None else None
+        scores = phases.start("reward", reward.compute_scores, batch.select(*SEQ_KEYS, *META_KEYS))
+        ref_lp = phases.start("ref", ref.compute_ref_logprobs, batch.select(*SEQ_KEYS)) if ref is not None else None
+        values = phases.start("values", critic.compute_values, batch.select(*SEQ_KEYS)) if critic is not None else None
         for out in phases.wait(scores, ref_lp, values):
             if out is not None:
                 batch.update(out)
@@ -221,9 +221,10 @@ class Driver:
         actor, critic = self.roles.actor, self.roles.critic
         ref_keys = ("ref_logprobs",) if "ref_logprobs" in batch.tensors else ()
         crit_up = None if critic is None else phases.start(
-            "update_critic", critic.update, batch.select(*SEQ, "values", "returns"), step=self.step)
+            "update_critic", critic.update, batch.select(*SEQ_KEYS, "values", "returns"), step=self.step)
         act_up = phases.start("update_actor", actor.update,
-                              batch.select(*SEQ, "old_logprobs", "advantages", *ref_keys, "kl_coef"), step=self.step)
+                              batch.select(*SEQ_KEYS, "old_logprobs", "advantages", *ref_keys, "kl_coef"),
+                              step=self.step)
         # step k+1's rollout, beside step k's updates, with the weights that generated step k's batch
         ahead = self.ahead.send(self.step + 2, self.spec.trainer.steps,
                                 lambda step: self._send_rollout(Phases(self.roles, t_step), step))
