@@ -1,7 +1,8 @@
 """`kuberl` command line: validate, run, export, crd, topology, and (with the operator extra) operator, render.
 
 Every command returns an exit code; user errors print one line per problem on stderr and never a
-traceback. Heavy imports (torch, ray, kopf) happen inside the command that needs them.
+traceback. Diagnostics go through `kuberl.logs`, set up from every command's --log-level and --log-format.
+Heavy imports (torch, ray, kopf) happen inside the command that needs them.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import sys
 import traceback
 from collections.abc import Callable, Sequence
 
+from . import logs
 from .spec import SpecInvalid, crd_yaml, deprecations, manifest_with, validate_manifest
 from .spec.contract import ExitCode
 
@@ -135,6 +137,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_report_parser(sub)
     for register in _plugins():
         register(sub)
+    for command in sub.choices.values():
+        logs.add_arguments(command)
     return parser
 
 
@@ -142,6 +146,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Bad input is one line and exit 1 (the commands catch it); an error nothing expected is a crash: its traceback
     and exit 5 (`ExitCode.CRASHED`), which the driver Job retries (Python's own exit 1 would read as bad input)."""
     args = build_parser().parse_args(argv)
+    logs.setup(args.log_level, args.log_format)
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:

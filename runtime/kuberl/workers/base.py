@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from .. import dist as kdist
-from .. import gcfreeze, hangs, saves, snapshots
+from .. import gcfreeze, hangs, logs, saves, snapshots
 from ..batch import Batch
 from ..colocation import sharing
 from ..dispatch import Dispatch, method_info, register
@@ -49,6 +49,7 @@ class Worker:
     def __init__(self, spec_json: str, role: str, rank: int, world_size: int, device: str = "auto", threads: int = 0,
                  kernels: KernelOptions | None = None):
         """`kernels` defaults to what a job uses on this worker's device (`KernelOptions.for_device`)."""
+        logs.setup_from_env()  # a Ray actor is a process of its own: the driver's log level and format
         self.spec = JobSpec.model_validate_json(spec_json)
         self.role, self.rank, self.world_size = role, rank, world_size
         self.role_spec: RoleSpec = self.spec.roles.get(role)
