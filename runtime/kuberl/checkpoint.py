@@ -17,10 +17,13 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from . import logs
+
 if TYPE_CHECKING:  # torch is imported by the functions that use it: the CLI's checks run without it
     from torch import nn
     from torch.optim import Optimizer
 
+log = logs.get("checkpoint")
 STATE_FILE = "trainer_state.json"
 
 
@@ -40,7 +43,7 @@ def fresh_step_dir(root: Path, step: int) -> Path:
     and no stale shard can mix with the new ones."""
     d = step_dir(root, step)
     if d.exists():
-        print(f"removing {d}: an incomplete checkpoint left by an interrupted save", flush=True)
+        log.info(f"removing {d}: an incomplete checkpoint left by an interrupted save", extra={"step": step})
         shutil.rmtree(d)
     d.mkdir(parents=True)
     return d
@@ -60,7 +63,7 @@ def prune_incomplete(root: Path) -> list[int]:
     pruned = []
     for d in sorted(root.glob("step_*")):
         if d.is_dir() and not (d / STATE_FILE).is_file():
-            print(f"removing {d}: an incomplete checkpoint (no {STATE_FILE}) left by an interrupted save", flush=True)
+            log.info(f"removing {d}: an incomplete checkpoint (no {STATE_FILE}) left by an interrupted save")
             shutil.rmtree(d, ignore_errors=True)
             pruned.append(int(d.name[5:]) if d.name[5:].isdigit() else -1)
     return pruned

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import hangs, ownlink
+from . import hangs, logs, ownlink
 from .colocation import SharedPlacement, gpu_share, rank_cpus, sharing
 from .dispatch import MethodInfo, gather, method_info, scatter
 from .kernels import KernelOptions
@@ -25,6 +25,7 @@ from .spec import JobSpec, role_resource
 from .spec.contract import Reason
 from .workers import Worker, worker_class
 
+log = logs.get("resilience")
 # NCCL's flight recorder, read by torch's watchdog in GPU ranks: on a collective timeout it logs and
 # dumps the last collectives of every rank (which collective, which rank did not join)
 NCCL_FLIGHT_RECORDER = {"TORCH_NCCL_TRACE_BUFFER_SIZE": "2000", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1"}
@@ -274,10 +275,12 @@ class RayWorkerGroup(WorkerGroup):
         spec_json = self.spec.model_dump_json(by_alias=True)
         # GPU ranks see every GPU of their node and pin themselves by topology (kuberl.placement);
         # NCCL's flight recorder names the collective and the rank of a collective that timed out.
-        env = None
+        # A log level or format other than the default reaches the actors wherever they run (kuberl.logs).
+        env_vars = logs.environ()
         if "GPU" in bundle:
-            env = {"env_vars": {"RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1", "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
-                                **NCCL_FLIGHT_RECORDER}}
+            env_vars |= {"RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1", "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+                         **NCCL_FLIGHT_RECORDER}
+        env = {"env_vars": env_vars} if env_vars else None
         custom = {k: v for k, v in bundle.items() if k not in ("CPU", "GPU")}
         self.actors = [
             cls.options(
@@ -379,16 +382,18 @@ class RayWorkerGroup(WorkerGroup):
             try:
                 dump = ray.get(actor.dump_stacks.options(concurrency_group=hangs.CONTROL).remote(), timeout=timeout_s)
             except (ray.exceptions.RayError, ray.exceptions.GetTimeoutError) as exc:
-                print(f"[kuberl] role {self.role} rank {rank}: no stack dump ({type(exc).__name__})", flush=True)
+                log.info(f"role {self.role} rank {rank}: no stack dump ({type(exc).__name__})",
+                         extra={"role": self.role, "rank": rank})
                 stacks[rank] = None
                 if rank < len(self.where) and self.where[rank].get("node"):
                     pid = self.where[rank]["pid"]
                     absent[rank] = hangs.absent_cause(self._process_state(rank, probe_s), pid, timeout_s + probe_s)
                 continue
-            print(f"[kuberl] role {self.role} rank {rank} stacks before it is killed:\n{dump['text']}", flush=True)
+            log.info(f"role {self.role} rank {rank} stacks before it is killed:\n{dump['text']}",
+                     extra={"role": self.role, "rank": rank})
             stacks[rank] = [tuple(f) for f in dump["call"]]
         summary = hangs.summarize(self.role, stacks, absent)
-        print(f"[kuberl] {summary}", flush=True)
+        log.info(summary, extra={"role": self.role})
         unreachable = any(kind == "unreachable" for kind, _ in absent.values())
         idle = all(frames is not None and hangs.where(frames)[0] == "idle" for frames in stacks.values())
         return (Reason.WORKER_UNREACHABLE if unreachable else Reason.WORKER_HUNG), summary, idle

@@ -24,8 +24,10 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from . import logs
 from .spec.contract import ExitCode
 
+log = logs.get("resilience")
 CHECK_S = 2.0  # seconds between two looks at the link while cut off, or at the raylet
 
 
@@ -59,8 +61,8 @@ def raylet_alive(path: str, timeout_s: float = 3.0) -> bool:
 
 def abandon(why: str) -> None:
     """End the driver at once with `ExitCode.RAY_LOST` (its Job retries it), saying why on stderr."""
-    print(f"[kuberl] {why}; the driver exits {ExitCode.RAY_LOST.value} so that a new one resumes from the newest "
-          f"complete checkpoint", file=sys.stderr, flush=True)
+    log.error(f"{why}; the driver exits {ExitCode.RAY_LOST.value} so that a new one resumes from the newest complete "
+              f"checkpoint")
     sys.stdout.flush()
     os._exit(ExitCode.RAY_LOST)
 
@@ -79,15 +81,15 @@ class OwnLink:
         if gcs_answers(self.gcs_address):
             return None
         t0 = time.monotonic()
-        print(f"[kuberl] this driver cannot reach the Ray head (GCS at {self.gcs_address}): it is the one cut off, "
-              f"so no role is blamed; waiting for the link", flush=True)
+        log.info(f"this driver cannot reach the Ray head (GCS at {self.gcs_address}): it is the one cut off, so no "
+                 f"role is blamed; waiting for the link")
         while not gcs_answers(self.gcs_address):
             if not raylet_alive(self.raylet_socket):
                 abandon(f"this driver's Ray node ended while it was cut off from the head "
                         f"({time.monotonic() - t0:.0f}s)")
             time.sleep(CHECK_S)
         waited = time.monotonic() - t0
-        print(f"[kuberl] the link to the Ray head is back after {waited:.0f}s", flush=True)
+        log.info(f"the link to the Ray head is back after {waited:.0f}s")
         return waited
 
     def watch(self, interval_s: float = CHECK_S) -> threading.Thread:

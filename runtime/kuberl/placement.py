@@ -8,12 +8,14 @@ link inside the role's groups sets NCCL_P2P_LEVEL and is compared with `spec.pla
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 
+from . import logs
 from .colocation import host_of
 from .spec import JobSpec
 from .topology import LinkMatrix, link_class, meets, nccl_p2p_level, pin_devices, plan_groups
+
+log = logs.get("placement")
 
 
 @dataclass(frozen=True)
@@ -82,6 +84,6 @@ def pin_rank(spec: JobSpec, role: str, local_rank: int, node_gpus: list[int]) ->
     except TopologyError as exc:
         placed = RankPlacement(gpus[local_rank], tuple(gpus), "unknown", "SYS", "none")
         what = f"nowhere ({exc}): GPUs taken in index order, links unknown"
-    print(f"kuberl: {role} rank {local_rank}: GPU topology from {what}; GPU {placed.device}, "
-          f"worst link {placed.worst_link}", file=sys.stderr, flush=True)
+    log.info(f"{role} rank {local_rank}: GPU topology from {what}; GPU {placed.device}, worst link "
+             f"{placed.worst_link}", extra={**logs.STDERR, "role": role, "rank": local_rank})
     return placed

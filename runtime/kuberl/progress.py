@@ -20,7 +20,6 @@ import json
 import math
 import os
 import ssl
-import sys
 import time
 import urllib.error
 import urllib.parse
@@ -28,6 +27,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import logs
 from .record import StepRecord
 from .spec.contract import (
     MESSAGE_MAX,
@@ -43,6 +43,7 @@ from .spec.contract import (
 
 SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"  # the pod's mount, unless Env.SA_DIR says otherwise
 FINAL_PHASES = ("Succeeded", "Failed")
+log = logs.get("progress")
 
 
 def api_url(host: str, port: str) -> str:
@@ -144,7 +145,7 @@ class ProgressReporter:
         try:
             data = json.loads(self._request("GET")).get("data") or {}
         except (OSError, ValueError) as exc:
-            print(f"warning: reading the replicas asked for from {self.configmap} failed: {exc}", file=sys.stderr)
+            log.warning(f"reading the replicas asked for from {self.configmap} failed: {exc}")
             return None
         return ReplicasDocument.parse(data.get(REPLICAS_KEY))
 
@@ -165,8 +166,7 @@ class ProgressReporter:
                     break  # refused (RBAC, a missing ConfigMap): asking again changes nothing
             if attempt < attempts:
                 time.sleep(self._wait_s(error, attempt))
-        print(f"warning: progress report to {self.configmap} failed after {attempt} attempt(s): {error}",
-              file=sys.stderr)
+        log.warning(f"progress report to {self.configmap} failed after {attempt} attempt(s): {error}")
         return False
 
     def _wait_s(self, error: OSError, attempt: int) -> float:
@@ -194,7 +194,7 @@ class ProgressFiles:
             part.write_text(progress.to_json())
             os.replace(part, self.folder / PROGRESS_FILE)
         except OSError as exc:
-            print(f"warning: writing the progress report to {self.folder} failed: {exc}", file=sys.stderr)
+            log.warning(f"writing the progress report to {self.folder} failed: {exc}")
             return False
         return True
 

@@ -28,12 +28,14 @@ import weakref
 from collections.abc import Callable
 from typing import Any, Concatenate, Generic, ParamSpec, Protocol, TypeVar, overload
 
+from . import logs
 from .dispatch import Dispatch, method_info
 from .groups import GroupCall, LinkBroken, RoleError, WorkerFailure, WorkerGroup
 from .workers import ActorWorker, CriticWorker, RefWorker, RewardWorker, Worker
 
 P = ParamSpec("P")
 R = TypeVar("R")
+log = logs.get("resilience")
 R_co = TypeVar("R_co", covariant=True)
 
 
@@ -97,8 +99,9 @@ class RoleFuture(Generic[R_co]):
                 out = group.collect(self._call)
             except WorkerFailure as failure:
                 if isinstance(failure, LinkBroken) and method_info(self.fn).repeatable and not resent:
-                    print(f"[kuberl] role {failure.role}: the connection broke during {self.fn.__name__} and every "
-                          f"rank is alive; it changes nothing when run twice, so it is sent again", flush=True)
+                    log.info(f"role {failure.role}: the connection broke during {self.fn.__name__} and every rank is "
+                             f"alive; it changes nothing when run twice, so it is sent again",
+                             extra={"role": failure.role})
                     resent = True
                     self._send()
                     continue

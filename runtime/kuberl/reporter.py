@@ -22,8 +22,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import logs
 from .progress import ProgressFiles, ProgressReporter
 from .spec.contract import PROGRESS_FILE, REPLICAS_FILE, Env, ExitCode, ProgressDocument
+
+log = logs.get("progress")
 
 
 @dataclass
@@ -45,7 +48,7 @@ class Relay:
         if text is not None and text != self.sent:
             doc = ProgressDocument.parse(text)
             if doc.refused:
-                print(f"warning: the driver's progress report drops {', '.join(doc.refused)}", file=sys.stderr)
+                log.warning(f"the driver's progress report drops {', '.join(doc.refused)}")
             if doc.refused == ("progress",):  # not a document at all: the last good one stands
                 self.sent = text
             elif self.api.report(doc):

@@ -16,9 +16,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NamedTuple
 
+from . import logs
 from .record import StepRecord
 from .spec import JobSpec, RLTrainingJob, SpecInvalid, enabled_roles, load_manifest, validate_manifest
 from .spec.contract import ExitCode, Reason
+
+log = logs.get("run")
 
 
 class UsageError(ValueError):
@@ -206,7 +209,7 @@ def export_last(job: RLTrainingJob, out: Path) -> Path | None:
     try:
         export_policy(checkpoint.root_for(job.spec, out), job.metadata.name, job.spec, out / "model")
     except ExportError as exc:
-        print(f"warning: the trained model was not exported: {exc}", file=sys.stderr)
+        log.warning(f"the trained model was not exported: {exc}", extra={"job": job.metadata.name})
         return None
     return out / "model"
 
@@ -283,7 +286,7 @@ def prepare(args: argparse.Namespace) -> tuple[RLTrainingJob | None, Path, list[
     if args.restart:
         gone = identity.clear(root, out)
         if gone:
-            print(f"[{name}] --restart: removed {len(gone)} earlier checkpoints and outputs of {out}", flush=True)
+            log.info(f"--restart: removed {len(gone)} earlier checkpoints and outputs of {out}", extra={"job": name})
     elif problem := identity.resume_problem(root, out, mine):
         raise UsageError(problem)
     done, total = checkpoint.latest(root) or 0, job.spec.trainer.steps
@@ -296,7 +299,7 @@ def prepare(args: argparse.Namespace) -> tuple[RLTrainingJob | None, Path, list[
         for ignored in filter(None, (ignored_placement(job.spec), ignored_credentials(job.spec))):
             print(ignored, file=sys.stderr)
     if done:
-        print(f"[{name}] resuming from step {done} ({checkpoint.step_dir(root, done)})", flush=True)
+        log.info(f"resuming from step {done} ({checkpoint.step_dir(root, done)})", extra={"job": name, "step": done})
     mine.write(root)
     return job, out, faults
 

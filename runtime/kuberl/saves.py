@@ -42,9 +42,10 @@ from torch.distributed.tensor import DTensor
 from torch.optim import Optimizer
 from torch.utils.serialization import config as serialization_config
 
-from . import snapshots
+from . import logs, snapshots
 from .snapshots import NoRoom, Unusable
 
+log = logs.get("checkpoint")
 METADATA = ".metadata"
 
 
@@ -377,8 +378,9 @@ class AsyncSaver:
             try:
                 future.result()
             except (Exception, CheckpointException) as exc:  # DCP's is a BaseException; the supervisor voids it
-                print(f"warning: checkpoint write to {path} failed on rank {self.rank} ({_cause(exc, path)}); that "
-                      f"checkpoint is void (never marked complete) and training goes on", flush=True)
+                log.warning(f"checkpoint write to {path} failed on rank {self.rank} ({_cause(exc, path)}); that "
+                            f"checkpoint is void (never marked complete) and training goes on",
+                            extra={**logs.STDOUT, "rank": self.rank})
                 continue
             done.append(path)
         return done + (self.wait_snapshots() if snapshots else [])
@@ -402,8 +404,9 @@ class AsyncSaver:
                 future.result()
             except Unusable as exc:
                 fix = "give the pod a larger /dev/shm" if isinstance(exc, NoRoom) else "fix that folder"
-                print(f"warning: per-step snapshots off for rank {self.rank}: {exc} (a restart goes back to the "
-                      f"last checkpoint; set spec.resilience.snapshots: off, or {fix})", flush=True)
+                log.warning(f"per-step snapshots off for rank {self.rank}: {exc} (a restart goes back to the last "
+                            f"checkpoint; set spec.resilience.snapshots: off, or {fix})",
+                            extra={**logs.STDOUT, "rank": self.rank})
                 self._slots.drop()
                 self._root = self._slots = None
                 continue

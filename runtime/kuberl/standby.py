@@ -23,11 +23,13 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from . import logs
 from .groups import GroupCall, WorkerGroup
 
 if TYPE_CHECKING:
     from .spec import JobSpec
 
+log = logs.get("resilience")
 Follow = tuple[Callable[..., Any], tuple[Any, ...]]  # a worker method and its arguments
 
 
@@ -77,7 +79,8 @@ class Warming:
                 self.results.append((self.answered, self.group.collect(call)))
                 self.answered += 1
             except Exception as exc:  # the standby is behind; a take-over loads the state itself
-                print(f"[kuberl] role {self.group.role}: the standby's {call.name} failed ({exc})", flush=True)
+                log.info(f"role {self.group.role}: the standby's {call.name} failed ({exc})",
+                         extra={"role": self.group.role})
         self.calls.append(self.group.submit(fn, args))
 
     def wait(self) -> WorkerGroup:
@@ -154,8 +157,8 @@ class StandbyGroup(WorkerGroup):
             try:
                 self.active, took_over = standby.wait(), True
             except Exception as exc:
-                print(f"[kuberl] role {self.role}: the standby did not start ({exc}); starting the role cold",
-                      flush=True)
+                log.info(f"role {self.role}: the standby did not start ({exc}); starting the role cold",
+                         extra={"role": self.role})
                 standby.cancel()
         if not took_over:
             self.active = self._make()

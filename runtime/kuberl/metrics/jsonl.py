@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
+from .. import logs
 from ..record import StepRecord
+
+log = logs.get("metrics")
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -25,8 +27,7 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
         except json.JSONDecodeError:
             row = None
         if not isinstance(row, dict):
-            print(f"warning: {path}:{n}: dropped a line that is not a whole JSON record (a write cut short by "
-                  f"a crash)", file=sys.stderr, flush=True)
+            log.warning(f"{path}:{n}: dropped a line that is not a whole JSON record (a write cut short by a crash)")
             continue
         rows.append(row)
     return rows
@@ -71,8 +72,8 @@ class JsonlWriter:
             append_whole(self.path, "".join(self.waiting).encode())
         except OSError as exc:
             if len(self.waiting) == 1:
-                print(f"warning: {self.path}: {exc.strerror}: the metrics of step {rec.step} on are kept in "
-                      f"memory until there is room again", file=sys.stderr, flush=True)
+                log.warning(f"{self.path}: {exc.strerror}: the metrics of step {rec.step} on are kept in memory until "
+                            f"there is room again", extra={"step": rec.step})
             return
         self.waiting.clear()
 
@@ -83,5 +84,5 @@ class JsonlWriter:
                 append_whole(self.path, "".join(self.waiting).encode())
                 self.waiting.clear()
             except OSError as exc:
-                print(f"warning: {self.path}: {exc.strerror}: the metrics of the last {len(self.waiting)} steps "
-                      f"could not be written", file=sys.stderr, flush=True)
+                log.warning(f"{self.path}: {exc.strerror}: the metrics of the last {len(self.waiting)} steps could "
+                            f"not be written")

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
+from .. import logs
 from ..record import StepRecord
 from .console import Console
 from .jsonl import JsonlWriter
 from .prometheus import serve
+
+log = logs.get("metrics")
 
 
 class StepWriter(Protocol):
@@ -56,8 +58,7 @@ class MetricsSink:
             call(writer)
         except OSError as exc:
             if id(writer) not in self.failing:
-                print(f"warning: {type(writer).__name__} could not write {what} ({exc.strerror or exc}); training "
-                      f"goes on", file=sys.stderr, flush=True)
+                log.warning(f"{type(writer).__name__} could not write {what} ({exc.strerror or exc}); training goes on")
             self.failing.add(id(writer))
             return
         self.failing.discard(id(writer))
