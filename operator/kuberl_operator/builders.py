@@ -14,6 +14,7 @@ from typing import Any
 
 import yaml
 
+from kuberl import logs
 from kuberl.colocation import host_of, resized_live, set_bundle, sharing
 from kuberl.spec import API_VERSION, KIND, JobSpec, RLTrainingJob, RoleSpec, enabled_roles
 from kuberl.spec.contract import PROGRESS_KEY, REPLICAS_KEY, Env, ExitCode, ReplicasDocument
@@ -36,6 +37,8 @@ SCRATCH = {"tmp": "16Gi", "cache": "32Gi", "checkpoints": "64Gi", "out": "1Gi"}
 LOGS = "1Gi"  # a container's own ephemeral storage beside its emptyDirs: its logs (the root is read-only)
 DRIVER_BACKOFF_LIMIT = 2
 GCS_WAIT_S = 1800  # the driver's init container gives up on the Ray head after this long
+# every kuberl process in a job's pods writes its diagnostics as JSON lines, which log collectors parse (kuberl.logs)
+LOG_ENV = [{"name": logs.FORMAT_ENV, "value": "json"}]
 RAY_UID = 1000  # the `ray` user of rayproject images
 RAY_GID = 100
 CACHE_ENV = {"XDG_CACHE_HOME": "", "HF_HOME": "huggingface", "TRITON_CACHE_DIR": "triton", "MPLCONFIGDIR": "matplotlib",
@@ -126,9 +129,10 @@ def ray_auth(job: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list
 
 
 def pod_files(job: str, opts: BuildOptions) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
-    """(volumes, volumeMounts, env) that every pod of a job has: the scratch dirs and the Ray token's file."""
+    """(volumes, volumeMounts, env) that every pod of a job has: the scratch dirs and the Ray token's file, and
+    JSON log lines (`LOG_ENV`)."""
     (volumes, mounts, env), (auth_volumes, auth_mounts, auth_env) = scratch(opts), ray_auth(job)
-    return [*volumes, *auth_volumes], [*mounts, *auth_mounts], [*auth_env, *env]
+    return [*volumes, *auth_volumes], [*mounts, *auth_mounts], [*auth_env, *env, *LOG_ENV]
 
 
 def uses_dra(job: RLTrainingJob, role: str) -> bool:
@@ -408,7 +412,7 @@ def reporter(job: RLTrainingJob, opts: BuildOptions) -> dict[str, Any]:
         "restartPolicy": "Always",
         "command": ["kuberl", "report-progress", "--dir", names.PROGRESS_MOUNT],
         "env": [{"name": Env.PROGRESS_CONFIGMAP, "value": names.progress_configmap(job.metadata.name)},
-                {"name": Env.NAMESPACE, "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}],
+                {"name": Env.NAMESPACE, "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}, *LOG_ENV],
         "resources": with_storage(requests_limits(REPORTER_RESOURCES, opts.cpu_limits), []),
         "volumeMounts": [{"name": names.PROGRESS_VOLUME, "mountPath": names.PROGRESS_MOUNT},
                          {"name": names.API_TOKEN_VOLUME, "mountPath": names.SA_DIR, "readOnly": True}],

@@ -6,11 +6,13 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from pathlib import Path
 
 import yaml
 
+from kuberl import logs
 from kuberl.spec import SpecInvalid, load_manifest, parse_yaml
 from kuberl.spec.quantity import parse_quantity
 
@@ -69,7 +71,7 @@ def cmd_operator(args: argparse.Namespace) -> int:
 
     from . import handlers  # noqa: F401  (registers the handlers)
 
-    kopf.configure(verbose=args.verbose)
+    kopf_logging("debug" if args.verbose else args.log_level, args.log_format)
     config = OperatorConfig(image=args.image, metrics_port=args.metrics_port, metrics_address=args.metrics_address,
                             max_gpus_per_node=args.max_gpus_per_node, head=args.head_resources,
                             driver=args.driver_resources, cpu_limits=args.cpu_limits, scratch=args.scratch,
@@ -82,6 +84,16 @@ def cmd_operator(args: argparse.Namespace) -> int:
         memo=kopf.Memo(config=config),
     )
     return 0
+
+
+def kopf_logging(level: str, fmt: str) -> None:
+    """kopf's own logging, on the root logger (kopf's records and the operator's, `kuberl_operator.*`), at `level`
+    and in kopf's JSON or its usual text format as --log-format says. kopf's JSON lines carry the object a
+    record is about (namespace, name), never a Secret's data."""
+    import kopf
+
+    kopf.configure(verbose=level == "debug", log_format=kopf.LogFormat.JSON if fmt == "json" else kopf.LogFormat.FULL)
+    logging.getLogger().setLevel(level.upper())
 
 
 def liveness_url(text: str) -> str:
@@ -181,7 +193,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         f"{CONCURRENT_PASSES}, or $KUBERL_CONCURRENT_PASSES): more only lengthen the API server's "
                         "queue")
     job_options(p)
-    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    p.add_argument("-v", "--verbose", action="store_true", help="debug logging (as --log-level debug)")
     p.set_defaults(func=cmd_operator)
 
     p = subparsers.add_parser("render", help="print the objects the operator would create for a job (no cluster)")
@@ -198,6 +210,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def main(argv: list[str] | None = None) -> int:
     """`python -m kuberl_operator COMMAND`: the same commands without the rest of `kuberl`."""
     parser = argparse.ArgumentParser(prog="kuberl-operator")
-    register(parser.add_subparsers(dest="command", required=True))
+    sub = parser.add_subparsers(dest="command", required=True)
+    register(sub)
+    for command in sub.choices.values():
+        logs.add_arguments(command)
     args = parser.parse_args(argv)
+    logs.setup(args.log_level, args.log_format)
     return int(args.func(args) or 0)
