@@ -24,8 +24,6 @@ def cmd_validate(args: argparse.Namespace) -> int:
         job = validate_manifest(manifest)
     except SpecInvalid as exc:
         return exc.report()
-    for note in deprecations(manifest):
-        print(f"{args.job}: note: {note}", file=sys.stderr)
     checked = "manifest"
     if not args.spec_only:
         from pathlib import Path
@@ -37,6 +35,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
         except PreflightFailed as exc:
             return exc.report()
         checked = "manifest, data, reward and model"
+    for note in deprecations(manifest):  # after the checks: a refused job gets its one error line alone
+        print(f"{args.job}: note: {note}", file=sys.stderr)
     print(f"{args.job}: valid {job.kind} {job.metadata.name!r} ({job.spec.algorithm.name}, "
           f"{job.spec.trainer.steps} steps; checked {checked})")
     return 0
