@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from . import algos, checkpoint, elastic
+from . import algos, checkpoint, elastic, logs
 from .batch import Batch
 from .evaluation import Evaluator, common_ranks
 from .groups import WorkerGroup, world_size
@@ -38,6 +38,9 @@ from .spec.contract import ReplicasDocument
 from .spec.model import TRAINING_ROLES
 from .tasks import META_KEYS
 from .tracking import make_trackers
+
+log = logs.get("run")
+scale_log = logs.get("scale")
 
 __all__ = ["Driver", "Fault", "JobFailed", "PlacementDegraded"]
 
@@ -123,9 +126,9 @@ class Driver:
             self.roles.load_checkpoint(resume)
             self.resumed = (resume, max(0, last_step(self.out / "metrics.jsonl") - resume))
             if self.resumed[1]:
-                print(f"[{self.name}] steps {resume + 1}-{resume + self.resumed[1]} of the run before were done past "
-                      f"its last complete checkpoint (step {resume}): {self.resumed[1]} steps lost, trained again",
-                      flush=True)
+                log.info(f"steps {resume + 1}-{resume + self.resumed[1]} of the run before were done past its last "
+                         f"complete checkpoint (step {resume}): {self.resumed[1]} steps lost, trained again",
+                         extra={"job": self.name, "step": resume})
         self.peak_flops = self.roles.actor.measure_peak_flops()
         self.n_params = self.roles.actor.num_params()
 
@@ -269,8 +272,9 @@ class Driver:
         before = self.roles.rescale(spec, role)
         self.spec = spec
         self.evaluator = self._evaluator(spec)
-        print(f"[{self.name}] scaled {role} from {before} to {self.roles.groups[role].world_size} ranks "
-              f"after step {self.step}; other roles untouched", flush=True)
+        scale_log.info(f"scaled {role} from {before} to {self.roles.groups[role].world_size} ranks after step "
+                       f"{self.step}; other roles untouched",
+                       extra={"job": self.name, "role": role, "step": self.step})
 
     def _checkpoint_now(self) -> None:
         """Commit a checkpoint of the last completed step (a trainable role's restart at another world size

@@ -20,9 +20,12 @@ import os
 from collections.abc import Callable, Collection
 from pathlib import Path
 
+from . import logs
 from .spec import JobSpec, SpecInvalid, validate_manifest
 from .spec.contract import LIVE_RESIZED, ReplicasDocument
 from .spec.model import TRAINING_ROLES
+
+log = logs.get("scale")
 
 ELASTIC = LIVE_RESIZED  # the built-in roles; a role of one's own (spec.roles.extra) keeps its size
 REQUESTS = "scale"
@@ -126,7 +129,7 @@ class ScaleArbiter:
             problem = "; ".join(str(e) for e in exc.errors)
         if new is None:
             if self.refused.get(role) != replicas:
-                print(f"[{self.name}] scale refused: {problem}", flush=True)
+                log.info(f"scale refused: {problem}", extra={"job": self.name, "role": role})
             self.refused[role] = replicas
             return None
         self.refused.pop(role, None)

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from . import checkpoint, gcfreeze, saves
+from . import checkpoint, gcfreeze, logs, saves
 from .colocation import sharing
 from .dispatch import method_info
 from .groups import WorkerFailure, WorkerGroup
@@ -51,6 +51,8 @@ from .spec import JobSpec, enabled_roles
 from .spec.contract import restart_budget_spent
 from .spec.model import TRAINING_ROLES
 from .workers import Worker
+
+log = logs.get("resilience")
 
 __all__ = ["HOST_MEMORY", "STATEFUL", "CheckpointUntrusted", "Fault", "JobFailed", "PendingCheckpoint",
            "PlacementDegraded", "Prompts", "RoleHistory", "Roles"]
@@ -395,8 +397,8 @@ class Roles:
                                 f"maxRestarts={budget} ({field}); last checkpoint: step {self.last_checkpoint}")
             history.restarts += 1
             rec.attempts = history.restarts - restarts_before
-            print(f"[{self.name}] role {role} failed in phase {rec.phase} of step {rec.step}: {rec.detail}; "
-                  f"restarting {role} only ({history.restarts}/{budget})", flush=True)
+            log.info(f"role {role} failed in phase {rec.phase} of step {rec.step}: {rec.detail}; restarting {role} "
+                     f"only ({history.restarts}/{budget})", extra={"job": self.name, "role": role, "step": rec.step})
             try:
                 rec.standby = group.restart()
                 rec.restored_from, held = self._restore(role) if role in TRAINING_ROLES else ("model path", 0)
@@ -467,8 +469,9 @@ class Roles:
             return "model path", 0
         path = self.saved.checkpoint_of(role, step)
         if not all(proxy.has_checkpoint(path)):
-            print(f"[{self.name}] warning: the new {role} ranks cannot see {path} (no shared checkpoint volume: "
-                  f"spec.trainer.checkpoint.volumeClaim); {role} restarts from the model path", flush=True)
+            log.warning(f"the new {role} ranks cannot see {path} (no shared checkpoint volume: "
+                        f"spec.trainer.checkpoint.volumeClaim); {role} restarts from the model path",
+                        extra={**logs.STDOUT, "job": self.name, "role": role})
             return "model path (checkpoint not visible to the new ranks)", 0
         proxy.load(path, step)
         return f"checkpoint step {step}", step

@@ -22,9 +22,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import checkpoint, dcp_reader, identity
+from . import checkpoint, dcp_reader, identity, logs
 from .job_errors import CheckpointUntrusted
 from .spec.model import TRAINING_ROLES
+
+log = logs.get("checkpoint")
 
 HOST_MEMORY = Path("/dev/shm")  # where roles with GPUs keep their per-step snapshots (gigabytes each step)
 
@@ -121,9 +123,9 @@ class RoleState:
     def void(self, step: int, folder: Path, stale: list[str]) -> None:
         """Remove the checkpoint of `step`: a role's part in it (`stale`: why) holds older state."""
         shutil.rmtree(folder, ignore_errors=True)
-        print(f"[{self.name}] checkpoint of step {step} not saved: {', '.join(stale)} (restored from older "
-              f"state after a failure); the newest complete checkpoint stays step {self.last_checkpoint}",
-              flush=True)
+        log.info(f"checkpoint of step {step} not saved: {', '.join(stale)} (restored from older state after a "
+                 f"failure); the newest complete checkpoint stays step {self.last_checkpoint}",
+                 extra={"job": self.name, "step": step})
 
     def take_pending(self) -> PendingCheckpoint | None:
         """The checkpoint in flight, if any, which is then no longer pending (`complete` decides its fate)."""
@@ -135,17 +137,17 @@ class RoleState:
         `torn` or the state file cannot be written: then it is removed and the newest complete one stays."""
         if torn:
             shutil.rmtree(pending.folder, ignore_errors=True)
-            print(f"[{self.name}] checkpoint of step {pending.step} removed: the part of {', '.join(torn)} is "
-                  f"incomplete (a failure during its write); the newest complete checkpoint stays step "
-                  f"{self.last_checkpoint}", flush=True)
+            log.info(f"checkpoint of step {pending.step} removed: the part of {', '.join(torn)} is incomplete (a "
+                     f"failure during its write); the newest complete checkpoint stays step {self.last_checkpoint}",
+                     extra={"job": self.name, "step": pending.step})
             return
         try:
             checkpoint.write_state(self.root(), pending.step, pending.state, keep)
         except OSError as exc:  # no room for the state file: the checkpoint is void, training goes on
             shutil.rmtree(pending.folder, ignore_errors=True)
-            print(f"[{self.name}] warning: checkpoint of step {pending.step} is void (its state file: "
-                  f"{exc.strerror}); training goes on and the newest complete checkpoint stays step "
-                  f"{self.last_checkpoint}", flush=True)
+            log.warning(f"checkpoint of step {pending.step} is void (its state file: {exc.strerror}); training goes "
+                        f"on and the newest complete checkpoint stays step {self.last_checkpoint}",
+                        extra={**logs.STDOUT, "job": self.name, "step": pending.step})
             return
         self.last_checkpoint = pending.step
 
