@@ -308,6 +308,20 @@ class RayWorkerGroup(WorkerGroup):
         self.where = self._get([a.identity.remote() for a in self.actors], up)
         self.generation += 1
 
+    def _task_failure(self, cause: BaseException) -> WorkerFailure | RoleError:
+        """What a rank's raised error means: a dead peer or a failed collective is a WorkerFailure (restart),
+        an error of the role's code with every rank alive a RoleError."""
+        text = error_text(cause)
+        error = f"{type(cause).__name__}: {text}"
+        if not self._all_alive():
+            return WorkerFailure(self.role, Reason.WORKER_DIED, f"a rank died ({type(cause).__name__} on a peer: "
+                                 f"{text})", error=error)
+        if hangs.collective_failed(cause):
+            reason, summary, _ = self.diagnose()
+            return WorkerFailure(self.role, reason, f"a collective failed ({error}); {summary}", summary, error)
+        log_text = str(cause).strip().splitlines()[-1] if str(cause).strip() else ""
+        return RoleError(self.role, f"{type(cause).__name__}: {log_text}", error)
+
     def _get(self, refs: list[Any], timeout: float | None = None, why: str = "") -> list[Any]:
         """Results in rank order. The first rank to fail decides: a dead process (or a peer's error
         while another rank is dead, e.g. a broken collective) is a WorkerFailure, and so is a
@@ -332,18 +346,7 @@ class RayWorkerGroup(WorkerGroup):
                 ray.get(ready[0])  # raises this rank's error now, not after slower ranks
             return ray.get(refs)
         except ray.exceptions.RayTaskError as exc:
-            cause = exc.cause if getattr(exc, "cause", None) is not None else exc
-            text = error_text(cause)
-            error = f"{type(cause).__name__}: {text}"
-            if not self._all_alive():
-                raise WorkerFailure(self.role, Reason.WORKER_DIED, f"a rank died ({type(cause).__name__} on a peer: "
-                                    f"{text})", error=error) from None
-            if hangs.collective_failed(cause):
-                reason, summary, _ = self.diagnose()
-                raise WorkerFailure(self.role, reason, f"a collective failed ({error}); {summary}",
-                                    summary, error) from None
-            log_text = str(cause).strip().splitlines()[-1] if str(cause).strip() else ""
-            raise RoleError(self.role, f"{type(cause).__name__}: {log_text}", error) from None
+            raise self._task_failure(exc.cause if getattr(exc, "cause", None) is not None else exc) from None
         except ray.exceptions.OutOfMemoryError as exc:  # Ray's memory monitor killed the rank near its memory limit
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise WorkerFailure(self.role, Reason.WORKER_DIED, f"worker killed for memory ({first}); if it recurs, "

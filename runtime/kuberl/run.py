@@ -14,12 +14,16 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from . import logs
 from .record import StepRecord
 from .spec import JobSpec, RLTrainingJob, SpecInvalid, enabled_roles, load_manifest, validate_manifest
 from .spec.contract import ExitCode, Reason
+
+if TYPE_CHECKING:
+    from .driver import Driver
+    from .progress import ProgressFiles
 
 log = logs.get("run")
 
@@ -135,25 +139,29 @@ def build_driver(job: RLTrainingJob, out: Path, backend: str, device: str, fault
     return Driver(spec, job.metadata.name, out, make, fault_list, progress)
 
 
+def connect_ray(job: RLTrainingJob, ray_address: str | None) -> None:
+    """Join the Ray cluster at `ray_address`, or start a local one for the job (unless this process has one),
+    with the reaper that leaves no Ray process behind a SIGKILLed driver."""
+    if not ray_address:
+        quiet_local_ray()
+    import ray
+
+    if ray_address:
+        ray.init(address=ray_address, configure_logging=False)
+    elif not ray.is_initialized():
+        from . import reaper
+
+        reaper.start()  # a SIGKILLed driver leaves no Ray process behind
+        start_local_ray(job.spec)
+
+
 def run_job(job: RLTrainingJob, out: Path, backend: str = "ray", device: str = "auto", ray_address: str | None = None,
             faults: Sequence[FaultFlag] = (), progress: bool = True, export: bool = True) -> list[StepRecord]:
     """Run a validated job to completion; returns this run's per-step records. `faults`: the parsed --fault
     flags (`parse_fault`), already in the job's spec.resilience.faults (`apply_overrides`)."""
-    from .metrics import plot_reward_curve, plot_timeline
-
     out.mkdir(parents=True, exist_ok=True)
     if backend == "ray":
-        if not ray_address:
-            quiet_local_ray()
-        import ray
-
-        if ray_address:
-            ray.init(address=ray_address, configure_logging=False)
-        elif not ray.is_initialized():
-            from . import reaper
-
-            reaper.start()  # a SIGKILLed driver leaves no Ray process behind
-            start_local_ray(job.spec)
+        connect_ray(job, ray_address)
     from .driver import JobFailed
     from .groups import RoleError, WorkerFailure
     from .progress import ProgressFiles, progress_of
@@ -177,10 +185,7 @@ def run_job(job: RLTrainingJob, out: Path, backend: str = "ray", device: str = "
         records = driver.run()
     except (JobFailed, RoleError, WorkerFailure) as exc:
         if reporter is not None:
-            reason = Reason.WORKER_FAILURE if isinstance(exc, WorkerFailure) else exc.reason
-            public = getattr(exc, "public", str(exc))  # no prompt or response text in the status
-            reporter.report(progress_of(last[-1] if last else None, total, "Failed", public, reason,
-                                        driver.worst_links, driver.resumed))
+            report_failed(reporter, exc, last[-1] if last else None, total, driver)
         raise
     except Exception as exc:  # an error nothing expected: the cluster's loss when this driver's raylet goes with it
         if ownlink.lost():
@@ -191,14 +196,35 @@ def run_job(job: RLTrainingJob, out: Path, backend: str = "ray", device: str = "
     finally:
         ownlink.stop()
         driver.shutdown()
+    finish(job, out, reporter, last[-1] if last else None, driver, export)
+    return records
+
+
+def finish(job: RLTrainingJob, out: Path, reporter: ProgressFiles | None, last: StepRecord | None, driver: Driver,
+           export: bool) -> None:
+    """After the last step: the Succeeded report, the reward curve and timeline plots, the policy's export."""
+    from .metrics import plot_reward_curve, plot_timeline
+    from .progress import progress_of
+
+    total = job.spec.trainer.steps
     if reporter is not None:
-        reporter.report(progress_of(last[-1] if last else None, total, "Succeeded", f"finished {total} steps",
-                                    resumed=driver.resumed))
+        reporter.report(progress_of(last, total, "Succeeded", f"finished {total} steps", resumed=driver.resumed))
     plot_reward_curve(out / "metrics.jsonl", out / "reward_curve.png")
     plot_timeline(out / "metrics.jsonl", out / "timeline.png")
     if export:
         export_last(job, out)
-    return records
+
+
+def report_failed(reporter: ProgressFiles, exc: Exception, last: StepRecord | None, total: int,
+                  driver: Driver) -> None:
+    """The driver's last progress report: Failed, with the reason and the failure's public text (no prompt or
+    response text goes into the status)."""
+    from .groups import WorkerFailure
+    from .progress import progress_of
+
+    reason = Reason.WORKER_FAILURE if isinstance(exc, WorkerFailure) else exc.reason
+    reporter.report(progress_of(last, total, "Failed", getattr(exc, "public", str(exc)), reason, driver.worst_links,
+                                driver.resumed))
 
 
 def export_last(job: RLTrainingJob, out: Path) -> Path | None:
