@@ -41,7 +41,7 @@ HELP_UNITS = [
 RESERVED = ("_bucket", "_count", "_sum", "_created")
 
 
-def problems(f: Family) -> list[str]:
+def problems(f: Family) -> list[str]:  # noqa: C901 -- one check per naming convention, listed flat on purpose
     """Every convention a family breaks (empty when it follows them all)."""
     out = []
     if not NAME.match(f.name):
