@@ -15,7 +15,10 @@ The units (bench/compare_rollout.py's runner: each a subprocess with its own tim
     actor's train step as the runtime runs it (MFU, 6NT).
 
 A figure more than 10 % worse than its baseline fails the check (exit 1), as does a failed GPU test or a figure
-that was not measured. The baseline changes only with --update-baseline and a reason, both kept in the file.
+that was not measured. Each kind of GPU has its own baseline (the device call may give an H100 or an H200, which
+differ by about a fifth in memory-bound figures): a run is compared with its own device's only, and where that has
+none, its figures say "no baseline". The baseline changes only with --update-baseline and a reason, both kept in
+the file.
 """
 
 from __future__ import annotations
@@ -142,19 +145,29 @@ def table(rows: list[dict], baseline: dict[str, float]) -> tuple[str, bool]:
     return "\n".join(lines), ok
 
 
-def read_baseline(path: Path = BASELINE) -> dict:
-    return json.loads(path.read_text()) if path.exists() else {"figures": {}}
+def read_baselines(path: Path = BASELINE) -> dict[str, dict]:
+    """Device name (as torch names it) -> its baseline: measured (date), reason, figures."""
+    return json.loads(path.read_text())["devices"] if path.exists() else {}
+
+
+def read_baseline(device: str, path: Path = BASELINE) -> dict:
+    """The baseline of `device`: figures are compared on the kind of GPU they were measured on only (an H100 and
+    an H200 differ by a fifth in memory-bound figures), so another device's is no baseline."""
+    return read_baselines(path).get(device, {"figures": {}})
 
 
 def write_baseline(rows: list[dict], reason: str, device: str, path: Path = BASELINE) -> dict:
+    """Write this run's figures as `device`'s baseline, the other devices' kept; returns the new entry."""
     values = {k: v for k, v in measured(rows).items() if v is not None}
-    doc = {"measured": datetime.date.today().isoformat(), "device": device, "reason": reason, "figures": values}
-    path.write_text(json.dumps(doc, indent=1) + "\n")
+    doc = {"measured": datetime.date.today().isoformat(), "reason": reason, "figures": values}
+    path.write_text(json.dumps({"devices": {**read_baselines(path), device: doc}}, indent=1) + "\n")
     return doc
 
 
 def device_name(rows: Iterable[dict]) -> str:
-    return next((r["device"] for r in rows if r.get("device")), "unknown")
+    """The GPU the rows were measured on, as the fast-path and PPO benches name it."""
+    named = (r.get("device") or (r.get("kind") == "ppo" and r["summary"].get("device")) for r in rows)
+    return next((name for name in named if name), "unknown")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -176,10 +189,12 @@ def main(argv: list[str] | None = None) -> int:
         for unit in (u for u in UNITS if not args.units or u.name in args.units.split(",")):
             runner.run(unit, vllm_ok=False)
         rows = load([runner.results])
-    baseline = read_baseline()
-    text, ok = table(rows, baseline.get("figures", {}))
-    print(f"\ngpu-check on {device_name(rows)}, baseline of {baseline.get('measured', 'none')} "
-          f"({baseline.get('reason', 'no baseline yet')}):")
+    device = device_name(rows)
+    baseline = read_baseline(device)
+    text, ok = table(rows, baseline["figures"])
+    others = ", ".join(sorted(set(read_baselines()) - {device})) or "none"
+    print(f"\ngpu-check on {device}, baseline of {baseline.get('measured', 'none')} "
+          f"({baseline.get('reason', f'no baseline for this device; other devices with one: {others}')}):")
     print(text)
     if args.update_baseline:
         doc = write_baseline(rows, args.reason, device_name(rows))

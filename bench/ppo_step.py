@@ -255,6 +255,7 @@ def main() -> None:  # noqa: C901 -- the bench's flags and its report, one branc
     stalls = [r["step"] for r in recs[1:] if r["time_step_s"] > 1.1 * med("time_step_s")]
     gpu_peak = torch.cuda.max_memory_allocated() / 2**30 if args.device == "cuda" else 0.0
     summary = {
+        "device": device,  # the GPU's name: gpu_check compares a figure with the same device's baseline only
         "steps_in_median": [r["step"] for r in later],
         "phases_s": {p: med(f"time_{p}_s") for p in PHASES},
         "step_s": med("time_step_s"),

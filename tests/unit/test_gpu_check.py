@@ -58,5 +58,27 @@ def test_the_baseline_changes_only_with_a_reason(tmp_path: Path, capsys: pytest.
     assert "needs --reason" in capsys.readouterr().err
     path = tmp_path / "baseline.json"
     doc = gpu_check.write_baseline(rows(), "first baseline", "NVIDIA H200", path)
-    assert json.loads(path.read_text()) == doc and doc["reason"] == "first baseline"
+    assert gpu_check.read_baseline("NVIDIA H200", path) == doc and doc["reason"] == "first baseline"
     assert doc["figures"] == BASE
+
+
+def test_a_run_is_held_to_its_own_devices_baseline_only(tmp_path: Path) -> None:
+    path = tmp_path / "baseline.json"
+    gpu_check.write_baseline(rows(), "H200 figures", "NVIDIA H200", path)
+    h100 = gpu_check.write_baseline(rows(step_s=2.0), "H100 figures", "NVIDIA H100 80GB HBM3", path)
+    assert gpu_check.read_baseline("NVIDIA H200", path)["reason"] == "H200 figures"  # kept beside the new one
+    assert gpu_check.read_baseline("NVIDIA H100 80GB HBM3", path) == h100
+    assert gpu_check.read_baseline("NVIDIA A100", path) == {"figures": {}}
+    text, ok = gpu_check.table(rows(step_s=2.0), gpu_check.read_baseline("NVIDIA A100", path)["figures"])
+    assert ok and "no baseline" in text  # nothing to compare with: no verdict on the figures
+
+
+def test_the_device_is_read_from_the_ppo_summary_when_no_fast_path_ran() -> None:
+    ppo_only = [{"kind": "ppo", "args": {"model": "qwen2-0.5b"}, "summary": {"device": "NVIDIA H100 80GB HBM3"}}]
+    assert gpu_check.device_name(ppo_only) == "NVIDIA H100 80GB HBM3"
+    assert gpu_check.device_name(rows()) == "NVIDIA H200"
+
+
+def test_the_baseline_in_the_repository_is_keyed_by_device() -> None:
+    baselines = gpu_check.read_baselines()
+    assert baselines and all(doc["reason"] and doc["figures"] for doc in baselines.values())
