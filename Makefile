@@ -29,7 +29,7 @@ LOCK = $(BIN)/uv pip compile --quiet --no-progress --generate-hashes --python-pl
 VLLM_VERSION = $(shell sed -n 's/^ARG VLLM_VERSION=//p' images/runtime/Dockerfile)
 
 .DEFAULT_GOAL := help
-.PHONY: help venv helm install demo demo-grpo demo-fault test test-all lint crds locks chart images e2e bench gpu-check clean \
+.PHONY: help venv helm install demo demo-grpo demo-fault test test-fast test-all lint crds locks chart images e2e bench gpu-check clean \
 	cluster cluster-build cluster-down node-deps bench-load
 
 help: ## list the targets
@@ -91,6 +91,9 @@ demo-fault: venv ## quickstart with the critic killed at step 3: only the critic
 
 test: venv helm cluster-build images ## the test suite (inside a loopback-only network namespace; real-cluster and real-pod tests too)
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+test-fast: venv helm ## the inner loop, about 3 minutes on 2 cores: the unit, operator and chart tests (no Ray cluster, no Kubernetes)
+	$(BIN)/python -m pytest -q tests/unit tests/operator tests/chart -m "not netns and not slow" $(PYTEST_ARGS)
 
 test-all: venv helm cluster-build images ## the test suite including slow tests
 	$(BIN)/python -m pytest -q -m '' $(PYTEST_ARGS)
