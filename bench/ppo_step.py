@@ -170,6 +170,18 @@ def train_bench(spec: JobSpec, args, peak: float, n: int) -> dict:
     return {"tokens": tokens, **{name: measure(k) for name, k in variants.items()}}
 
 
+ALLOC_COUNTS = ("num_alloc_retries", "num_device_alloc", "num_device_free", "num_sync_all_streams", "num_ooms")
+
+
+def allocator_counts(device: str) -> dict[str, int]:
+    """The CUDA caching allocator's running counts of the events that stall the host (a cudaMalloc or cudaFree, a
+    retry that frees the cache, a sync of every stream): a step whose counts grew paid for them."""
+    if device != "cuda":
+        return {}
+    stats = torch.cuda.memory_stats()
+    return {f"alloc_{k}": stats.get(k, 0) for k in ALLOC_COUNTS}
+
+
 def main() -> None:  # noqa: C901 -- the bench's flags and its report, one branch each
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="qwen2-0.5b", choices=["tiny", "qwen2-0.5b", "qwen2-1.5b"])
@@ -234,7 +246,8 @@ def main() -> None:  # noqa: C901 -- the bench's flags and its report, one branc
                     recs.append(rec)
                     shown = ("time_", "rollout_tokens", "train_tokens", "mfu", "memory_actor_gpu", "staleness")
                     keep = {k: v for k, v in rec.items() if k.startswith(shown)}
-                    print(json.dumps({"step": rec["step"], "at": round(time.time(), 2), **keep}), flush=True)
+                    print(json.dumps({"step": rec["step"], "at": round(time.time(), 2), **keep,
+                                      **allocator_counts(args.device)}), flush=True)
             t_last = time.perf_counter()
             driver.roles.commit()  # the last step's checkpoint, written in the background: the job's end waits
             last_write_s = time.perf_counter() - t_last
