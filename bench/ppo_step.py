@@ -182,6 +182,14 @@ def allocator_counts(device: str) -> dict[str, int]:
     return {f"alloc_{k}": stats.get(k, 0) for k in ALLOC_COUNTS}
 
 
+def graphs_compiled() -> int:
+    """torch.compile's graphs compiled so far in this process: a step after the first that adds any recompiled
+    something (a guard that failed on a new input), which costs it seconds."""
+    from torch._dynamo.utils import counters
+
+    return counters["stats"]["unique_graphs"]
+
+
 def main() -> None:  # noqa: C901 -- the bench's flags and its report, one branch each
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="qwen2-0.5b", choices=["tiny", "qwen2-0.5b", "qwen2-1.5b"])
@@ -246,8 +254,8 @@ def main() -> None:  # noqa: C901 -- the bench's flags and its report, one branc
                     recs.append(rec)
                     shown = ("time_", "rollout_tokens", "train_tokens", "mfu", "memory_actor_gpu", "staleness")
                     keep = {k: v for k, v in rec.items() if k.startswith(shown)}
-                    print(json.dumps({"step": rec["step"], "at": round(time.time(), 2), **keep,
-                                      **allocator_counts(args.device)}), flush=True)
+                    probes = {"graphs_compiled": graphs_compiled(), **allocator_counts(args.device)}
+                    print(json.dumps({"step": rec["step"], "at": round(time.time(), 2), **keep, **probes}), flush=True)
             t_last = time.perf_counter()
             driver.roles.commit()  # the last step's checkpoint, written in the background: the job's end waits
             last_write_s = time.perf_counter() - t_last
