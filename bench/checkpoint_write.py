@@ -33,7 +33,7 @@ from torch.distributed.checkpoint import FileSystemWriter
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))
 
-from kuberl import saves, snapshots  # noqa: E402
+from kuberl.resilience import saves, snapshots  # noqa: E402
 
 VARIANTS = ("runtime", "crc", "whole_slot", "before")
 

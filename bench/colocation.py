@@ -39,9 +39,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from ppo_step import build_spec, write_prompts  # noqa: E402
 
-from kuberl.driver import Driver  # noqa: E402
-from kuberl.groups import LocalWorkerGroup  # noqa: E402
+from kuberl.controller.driver import Driver  # noqa: E402
 from kuberl.spec import JobSpec  # noqa: E402
+from kuberl.workers.groups import LocalWorkerGroup  # noqa: E402
 
 SHARED = ("actor", "critic", "ref")
 LOSSES = ("pg_loss", "vf_loss", "kl", "reward_mean")

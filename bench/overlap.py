@@ -21,10 +21,10 @@ from pathlib import Path
 
 import yaml
 
-from kuberl.driver import Driver
-from kuberl.groups import RayWorkerGroup
+from kuberl.controller.driver import Driver
 from kuberl.run import quiet_local_ray, start_local_ray
 from kuberl.spec import validate_manifest
+from kuberl.workers.groups import RayWorkerGroup
 
 REPO = Path(__file__).resolve().parents[1]
 MODES = ("sequential", "overlapped", "async")

@@ -42,13 +42,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))
 
-from kuberl import gcfreeze  # noqa: E402
-from kuberl.batch import Batch  # noqa: E402
-from kuberl.driver import Driver  # noqa: E402
-from kuberl.groups import LocalWorkerGroup  # noqa: E402
-from kuberl.kernels import KernelOptions  # noqa: E402
-from kuberl.models import CHARS, builtin_config  # noqa: E402
+from kuberl.controller.driver import Driver  # noqa: E402
+from kuberl.data.batch import Batch  # noqa: E402
 from kuberl.spec import JobSpec  # noqa: E402
+from kuberl.training import gcfreeze  # noqa: E402
+from kuberl.training.kernels import KernelOptions  # noqa: E402
+from kuberl.training.models import CHARS, builtin_config  # noqa: E402
+from kuberl.workers.groups import LocalWorkerGroup  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from devmem import PeakSampler  # noqa: E402
@@ -215,7 +215,8 @@ def main() -> None:  # noqa: C901 -- the bench's flags and its report, one branc
     ap.add_argument("--train-reps", type=int, default=5)
     ap.add_argument("--no-ab", action="store_true", help="time the train step only as the runtime runs it")
     ap.add_argument("--no-gc-freeze", action="store_true",
-                    help="A/B: leave Python's cycle collector as it is (no kuberl.gcfreeze after the first step)")
+                    help="A/B: leave Python's cycle collector as it is "
+                         "(no kuberl.training.gcfreeze after the first step)")
     ap.add_argument("--sample-stacks", action="store_true",
                     help="sample every thread's stack each 20 ms; print where each stall's time went")
     ap.add_argument("--json", default="")

@@ -4,8 +4,8 @@ Each repeat runs the quickstart for 10 steps in one local Ray session, SIGKILLin
 steps 3 (actor), 5 (critic), 7 (ref) and 9 (reward). Prints detection / group-ready / replay seconds
 per role (median and range over repeats) as a Markdown table and one JSON line per role, for a cold
 restart (`--standby off`: new processes import torch and transformers and build the models), a warm
-standby (`--standby on`: spec.resilience.standby, kuberl.standby: actor and critic standbys load each completed
-step's snapshot once it is whole: `standby_follow_s` is what that load took per step, median, slowest
+standby (`--standby on`: spec.resilience.standby, kuberl.resilience.standby: actor and critic standbys load each
+completed step's snapshot once it is whole: `standby_follow_s` is what that load took per step, median, slowest
 rank, and `standby_first_load_s` a new standby's first one, with torch's first-call costs) or both.
 
     unshare -n sh -c 'ip link set lo up; PYTHONPATH=$PWD/runtime .venv/bin/python bench/recovery.py --standby both'
@@ -23,10 +23,10 @@ from pathlib import Path
 
 import yaml
 
-from kuberl.driver import Driver, Fault
-from kuberl.groups import RayWorkerGroup
+from kuberl.controller.driver import Driver, Fault
 from kuberl.run import start_local_ray
 from kuberl.spec import validate_manifest
+from kuberl.workers.groups import RayWorkerGroup
 
 REPO = Path(__file__).resolve().parents[1]
 SCHEDULE = {"actor": 3, "critic": 5, "ref": 7, "reward": 9}

@@ -48,9 +48,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from devmem import used_gib  # noqa: E402
 
-from kuberl.models import builtin_config, char_tokenizer, load_causal_lm  # noqa: E402
 from kuberl.rollout.fast import SamplingParams, StaticDecoder  # noqa: E402
 from kuberl.spec.model import ModelSource  # noqa: E402
+from kuberl.training.models import builtin_config, char_tokenizer, load_causal_lm  # noqa: E402
 
 HF_VARIANTS = ("fast", "graphs", "generate", "generate-static", "cb")
 VLLM_VARIANTS = ("vllm-plain", "vllm-seeded", "vllm-engine")

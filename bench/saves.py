@@ -8,8 +8,8 @@
 Full PPO steps through the runtime's Driver, in-process (LocalWorkerGroup, no Ray), one fresh driver
 per variant, in one process:
     off               no snapshots, no checkpoints: the baseline step
-    snapshots         a per-step snapshot of actor and critic (kuberl.snapshots: each rank's shards copied in a
-                      background thread into a memory-mapped slot file, in host memory for GPU roles, beside the
+    snapshots         a per-step snapshot of actor and critic (kuberl.resilience.snapshots: each rank's shards copied
+                      in a background thread into a memory-mapped slot file, in host memory for GPU roles, beside the
                       next step's rollout, reward, ref and values; the role's next update waits for it). What it
                       puts on the training path is timed inside the run (staging, and the next update's wait for
                       a copy still in flight); the copy alone is also timed apart from the step (whole-step
@@ -40,9 +40,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from ppo_step import build_spec, write_prompts  # noqa: E402
 
-from kuberl import snapshots  # noqa: E402
-from kuberl.driver import Driver  # noqa: E402
-from kuberl.groups import LocalWorkerGroup  # noqa: E402
+from kuberl.controller.driver import Driver  # noqa: E402
+from kuberl.resilience import snapshots  # noqa: E402
+from kuberl.workers.groups import LocalWorkerGroup  # noqa: E402
 
 CHUNK_BYTES = snapshots.CHUNK_BYTES
 

@@ -39,12 +39,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))
 
-from kuberl import dist as kdist  # noqa: E402
-from kuberl.batch import Batch  # noqa: E402
-from kuberl.groups import LocalWorkerGroup  # noqa: E402
-from kuberl.kernels import KernelOptions  # noqa: E402
-from kuberl.models import builtin_config  # noqa: E402
+from kuberl.data.batch import Batch  # noqa: E402
 from kuberl.spec import JobSpec  # noqa: E402
+from kuberl.training import dist as kdist  # noqa: E402
+from kuberl.training.kernels import KernelOptions  # noqa: E402
+from kuberl.training.models import builtin_config  # noqa: E402
+from kuberl.workers.groups import LocalWorkerGroup  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ppo_step import model_flops  # noqa: E402

@@ -23,13 +23,13 @@ import torch
 
 from examples.rule_engine import RuleEngine
 from kuberl import algos
-from kuberl.batch import Batch
-from kuberl.groups import WorkerGroup
+from kuberl.data.batch import Batch
 from kuberl.library import Fault, Prompts, Roles
 from kuberl.metrics import MetricsSink
-from kuberl.record import StepRecord
-from kuberl.sequence import SEQ_KEYS
+from kuberl.metrics.record import StepRecord
 from kuberl.spec import JobSpec, load_manifest
+from kuberl.training.sequence import SEQ_KEYS
+from kuberl.workers.groups import WorkerGroup
 
 
 def scores(roles: Roles, batch: Batch) -> torch.Tensor:
@@ -90,9 +90,9 @@ def main(argv: list[str] | None = None) -> int:
         spec = spec.model_copy(update={"trainer": spec.trainer.model_copy(update={"steps": args.steps})})
     import ray
 
-    from kuberl.colocation import SharedPlacement
-    from kuberl.groups import RayWorkerGroup
     from kuberl.run import start_local_ray
+    from kuberl.spec.colocation import SharedPlacement
+    from kuberl.workers.groups import RayWorkerGroup
 
     start_local_ray(spec)
     shared = SharedPlacement(spec)  # the placement groups of roles that share GPUs (colocateWith), if any

@@ -28,11 +28,11 @@ import re
 
 import torch
 
-from kuberl.batch import Batch
-from kuberl.dispatch import Dispatch, register
-from kuberl.proxies import RoleProxy, remote
-from kuberl.sequence import decode_responses
+from kuberl.controller.proxies import RoleProxy, remote
+from kuberl.data.batch import Batch
+from kuberl.training.sequence import decode_responses
 from kuberl.workers import Worker
+from kuberl.workers.dispatch import Dispatch, register
 
 
 class RuleEngineWorker(Worker):

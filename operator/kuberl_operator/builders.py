@@ -15,8 +15,8 @@ from typing import Any
 import yaml
 
 from kuberl import logs
-from kuberl.colocation import host_of, resized_live, set_bundle, sharing
 from kuberl.spec import API_VERSION, KIND, JobSpec, RLTrainingJob, RoleSpec, enabled_roles
+from kuberl.spec.colocation import host_of, resized_live, set_bundle, sharing
 from kuberl.spec.contract import PROGRESS_KEY, REPLICAS_KEY, Env, ExitCode, ReplicasDocument
 from kuberl.spec.model import node_resource
 from kuberl.spec.quantity import format_quantity, parse_quantity
@@ -188,7 +188,7 @@ def ray_resources_param(spec: JobSpec, host: str) -> str:
 
     - the resource of each role the pod carries, the host's and its colocated roles': the custom
       resources of the runtime's placement-group bundle for one rank of them all
-      (``kuberl.colocation.set_bundle``), so each role's actors, asking one unit of their own role's
+      (``kuberl.spec.colocation.set_bundle``), so each role's actors, asking one unit of their own role's
       resource, land only on this group's pods, and Ray still tells the roles apart;
     - the pod's topology domain, its Kubernetes node: ``kuberl_node_$(KUBERL_NODE_NAME)``. The node
       is unknown until the pod is scheduled; the kubelet expands ``$(VAR)`` in the container's args
@@ -404,7 +404,7 @@ def api_token_volume() -> dict[str, Any]:
 def reporter(job: RLTrainingJob, opts: BuildOptions) -> dict[str, Any]:
     """The driver pod's reporter, a native sidecar (an init container that keeps running, stopped after the
     driver): it alone holds the API token, and relays the driver's reports to ConfigMap <job>-progress and the
-    operator's replicas back (kuberl.reporter), so that no user code in the driver can reach the API."""
+    operator's replicas back (kuberl.metrics.reporter), so that no user code in the driver can reach the API."""
     return {
         "name": "reporter",
         "image": image_of(job, opts),

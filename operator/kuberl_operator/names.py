@@ -35,7 +35,7 @@ DEFAULT_CHECKPOINT_PATH = "/checkpoints"  # where a checkpoint PVC is mounted un
 CLAIM_MOUNT = "/kuberl/claim"  # the whole checkpoint PVC, in the init container that makes the job's folder
 PROGRESS_VOLUME, PROGRESS_MOUNT = "progress", "/run/kuberl/progress"  # the driver's reports, its reporter's replicas
 API_TOKEN_VOLUME = "api-token"  # the ServiceAccount token: in the driver pod's reporter sidecar only
-SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"  # where a client looks for it (kuberl.progress.SA_DIR)
+SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"  # where a client looks for it (kuberl.metrics.progress.SA_DIR)
 
 
 def labels(job: str, component: str, role: str | None = None) -> dict[str, str]:

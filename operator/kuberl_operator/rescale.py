@@ -17,8 +17,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from kuberl.colocation import resized_live
 from kuberl.spec import RLTrainingJob
+from kuberl.spec.colocation import resized_live
 
 from .builders import group_size, replicas_document
 from .health import PodView

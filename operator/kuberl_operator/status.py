@@ -15,8 +15,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, get_args
 
-from kuberl.colocation import host_of
 from kuberl.spec import RLTrainingJob, enabled_roles
+from kuberl.spec.colocation import host_of
 from kuberl.spec.contract import Reason, restart_budget_spent
 from kuberl.spec.status import HeadStatus, JobPhase, JobStatus, RoleStatus
 

@@ -43,7 +43,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from .export import cmd_export as run_export
+    from kuberl.training.export import cmd_export as run_export
 
     return run_export(args)
 
@@ -129,10 +129,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output")
     p.set_defaults(func=cmd_crd)
     add_run_parser(sub)
-    from .elastic import add_scale_parser
+    from kuberl.resilience.elastic import add_scale_parser
 
     add_scale_parser(sub)
-    from .reporter import add_report_parser
+    from kuberl.metrics.reporter import add_report_parser
 
     add_report_parser(sub)
     for register in _plugins():

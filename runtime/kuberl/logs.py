@@ -42,7 +42,7 @@ SUBSYSTEMS = (
     "placement",  # GPU topology and rank placement
     "scale",  # elastic rescaling
     "rollout",  # rollout engines (kuberl.rollout.<engine>)
-    "kernels",  # fused kernels and optimiser steps (kuberl.kernels.<module>)
+    "kernels",  # fused kernels and optimiser steps (kuberl.training.kernels.<module>)
 )
 FIELDS = ("job", "role", "rank", "step")  # a record's extra fields that the JSON line carries
 ROOT = "kuberl"

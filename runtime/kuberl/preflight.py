@@ -38,8 +38,9 @@ def check_job(spec: JobSpec, manifest_dir: Path | None = None) -> list[dict[str,
     """Raise PreflightFailed listing every problem; returns the training rows (for warnings about them).
     Import paths resolve as `python -m` resolves them from here (the current folder is importable), and from
     `manifest_dir` first, so a reward module may sit next to the manifest."""
+    from kuberl.data.tasks import DataError, batch_problem, load_eval_rows, load_rows
+
     from .rewards import RewardImportError, add_import_dir, load_reward_fn
-    from .tasks import DataError, batch_problem, load_eval_rows, load_rows
 
     add_import_dir(Path.cwd())  # as `python -m`: examples.remax's modules resolve from the repository root
     if manifest_dir is not None:
@@ -72,7 +73,7 @@ def check_job(spec: JobSpec, manifest_dir: Path | None = None) -> list[dict[str,
 def output_problems(spec: JobSpec, out: Path) -> list[str]:
     """The run's outputs, before any worker starts: the output and checkpoint folders can be created and
     written, and the /metrics address and port can be bound."""
-    from . import checkpoint
+    from kuberl.resilience import checkpoint
 
     problems = []
     for path, field, fix in ((out, "--out", "pass a folder you can write"),
@@ -249,7 +250,7 @@ def check_model_source(src, field: str) -> str:
         return ""
     if src.path and not Path(src.path).is_dir():
         return f"{field}.path: {src.path!r} is not a directory (fix: mount the model there or use hub)"
-    from .models import load_tokenizer
+    from kuberl.training.models import load_tokenizer
 
     try:
         load_tokenizer(src)
@@ -267,7 +268,7 @@ def warn_unknown_characters(spec: JobSpec, rows: list[dict[str, Any]]) -> None:
     """Once per run: which prompt characters the built-in tokenizer maps to <unk>, with their counts."""
     if not spec.model.builtin:
         return
-    from .vocab import unknown_characters
+    from kuberl.training.vocab import unknown_characters
 
     unknown = unknown_characters(r["prompt"] for r in rows)
     if unknown:

@@ -3,8 +3,8 @@
 Everything a user can get wrong is checked before any process starts (manifest, overrides, dataset
 files, reward import: kuberl.preflight), and reported as one line per problem naming the field. The
 output folder (default `runs/<metadata.name>`) and the checkpoints must belong to this job
-(kuberl.identity) before anything is written. After the last step the policy is exported to
-`<out>/model` (kuberl.export).
+(kuberl.resilience.identity) before anything is written. After the last step the policy is exported to
+`<out>/model` (kuberl.training.export).
 """
 
 from __future__ import annotations
@@ -16,14 +16,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
+from kuberl.metrics.record import StepRecord
+
 from . import logs
-from .record import StepRecord
 from .spec import JobSpec, RLTrainingJob, SpecInvalid, enabled_roles, load_manifest, validate_manifest
 from .spec.contract import ExitCode, Reason
 
 if TYPE_CHECKING:
-    from .driver import Driver
-    from .progress import ProgressFiles
+    from kuberl.controller.driver import Driver
+    from kuberl.metrics.progress import ProgressFiles
 
 log = logs.get("run")
 
@@ -97,7 +98,8 @@ def start_local_ray(spec: JobSpec) -> None:
     """A private Ray on 127.0.0.1 with each role's resource, as the operator's worker pods advertise."""
     import ray
 
-    from .groups import world_size
+    from kuberl.workers.groups import world_size
+
     from .spec import role_resource
 
     roles = enabled_roles(spec)
@@ -122,8 +124,8 @@ def start_local_ray(spec: JobSpec) -> None:
 def build_driver(job: RLTrainingJob, out: Path, backend: str, device: str, faults: Sequence[FaultFlag],
                  progress: bool):
     """`faults`: the --fault flags, which give the modes of spec.resilience.faults (default kill)."""
-    from .driver import Driver, Fault
-    from .groups import LocalWorkerGroup, RayWorkerGroup
+    from kuberl.controller.driver import Driver, Fault
+    from kuberl.workers.groups import LocalWorkerGroup, RayWorkerGroup
 
     spec = job.spec
     require_ray_backend(backend, spec)
@@ -132,7 +134,7 @@ def build_driver(job: RLTrainingJob, out: Path, backend: str, device: str, fault
     if backend == "local":
         make = lambda role: LocalWorkerGroup(role, spec, device)  # noqa: E731
     else:
-        from .colocation import SharedPlacement
+        from kuberl.spec.colocation import SharedPlacement
 
         shared = SharedPlacement(spec)  # the placement groups of roles that share GPUs
         make = lambda role: RayWorkerGroup(role, spec, device, shared=shared)  # noqa: E731
@@ -149,7 +151,7 @@ def connect_ray(job: RLTrainingJob, ray_address: str | None) -> None:
     if ray_address:
         ray.init(address=ray_address, configure_logging=False)
     elif not ray.is_initialized():
-        from . import reaper
+        from kuberl.resilience import reaper
 
         reaper.start()  # a SIGKILLed driver leaves no Ray process behind
         start_local_ray(job.spec)
@@ -162,9 +164,9 @@ def run_job(job: RLTrainingJob, out: Path, backend: str = "ray", device: str = "
     out.mkdir(parents=True, exist_ok=True)
     if backend == "ray":
         connect_ray(job, ray_address)
-    from .driver import JobFailed
-    from .groups import RoleError, WorkerFailure
-    from .progress import ProgressFiles, progress_of
+    from kuberl.controller.driver import JobFailed
+    from kuberl.metrics.progress import ProgressFiles, progress_of
+    from kuberl.workers.groups import RoleError, WorkerFailure
 
     driver = build_driver(job, out, backend, device, faults, progress)
     reporter = ProgressFiles.from_env()
@@ -176,7 +178,7 @@ def run_job(job: RLTrainingJob, out: Path, backend: str = "ray", device: str = "
             reporter.report(progress_of(rec, total, resumed=driver.resumed))
         driver.on_step = on_step
         driver.replicas_source = reporter.desired_replicas  # the operator's data.replicas, read between steps
-    from . import ownlink
+    from kuberl.resilience import ownlink
 
     try:
         if backend == "ray":
@@ -203,8 +205,9 @@ def run_job(job: RLTrainingJob, out: Path, backend: str = "ray", device: str = "
 def finish(job: RLTrainingJob, out: Path, reporter: ProgressFiles | None, last: StepRecord | None, driver: Driver,
            export: bool) -> None:
     """After the last step: the Succeeded report, the reward curve and timeline plots, the policy's export."""
+    from kuberl.metrics.progress import progress_of
+
     from .metrics import plot_reward_curve, plot_timeline
-    from .progress import progress_of
 
     total = job.spec.trainer.steps
     if reporter is not None:
@@ -219,8 +222,8 @@ def report_failed(reporter: ProgressFiles, exc: Exception, last: StepRecord | No
                   driver: Driver) -> None:
     """The driver's last progress report: Failed, with the reason and the failure's public text (no prompt or
     response text goes into the status)."""
-    from .groups import WorkerFailure
-    from .progress import progress_of
+    from kuberl.metrics.progress import progress_of
+    from kuberl.workers.groups import WorkerFailure
 
     reason = Reason.WORKER_FAILURE if isinstance(exc, WorkerFailure) else exc.reason
     reporter.report(progress_of(last, total, "Failed", getattr(exc, "public", str(exc)), reason, driver.worst_links,
@@ -229,8 +232,8 @@ def report_failed(reporter: ProgressFiles, exc: Exception, last: StepRecord | No
 
 def export_last(job: RLTrainingJob, out: Path) -> Path | None:
     """Export the newest checkpoint's policy to <out>/model; a problem is a warning, the run stands."""
-    from . import checkpoint
-    from .export import ExportError, export_policy
+    from kuberl.resilience import checkpoint
+    from kuberl.training.export import ExportError, export_policy
 
     try:
         export_policy(checkpoint.root_for(job.spec, out), job.metadata.name, job.spec, out / "model")
@@ -253,9 +256,10 @@ def run_command(args: argparse.Namespace) -> int:
         return ExitCode.BAD_INPUT
     if job is None:
         return ExitCode.OK
-    from . import ownlink
-    from .driver import JobFailed
-    from .groups import RoleError, WorkerFailure
+    from kuberl.controller.driver import JobFailed
+    from kuberl.resilience import ownlink
+    from kuberl.workers.groups import RoleError, WorkerFailure
+
     from .rewards import RewardFunctionError
 
     try:
@@ -285,7 +289,8 @@ def prepare(args: argparse.Namespace) -> tuple[RLTrainingJob | None, Path, list[
     """Validate the job, its data, reward and model, and its output folder; write the job record.
     Returns the job (None when it is already finished, said so on stdout), its output folder and the
     parsed --fault flags."""
-    from . import checkpoint, identity
+    from kuberl.resilience import checkpoint, identity
+
     from .preflight import (
         PreflightFailed,
         check_job,

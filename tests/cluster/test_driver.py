@@ -103,8 +103,9 @@ def test_exit_4_and_eviction_are_retried_within_the_backoff_limit(
 
 
 def test_exit_6_is_retried_without_counting(ns: Api, operator: OperatorProcess, job_name: str) -> None:
-    """Fact: a driver whose Ray node or cluster is gone (exit 6, `kuberl.ownlink`) is retried like an evicted one:
-    the Job's failed count stays 0, so a long job's head losses and driver cuts do not spend its backoffLimit."""
+    """Fact: a driver whose Ray node or cluster is gone (exit 6, `kuberl.resilience.ownlink`) is retried like an
+    evicted one: the Job's failed count stays 0, so a long job's head losses and driver cuts do not spend its
+    backoffLimit."""
     ns.create(RLTJ, manifest(job_name))
     ctx = lambda: describe(ns, job_name) + operator.tail(30)  # noqa: E731
     first = running_driver(ns, job_name, ctx)

@@ -15,7 +15,7 @@ import pytest
 from localkube.api import CONFIGMAPS, RAYCLUSTERS, RLTJ, Api
 from localkube.stack import Cluster
 
-from kuberl.progress import ProgressReporter
+from kuberl.metrics.progress import ProgressReporter
 from kuberl.spec.contract import ProgressDocument, RoleProgress
 
 from .jobs import describe, events, pods_of, status, uids

@@ -119,7 +119,8 @@ class Chaos:
         return status(self.k, JOB).get("step") or 0
 
     def resent(self) -> int:
-        """Calls the driver sent again after their link broke: its log's lines that say so (kuberl.proxies)."""
+        """Calls the driver sent again after their link broke: its log's lines that say so
+        (kuberl.controller.proxies)."""
         log = self.k("logs", "--tail=-1", "-l", f"{names.LABEL_JOB}={JOB},{names.LABEL_COMPONENT}=driver")
         return log.count("so it is sent again")
 

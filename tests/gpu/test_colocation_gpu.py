@@ -12,8 +12,8 @@ import pytest
 import torch
 from torch.distributed.tensor import DTensor
 
-from kuberl.groups import LocalWorkerGroup
-from kuberl.proxies import ActorProxy
+from kuberl.controller.proxies import ActorProxy
+from kuberl.workers.groups import LocalWorkerGroup
 
 from ..integration.conftest import load_example
 from ..integration.test_offload import OVERRIDES, train_batch

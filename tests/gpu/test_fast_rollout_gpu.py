@@ -14,12 +14,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kuberl.models import char_tokenizer, load_causal_lm
 from kuberl.rollout.fast import SamplingParams, StaticDecoder
 from kuberl.rollout.hf import HFRollout
 from kuberl.rollout.sampling import sample, sample_scalars
 from kuberl.spec import JobSpec
 from kuberl.spec.model import ModelSource
+from kuberl.training.models import char_tokenizer, load_causal_lm
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 

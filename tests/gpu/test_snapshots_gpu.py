@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from kuberl import snapshots
-from kuberl.groups import LocalWorkerGroup
-from kuberl.proxies import ActorProxy
-from kuberl.saves import shard_tensors
+from kuberl.controller.proxies import ActorProxy
+from kuberl.resilience import snapshots
+from kuberl.resilience.saves import shard_tensors
+from kuberl.workers.groups import LocalWorkerGroup
 
 from ..integration.conftest import load_example
 from ..integration.test_offload import OVERRIDES, train_batch

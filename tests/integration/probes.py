@@ -8,9 +8,9 @@ import hashlib
 
 import torch
 
-from kuberl.dispatch import Dispatch, register
-from kuberl.saves import shard_tensors
+from kuberl.resilience.saves import shard_tensors
 from kuberl.workers import ActorWorker, CriticWorker, RewardWorker, Worker
+from kuberl.workers.dispatch import Dispatch, register
 
 
 class Probes:
@@ -29,7 +29,8 @@ class Probes:
     @register(Dispatch.ALL)
     def state_digest(self: Worker) -> str:
         """sha256 of this rank's trainable state, byte for byte: each parameter shard and its optimizer
-        state (`kuberl.saves.shard_tensors`), so two digests are equal only when the states are bit-identical."""
+        state (`kuberl.resilience.saves.shard_tensors`), so two digests are equal only when the states are
+        bit-identical."""
         h = hashlib.sha256()
         for t in shard_tensors(self.trainer.model, self.trainer.optimizer.optimizer):
             h.update(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import yaml
 
-from kuberl import checkpoint
 from kuberl.metrics import read_jsonl
+from kuberl.resilience import checkpoint
 from kuberl.run import run_job
 from kuberl.spec import validate_manifest
 from kuberl_operator import builders, names

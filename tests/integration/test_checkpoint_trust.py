@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from kuberl import checkpoint, identity
-from kuberl.driver import Driver
-from kuberl.groups import LocalWorkerGroup
+from kuberl.controller.driver import Driver
 from kuberl.library import CheckpointUntrusted
+from kuberl.resilience import checkpoint, identity
 from kuberl.spec.contract import Reason
+from kuberl.workers.groups import LocalWorkerGroup
 
 from ..unit.test_dcp_reader import Payload
 from .conftest import load_example

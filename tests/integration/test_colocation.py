@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import pytest
 
-from kuberl.colocation import SharedPlacement
-from kuberl.driver import Driver, Fault
-from kuberl.groups import LocalWorkerGroup, RayWorkerGroup
+from kuberl.controller.driver import Driver, Fault
 from kuberl.metrics import read_jsonl
+from kuberl.spec.colocation import SharedPlacement
 from kuberl.workers import Worker
+from kuberl.workers.groups import LocalWorkerGroup, RayWorkerGroup
 
 from .conftest import load_example
 

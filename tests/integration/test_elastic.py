@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from kuberl import checkpoint
-from kuberl.driver import Driver
-from kuberl.elastic import take_requests, write_request
-from kuberl.groups import RayWorkerGroup
+from kuberl.controller.driver import Driver
 from kuberl.metrics import read_jsonl
-from kuberl.progress import progress_of
+from kuberl.metrics.progress import progress_of
+from kuberl.resilience import checkpoint
+from kuberl.resilience.elastic import take_requests, write_request
 from kuberl.spec.contract import ReplicasDocument, RoleProgress
+from kuberl.workers.groups import RayWorkerGroup
 
 from .probes import PROBED, Probes
 from .test_faults import identities, run_observed, spec_for

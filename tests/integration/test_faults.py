@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from kuberl import checkpoint
-from kuberl.driver import Driver, Fault, JobFailed
-from kuberl.groups import LinkBroken, RayWorkerGroup, WorkerFailure
+from kuberl.controller.driver import Driver, Fault, JobFailed
+from kuberl.controller.proxies import ActorProxy
 from kuberl.metrics import read_jsonl
-from kuberl.proxies import ActorProxy
-from kuberl.record import Reason
+from kuberl.metrics.record import Reason
+from kuberl.resilience import checkpoint
 from kuberl.spec.contract import PROGRESS_FILE, Env, ProgressDocument
+from kuberl.workers.groups import LinkBroken, RayWorkerGroup, WorkerFailure
 
 from .conftest import REPO, load_example
 from .probes import PROBED, Probes
@@ -264,8 +264,8 @@ def test_an_update_sent_again_while_the_first_still_runs_waits_for_it_and_applie
     Two threads call the same worker at once; its state is the one a single update leaves, byte for byte."""
     import threading
 
-    from kuberl.groups import LocalWorkerGroup
     from kuberl.workers import ActorWorker
+    from kuberl.workers.groups import LocalWorkerGroup
 
     from .test_offload import OVERRIDES, train_batch
 
@@ -350,7 +350,7 @@ def test_killed_driver_resumes_from_last_checkpoint(netns, tmp_path):
 def test_killed_driver_leaves_no_ray_process_behind(netns, tmp_path):
     """SIGKILL only the `kuberl run` process: its watchdog ends every process it started, Ray's agents
     included, within seconds (Ray alone leaves DashboardAgent and RuntimeEnvAgent for about a minute)."""
-    from kuberl import reaper
+    from kuberl.resilience import reaper
 
     out = tmp_path / "run"
     proc = subprocess.Popen([sys.executable, "-m", "kuberl.cli", "run", "examples/quickstart.yaml", "--out", str(out),
@@ -379,8 +379,8 @@ def test_killed_driver_leaves_no_ray_process_behind(netns, tmp_path):
 def test_a_driver_whose_raylet_dies_exits_6_rather_than_wait(netns, tmp_path):
     """`kuberl run`'s own raylet SIGKILLed mid-run (as Ray ends a node it declared dead): the driver exits 6
     (RAY_LOST, which its Job retries without counting) within seconds, saying so, instead of waiting forever on a
-    Ray that is gone (kuberl.ownlink)."""
-    from kuberl import reaper
+    Ray that is gone (kuberl.resilience.ownlink)."""
+    from kuberl.resilience import reaper
     from kuberl.spec.contract import ExitCode
 
     out = tmp_path / "run"
@@ -413,7 +413,7 @@ def comm(pid: int) -> str:
 
 def running(pid: int, born: str | None) -> bool:
     """Whether `pid` is still the process that started at `born` and not a zombie."""
-    from kuberl import reaper
+    from kuberl.resilience import reaper
 
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]

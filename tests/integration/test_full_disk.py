@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from kuberl import checkpoint, saves
+from kuberl.resilience import checkpoint, saves
 
 from .conftest import REPO
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 import json
 
 from examples.remax import remax
-from kuberl.driver import Driver
-from kuberl.groups import RayWorkerGroup
+from kuberl.controller.driver import Driver
 from kuberl.library import Fault
 from kuberl.metrics import read_jsonl
-from kuberl.progress import progress_of
+from kuberl.metrics.progress import progress_of
+from kuberl.workers.groups import RayWorkerGroup
 
 from .conftest import load_example
 
@@ -57,7 +57,7 @@ def test_two_calls_in_flight_to_a_failed_role_cost_one_restart(ray_session, tmp_
     import torch
 
     from examples.rule_engine import RuleEngine
-    from kuberl.batch import Batch
+    from kuberl.data.batch import Batch
     from kuberl.library import Roles
 
     spec = load_example("remax.yaml").spec

@@ -9,12 +9,13 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from kuberl import checkpoint, lora
-from kuberl.export import export_policy
-from kuberl.groups import LocalWorkerGroup
+from kuberl.controller.proxies import ActorProxy, RefProxy
 from kuberl.metrics import read_jsonl
-from kuberl.proxies import ActorProxy, RefProxy
+from kuberl.resilience import checkpoint
 from kuberl.run import run_job
+from kuberl.training import lora
+from kuberl.training.export import export_policy
+from kuberl.workers.groups import LocalWorkerGroup
 
 from .conftest import load_example
 from .test_offload import train_batch

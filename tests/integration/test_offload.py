@@ -14,10 +14,10 @@ import pytest
 import torch
 from torch.distributed.tensor import DTensor
 
-from kuberl.driver import Driver
-from kuberl.groups import LocalWorkerGroup, RayWorkerGroup
-from kuberl.proxies import ActorProxy, CriticProxy
+from kuberl.controller.driver import Driver
+from kuberl.controller.proxies import ActorProxy, CriticProxy
 from kuberl.spec import JobSpec
+from kuberl.workers.groups import LocalWorkerGroup, RayWorkerGroup
 
 from .conftest import load_example
 from .probes import ProbedActor, Probes

@@ -1,4 +1,4 @@
-"""Phases at the same time on real Ray (kuberl.schedule): the synchronous loop with its independent phases
+"""Phases at the same time on real Ray (kuberl.controller.schedule): the synchronous loop with its independent phases
 overlapped gives bit-identical results to one phase after another; each step's timeline shows the overlap;
 spec.rollout.asynchronous generates step k+1's batch beside step k's updates and still learns."""
 
@@ -9,11 +9,11 @@ import urllib.request
 import pytest
 import torch
 
-from kuberl import checkpoint
-from kuberl.driver import Driver
-from kuberl.groups import LocalWorkerGroup, RayWorkerGroup
+from kuberl.controller.driver import Driver
 from kuberl.metrics import read_jsonl
+from kuberl.resilience import checkpoint
 from kuberl.run import run_job
+from kuberl.workers.groups import LocalWorkerGroup, RayWorkerGroup
 
 from .conftest import load_example
 from .probes import PROBED, Probes

@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from kuberl.driver import Driver
-from kuberl.groups import LocalWorkerGroup, RayWorkerGroup
+from kuberl.controller.driver import Driver
+from kuberl.controller.proxies import ActorProxy
 from kuberl.metrics import read_jsonl
-from kuberl.proxies import ActorProxy
 from kuberl.run import run_job
 from kuberl.spec import JobSpec
+from kuberl.workers.groups import LocalWorkerGroup, RayWorkerGroup
 
 from .conftest import REPO, load_example
 from .probes import ProbedActor, Probes
@@ -112,8 +112,8 @@ def run_local(spec: JobSpec, out: Path, driver_cls: type[Driver] = Driver, **kw)
 
 
 def test_every_roles_process_settles_once_after_its_first_step_and_thaws_at_shutdown(netns, tmp_path):
-    """kuberl.gcfreeze: the driver's and each role's long-lived objects leave the collector's way once per group
-    generation (in-process here: one process), and are given back when the roles shut down."""
+    """kuberl.training.gcfreeze: the driver's and each role's long-lived objects leave the collector's way once per
+    group generation (in-process here: one process), and are given back when the roles shut down."""
     import gc
 
     driver = run_local(load_example("quickstart.yaml", **{"trainer.steps": 2}).spec, tmp_path)

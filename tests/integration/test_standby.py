@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import pytest
 
-from kuberl.driver import Driver, Fault
-from kuberl.groups import RayWorkerGroup, RoleError
+from kuberl.controller.driver import Driver, Fault
 from kuberl.metrics import read_jsonl
-from kuberl.standby import StandbyGroup
+from kuberl.resilience.standby import StandbyGroup
+from kuberl.workers.groups import RayWorkerGroup, RoleError
 
 from .conftest import load_example
 from .probes import PROBED, CollectiveErrorReward, Probes

@@ -178,8 +178,8 @@ def test_byo_reward_next_to_manifest_gets_the_row_and_its_errors_name_the_line(n
 
 
 def actor_logits(state: dict[str, torch.Tensor], ids: torch.Tensor) -> torch.Tensor:
-    from kuberl.models import load_causal_lm
     from kuberl.spec.model import ModelSource
+    from kuberl.training.models import load_causal_lm
 
     model = load_causal_lm(ModelSource(builtin="tiny")).eval()
     model.load_state_dict(state, strict=False)
@@ -191,10 +191,10 @@ def test_export_of_a_two_rank_checkpoint_loads_with_transformers(ray_session, tm
     """Two FSDP ranks write the actor's DCP checkpoint; the exported folder's logits equal the actor's."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from kuberl.driver import Driver
-    from kuberl.export import export
-    from kuberl.groups import RayWorkerGroup
-    from kuberl.identity import Identity
+    from kuberl.controller.driver import Driver
+    from kuberl.resilience.identity import Identity
+    from kuberl.training.export import export
+    from kuberl.workers.groups import RayWorkerGroup
 
     job = load_example(
         "quickstart.yaml", **{"trainer.steps": 2, "roles.actor.replicas": 2, "trainer.microBatchSize": 8}
@@ -264,8 +264,8 @@ def test_eval_and_tensorboard(netns, tmp_path: Path) -> None:
 
 def write_hub_cache(cache: Path, repo_id: str) -> Path:
     """A small model and tokenizer under the Hugging Face hub cache layout (models--org--name/...)."""
-    from kuberl.models import char_tokenizer, load_causal_lm
     from kuberl.spec.model import ModelSource
+    from kuberl.training.models import char_tokenizer, load_causal_lm
 
     revision = "0123456789abcdef0123456789abcdef01234567"
     repo = cache / f"models--{repo_id.replace('/', '--')}"

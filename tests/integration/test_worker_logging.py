@@ -7,7 +7,7 @@ import logging
 import pytest
 
 from kuberl import logs
-from kuberl.groups import RayWorkerGroup
+from kuberl.workers.groups import RayWorkerGroup
 
 from .conftest import load_example
 

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from kuberl.colocation import set_bundle
 from kuberl.spec import validate_manifest
+from kuberl.spec.colocation import set_bundle
 from kuberl.spec.contract import RoleProgress
 from kuberl.spec.quantity import parse_quantity
 from kuberl_operator import builders
@@ -141,7 +141,7 @@ def test_under_dra_a_colocated_role_gets_no_claim_template_of_its_own(validator)
 ])
 def test_the_runtimes_placement_bundles_fill_the_pods_of_the_group(roles: dict[str, Any]) -> None:
     """The runtime's side of the contract: its placement group for a group's roles has one bundle per rank
-    (`kuberl.colocation.set_bundle`: rank r of every role of the group); one pod holds max(gpus, 1) of them,
+    (`kuberl.spec.colocation.set_bundle`: rank r of every role of the group); one pod holds max(gpus, 1) of them,
     exactly: every custom resource, the GPUs, and the CPUs (KubeRay gives Ray the container's CPU limit)."""
     j = job(roles)
     for host, group in groups_of(j).items():

@@ -11,7 +11,7 @@ def one_rank_group(netns):
     """A world-size-1 gloo process group on loopback (reuses one that is already up)."""
     import torch.distributed as dist
 
-    from kuberl import dist as kdist
+    from kuberl.training import dist as kdist
 
     mine = not dist.is_initialized()
     if mine:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kuberl.batch import Batch
+from kuberl.data.batch import Batch
 
 
 def make(n: int = 6) -> Batch:

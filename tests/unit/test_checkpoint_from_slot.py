@@ -1,5 +1,5 @@
-"""A periodic checkpoint written from its step's snapshot slot (`kuberl.saves`): off the training path, of the
-step it names even while training moves on, and the slot kept until it is written; the slots set up before the
+"""A periodic checkpoint written from its step's snapshot slot (`kuberl.resilience.saves`): off the training path, of
+the step it names even while training moves on, and the slot kept until it is written; the slots set up before the
 first update needs them."""
 
 from __future__ import annotations
@@ -10,15 +10,15 @@ from pathlib import Path
 
 import torch
 
-from kuberl import snapshots
-from kuberl.checkpoint import trainable_state
-from kuberl.saves import SlotRef, plan_from_slot, planned_shards, shard_tensors
+from kuberl.resilience import snapshots
+from kuberl.resilience.checkpoint import trainable_state
+from kuberl.resilience.saves import SlotRef, plan_from_slot, planned_shards, shard_tensors
 
 from .test_lora import IDS, logits, small_lm
 
 
 def trainer():
-    from kuberl.workers.train import FSDPTrainer
+    from kuberl.training.trainer import FSDPTrainer
 
     return FSDPTrainer(small_lm(), torch.device("cpu"), torch.float32, lr=1e-2, weight_decay=0.0, grad_clip=1.0)
 
@@ -112,11 +112,11 @@ def test_the_checkpoint_is_its_steps_state_while_training_goes_on(one_rank_group
 
 
 def test_a_process_settles_its_objects_once_and_thaws_them_at_shutdown() -> None:
-    """kuberl.gcfreeze in a fresh interpreter (freezing this one's objects would outlive the test)."""
+    """kuberl.training.gcfreeze in a fresh interpreter (freezing this one's objects would outlive the test)."""
     import subprocess
     import sys
 
-    script = ("import gc; from kuberl import gcfreeze; junk = [[] for _ in range(1000)]; "
+    script = ("import gc; from kuberl.training import gcfreeze; junk = [[] for _ in range(1000)]; "
               "assert gcfreeze.settle() and not gcfreeze.settle() and gc.get_freeze_count() > 1000; "
               "gcfreeze.thaw(); assert gc.get_freeze_count() == 0 and gcfreeze.settle()")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
@@ -125,7 +125,7 @@ def test_a_process_settles_its_objects_once_and_thaws_them_at_shutdown() -> None
 
 def test_a_write_from_the_slot_that_fails_is_void_and_gives_the_slot_back(one_rank_group, tmp_path: Path,
                                                                           monkeypatch, capsys) -> None:
-    from kuberl.saves import complete
+    from kuberl.resilience.saves import complete
 
     def torn(*args, **kwargs):
         raise OSError(28, "No space left on device")
@@ -178,7 +178,7 @@ def test_a_checkpoint_with_no_room_is_void_with_a_warning_that_says_so(one_rank_
     import shutil
     from collections import namedtuple
 
-    from kuberl.saves import complete
+    from kuberl.resilience.saves import complete
 
     usage = namedtuple("usage", "total used free")
     monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(2**40, 2**40, 1024))
@@ -200,8 +200,8 @@ def _agree(rank: int, store: str, out: str) -> None:
     """One rank of two: rank 1 has no room; both must give up (DCP's collectives would wait for it forever)."""
     import torch.distributed as dist
 
-    from kuberl.saves import AsyncSaver
-    from kuberl.snapshots import NoRoom
+    from kuberl.resilience.saves import AsyncSaver
+    from kuberl.resilience.snapshots import NoRoom
 
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
     saver = AsyncSaver()
@@ -232,7 +232,7 @@ def test_a_save_waits_for_the_previous_writes_collectives_not_its_disk(one_rank_
                                                                         monkeypatch) -> None:
     """Two saves two steps apart: the second starts while the first one's files are still being made durable (a
     slow disk), instead of waiting for that on the training path; both end complete."""
-    from kuberl import saves
+    from kuberl.resilience import saves
 
     real_fsync = saves.fsync_tree
     monkeypatch.setattr(saves, "fsync_tree", lambda path: (time.sleep(2.0), real_fsync(path)))

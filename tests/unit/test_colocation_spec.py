@@ -88,7 +88,7 @@ def test_asynchronous_rollout_refused_when_the_actor_shares_its_gpus() -> None:
 
 
 def test_colocation_sets_shares_and_bundles() -> None:
-    from kuberl.colocation import gpu_share, host_of, set_bundle, sharing
+    from kuberl.spec.colocation import gpu_share, host_of, set_bundle, sharing
 
     gpus = {"replicas": 2, "gpus": 1}
     spec = validate_manifest(manifest({

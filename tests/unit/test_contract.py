@@ -90,8 +90,8 @@ def test_a_driver_cannot_report_what_would_freeze_the_status(text: str, refused:
 
 def test_progress_carries_a_roles_last_failure_and_standby_for_the_operator():
     """lastFailure (one line: reason, step, phase, diagnosis) and standbyReady cross to the operator."""
-    from kuberl.progress import progress_of
-    from kuberl.record import Recovery, RoleStep, StepRecord
+    from kuberl.metrics.progress import progress_of
+    from kuberl.metrics.record import Recovery, RoleStep, StepRecord
 
     rec = Recovery("critic", 3, "values", Reason.WORKER_HUNG, "hung: no answer within 30s; ...", detect_s=30.0,
                    diagnosis="role critic rank 1 hung in user code: score at myreward.py:12")

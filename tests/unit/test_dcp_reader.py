@@ -12,7 +12,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch import nn
 
-from kuberl import checkpoint, dcp_reader
+from kuberl.resilience import checkpoint, dcp_reader
 
 
 class Payload:

@@ -12,7 +12,7 @@ RANK = textwrap.dedent("""
     import subprocess, sys, time
     from pathlib import Path
     import torch
-    from kuberl import dist as kdist
+    from kuberl.training import dist as kdist
 
     rank, portfile = int(sys.argv[1]), Path(sys.argv[2])
     listen = None

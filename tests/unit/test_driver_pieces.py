@@ -1,13 +1,13 @@
-"""The driver's small pieces: the one-step-off rollout (`kuberl.driver.RolloutAhead`) and the scale arbiter
-(`kuberl.elastic.ScaleArbiter`), without any role running."""
+"""The driver's small pieces: the one-step-off rollout (`kuberl.controller.driver.RolloutAhead`) and the scale arbiter
+(`kuberl.resilience.elastic.ScaleArbiter`), without any role running."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from types import SimpleNamespace
 
-from kuberl.driver import RolloutAhead
-from kuberl.elastic import ScaleArbiter, write_request
+from kuberl.controller.driver import RolloutAhead
+from kuberl.resilience.elastic import ScaleArbiter, write_request
 from kuberl.spec import validate_manifest
 from kuberl.spec.contract import ReplicasDocument
 

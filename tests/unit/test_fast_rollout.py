@@ -18,14 +18,14 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from kuberl.kernels.lm_head import linear_logprobs
-from kuberl.models import char_tokenizer
 from kuberl.rollout import fast
 from kuberl.rollout.fast import SamplingParams, StaticDecoder, unsupported_reason
 from kuberl.rollout.hf import HFRollout
 from kuberl.rollout.sampling import _nucleus, gumbel, nucleus_rounds, sample
-from kuberl.sequence import response_logprobs
 from kuberl.spec import JobSpec
+from kuberl.training.kernels.lm_head import linear_logprobs
+from kuberl.training.models import char_tokenizer
+from kuberl.training.sequence import response_logprobs
 
 PAD, EOS, VOCAB = 0, 1, 50
 
@@ -457,7 +457,7 @@ def test_local_shard_clip_and_fused_adamw_equal_torch_on_fsdp2(one_rank_group) -
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    from kuberl.kernels.optim import clip_grad_norm_local, fused_adamw_step_local
+    from kuberl.training.kernels.optim import clip_grad_norm_local, fused_adamw_step_local
 
     mesh = init_device_mesh("cpu", (1,))
     a = small_lm()
@@ -498,7 +498,7 @@ def test_fused_head_is_an_fsdp2_forward_method_and_matches_the_logits_path(one_r
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    from kuberl.kernels.lm_head import FUSED_METHOD
+    from kuberl.training.kernels.lm_head import FUSED_METHOD
 
     mesh = init_device_mesh("cpu", (1,))
 

@@ -1,4 +1,4 @@
-"""Hang timeouts and the one-line diagnosis of a hung role (kuberl.hangs), from real stacks."""
+"""Hang timeouts and the one-line diagnosis of a hung role (kuberl.resilience.hangs), from real stacks."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from kuberl import hangs
+from kuberl.resilience import hangs
 
 
 def test_hang_timeout_is_ten_times_the_slowest_call_within_floor_and_ceiling():

@@ -1,4 +1,4 @@
-"""Job identity: the trained fields, their hash, and when a resume is refused (kuberl.identity)."""
+"""Job identity: the trained fields, their hash, and when a resume is refused (kuberl.resilience.identity)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from kuberl import checkpoint
-from kuberl.identity import Identity, clear, resume_problem, trained_fields
+from kuberl.resilience import checkpoint
+from kuberl.resilience.identity import Identity, clear, resume_problem, trained_fields
 from kuberl.spec import validate_manifest
 
 
@@ -100,7 +100,7 @@ def test_an_interrupted_save_is_replaced(tmp_path: Path, capsys) -> None:
 def test_the_run_commands_checks_import_no_torch() -> None:
     """`kuberl run` refuses a bad job in about a second: its checks (manifest, output folder, checkpoints'
     owner) import neither torch nor Ray."""
-    code = ("import sys, kuberl.run, kuberl.identity, kuberl.checkpoint, kuberl.preflight; "
+    code = ("import sys, kuberl.run, kuberl.resilience.identity, kuberl.resilience.checkpoint, kuberl.preflight; "
             "print(sorted(m for m in ('torch', 'ray') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

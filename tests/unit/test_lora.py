@@ -1,4 +1,4 @@
-"""kuberl.lora: the adapter layer, adapters off (the reference policy), folding, and an FSDP2 trainer
+"""kuberl.training.lora: the adapter layer, adapters off (the reference policy), folding, and an FSDP2 trainer
 whose checkpoints hold the adapters and their optimizer state only."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from pathlib import Path
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from kuberl import lora
 from kuberl.spec.model import LoraSpec
+from kuberl.training import lora
 
 SPEC = LoraSpec(rank=4, alpha=8.0, target_modules=["q_proj", "v_proj", "down_proj"])
 
@@ -138,7 +138,7 @@ def test_trainer_trains_adapters_only_and_checkpoints_them_alone(one_rank_group,
     and a fresh trainer loads it back to the same merged weights."""
     import torch.distributed.checkpoint as dcp
 
-    from kuberl.workers.train import FSDPTrainer
+    from kuberl.training.trainer import FSDPTrainer
 
     def trainer() -> FSDPTrainer:
         return FSDPTrainer(small_lm(), torch.device("cpu"), torch.float32, lr=1e-2, weight_decay=0.0, grad_clip=1.0,

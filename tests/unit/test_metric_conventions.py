@@ -19,7 +19,7 @@ import pytest
 from packaging.version import Version
 
 from kuberl.metrics import PROM_FAMILIES, MetricsSink
-from kuberl.record import Recovery, RoleStep, StepRecord
+from kuberl.metrics.record import Recovery, RoleStep, StepRecord
 from kuberl.spec.contract import Reason
 from kuberl.version import version
 from kuberl_operator.metrics import Metrics

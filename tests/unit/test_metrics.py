@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from kuberl.metrics import MetricsSink, mfu, plot_reward_curve, plot_timeline, read_jsonl
-from kuberl.record import RoleStep, Span, StepRecord, uncovered_s
+from kuberl.metrics.record import RoleStep, Span, StepRecord, uncovered_s
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

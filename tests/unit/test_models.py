@@ -6,7 +6,8 @@ import pytest
 import torch
 from transformers import Qwen2ForCausalLM
 
-from kuberl.models import (
+from kuberl.spec.model import ModelSource
+from kuberl.training.models import (
     builtin_config,
     char_tokenizer,
     count_params,
@@ -16,8 +17,7 @@ from kuberl.models import (
     load_value_model,
     transformer_blocks,
 )
-from kuberl.sequence import position_ids, response_logprobs, response_mask, response_values
-from kuberl.spec.model import ModelSource
+from kuberl.training.sequence import position_ids, response_logprobs, response_mask, response_values
 
 TINY = ModelSource(builtin="tiny")
 
@@ -51,7 +51,7 @@ def test_char_tokenizer_specials_and_unknowns(tok) -> None:
 
 
 def test_unknown_characters_are_counted() -> None:
-    from kuberl.vocab import unknown_characters
+    from kuberl.training.vocab import unknown_characters
 
     assert unknown_characters(["café", "naïve é", "plain ASCII!"]) == {"é": 2, "ï": 1}
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from kuberl.cli import main
-from kuberl.identity import trained_fields
+from kuberl.resilience.identity import trained_fields
 from kuberl.spec import JobSpec, SpecInvalid, deprecations, parse_yaml, validate_manifest
 
 from .test_spec import manifest
@@ -135,8 +135,8 @@ def test_an_alias_and_its_field_hash_alike_and_betas_count() -> None:
 
 @pytest.mark.parametrize("role", ["actor", "critic"])
 def test_the_block_reaches_the_optimizer(role, one_rank_group) -> None:
-    from kuberl.kernels import KernelOptions
-    from kuberl.workers.train import FSDPTrainer
+    from kuberl.training.kernels import KernelOptions
+    from kuberl.training.trainer import FSDPTrainer
 
     from .test_lora import small_lm
 

@@ -1,5 +1,5 @@
-"""The driver's own link (kuberl.ownlink): a driver cut off from the head waits rather than blame a role, and a
-driver whose own Ray node is gone exits RAY_LOST (its Job retries it, uncounted) rather than wait forever."""
+"""The driver's own link (kuberl.resilience.ownlink): a driver cut off from the head waits rather than blame a role,
+and a driver whose own Ray node is gone exits RAY_LOST (its Job retries it, uncounted) rather than wait forever."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from kuberl import ownlink
+from kuberl.resilience import ownlink
 from kuberl.spec.contract import ExitCode
 
 pytestmark = pytest.mark.usefixtures("netns")  # servers on 127.0.0.1

@@ -7,13 +7,13 @@ import sys
 
 import pytest
 
-from kuberl.groups import local_ranks
 from kuberl.metrics import prom_samples
-from kuberl.placement import RankPlacement, group_size, pin_rank, place_ranks, placement_problem
-from kuberl.progress import progress_of
-from kuberl.record import RoleStep, StepRecord
+from kuberl.metrics.progress import progress_of
+from kuberl.metrics.record import RoleStep, StepRecord
 from kuberl.spec import validate_manifest
 from kuberl.topology import parse_nvidia_smi_topo
+from kuberl.topology.placement import RankPlacement, group_size, pin_rank, place_ranks, placement_problem
+from kuberl.workers.groups import local_ranks
 
 
 def spec(**extra):

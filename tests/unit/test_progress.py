@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from kuberl.progress import ProgressReporter, api_url, progress_of, retry_after_s
-from kuberl.record import RoleStep, StepRecord
+from kuberl.metrics.progress import ProgressReporter, api_url, progress_of, retry_after_s
+from kuberl.metrics.record import RoleStep, StepRecord
 from kuberl.spec.contract import ProgressDocument
 
 

@@ -88,9 +88,9 @@ def test_reinforce_policy_loss_is_minus_advantage_on_policy():
 
 
 def test_built_in_models_and_tasks_have_one_list_of_names_the_spec():
-    from kuberl.models import BUILTIN_SHAPES
+    from kuberl.data.tasks import BUILTIN_TASKS as TASK_BUILDERS
     from kuberl.spec.model import BUILTIN_MODELS, BUILTIN_TASKS, ROLES, RolesSpec
-    from kuberl.tasks import BUILTIN_TASKS as TASK_BUILDERS
+    from kuberl.training.models import BUILTIN_SHAPES
 
     assert tuple(BUILTIN_SHAPES) == BUILTIN_MODELS and tuple(TASK_BUILDERS) == BUILTIN_TASKS
     assert tuple(f for f in RolesSpec.model_fields if f != "extra") == ROLES

@@ -1,4 +1,4 @@
-"""The driver pod's reporter sidecar (kuberl.reporter): the driver writes its documents to files and holds no
+"""The driver pod's reporter sidecar (kuberl.metrics.reporter): the driver writes its documents to files and holds no
 token; the relay patches each new one into the ConfigMap over real HTTP and reads the replicas back, and on
 SIGTERM (the kubelet stops it after the driver) sends the last one before it exits."""
 
@@ -14,9 +14,9 @@ import threading
 import time
 from pathlib import Path
 
-from kuberl.progress import ProgressFiles, progress_of
-from kuberl.record import RoleStep, StepRecord
-from kuberl.reporter import Relay
+from kuberl.metrics.progress import ProgressFiles, progress_of
+from kuberl.metrics.record import RoleStep, StepRecord
+from kuberl.metrics.reporter import Relay
 from kuberl.spec.contract import ProgressDocument, ReplicasDocument
 
 from .test_progress import reporter, scripted  # noqa: F401  (the fixture)

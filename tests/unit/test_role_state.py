@@ -1,4 +1,5 @@
-"""kuberl.role_state.RoleState: the books of the trainable roles' checkpoints and snapshots (no role is called)."""
+"""kuberl.controller.role_state.RoleState: the books of the trainable roles' checkpoints and snapshots (no role is
+called)."""
 
 from __future__ import annotations
 
@@ -6,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from kuberl import checkpoint, identity, role_state
-from kuberl.job_errors import CheckpointUntrusted, JobFailed
-from kuberl.role_state import RoleState
+from kuberl.controller import role_state
+from kuberl.controller.job_errors import CheckpointUntrusted, JobFailed
+from kuberl.controller.role_state import RoleState
+from kuberl.resilience import checkpoint, identity
 
 
 def update(*args):

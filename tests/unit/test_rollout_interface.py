@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from kuberl.models import char_tokenizer
 from kuberl.rollout import RolloutEngine, response_batch
 from kuberl.rollout.hf import HFRollout
 from kuberl.rollout.vllm import VLLMRollout
 from kuberl.spec import JobSpec
 from kuberl.spec.model import cross_field_problems
+from kuberl.training.models import char_tokenizer
 
 RUNTIME = Path(__file__).resolve().parents[2] / "runtime" / "kuberl"
 MEMBERS = {"load_weights", "generate", "greedy_answers", "behaviour_model", "resident_modules"}
@@ -53,7 +53,7 @@ def eval_prompts() -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def reference_greedy(model: torch.nn.Module, tok, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Evaluation's decoding before the engine interface (kuberl.evaluation.greedy_responses, as it was)."""
+    """Evaluation's decoding before the engine interface (kuberl.controller.evaluation.greedy_responses, as it was)."""
     out = model.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=R,
                          pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)[:, ids.shape[1]:]
     return torch.nn.functional.pad(out, (0, R - out.shape[1]), value=tok.pad_token_id)

@@ -32,7 +32,7 @@ def test_overrides_take_parsed_flags_or_their_text_alike() -> None:
 
 def test_the_driver_gets_each_fault_with_its_flags_mode(tmp_path: Path) -> None:
     """A fault in the spec file has no flag: it kills; a flag's mode reaches its fault (no Ray is started)."""
-    from kuberl.driver import Fault
+    from kuberl.controller.driver import Fault
 
     flags = [parse_fault("ref:2:hang")]
     job = apply_overrides(load_manifest(QUICKSTART, ["resilience.faults=[{role: critic, step: 3}]"]), 4, flags)

@@ -1,4 +1,4 @@
-"""kuberl.snapshots: two alternating slot files per rank, whole or never read, that outlive their writer."""
+"""kuberl.resilience.snapshots: two alternating slot files per rank, whole or never read, that outlive their writer."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from kuberl import snapshots
+from kuberl.resilience import snapshots
 
 RUNTIME = Path(__file__).resolve().parents[2] / "runtime"
 
@@ -69,7 +69,7 @@ def test_another_layout_is_refused(tmp_path):
 
 
 def test_the_snapshot_outlives_the_process_that_wrote_it(tmp_path):
-    script = (f"import os, sys, torch; sys.path.insert(0, {str(RUNTIME)!r}); from kuberl import snapshots; "
+    script = (f"import os, sys, torch; sys.path.insert(0, {str(RUNTIME)!r}); from kuberl.resilience import snapshots; "
               f"snapshots.SlotWriter({str(tmp_path)!r}, 0).write([torch.arange(10.0)], 5); os._exit(9)")
     assert subprocess.run([sys.executable, "-c", script], timeout=120).returncode == 9
     live = [torch.zeros(10)]
@@ -82,7 +82,7 @@ def saver(tmp_path, request):
     """An AsyncSaver on a one-rank gloo group."""
     import torch.distributed as dist
 
-    from kuberl.saves import AsyncSaver
+    from kuberl.resilience.saves import AsyncSaver
 
     if not dist.is_initialized():  # an earlier in-process test of the session may have made it
         dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
@@ -109,7 +109,7 @@ def test_the_copy_overlaps_what_comes_next_and_the_next_update_waits_for_it(tmp_
 
 
 def test_a_snapshot_holds_the_trainable_state_only():
-    from kuberl.saves import shard_tensors
+    from kuberl.resilience.saves import shard_tensors
 
     model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.Linear(2, 2))
     model[0].requires_grad_(False)  # frozen, as LoRA's base weights: built again from the model path
@@ -123,7 +123,7 @@ def test_a_snapshot_holds_the_trainable_state_only():
 
 
 def test_a_failed_checkpoint_write_is_a_warning_and_never_complete(tmp_path, saver, capsys, monkeypatch):
-    from kuberl.saves import complete
+    from kuberl.resilience.saves import complete
 
     def torn(*args, **kwargs):  # as DCP's writer failed once on the H200: in the background, mid-file
         raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598")
@@ -204,7 +204,7 @@ def test_checkpoint_writes_turn_the_crc_off_while_any_runs_and_back_after_the_la
     """Two roles of one process write at once: the process-wide setting is restored only after both."""
     from torch.utils.serialization import config
 
-    from kuberl.saves import _NO_CRC
+    from kuberl.resilience.saves import _NO_CRC
 
     assert config.save.compute_crc32
     with _NO_CRC:

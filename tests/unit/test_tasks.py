@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from kuberl.data.tasks import LETTERS, DataError, PromptLoader, gsm8k_toy_task, load_rows, repeat_letter_task
 from kuberl.spec.model import DataSpec
-from kuberl.tasks import LETTERS, DataError, PromptLoader, gsm8k_toy_task, load_rows, repeat_letter_task
 
 
 def write_jsonl(path: Path, rows: list) -> str:
@@ -149,8 +149,8 @@ def test_unreadable_and_non_utf8_files_are_data_errors(tmp_path: Path) -> None:
 
 
 def test_eval_rows_held_out_split_and_files(tmp_path: Path) -> None:
+    from kuberl.data.tasks import load_eval_rows
     from kuberl.spec.model import EvalSpec
-    from kuberl.tasks import load_eval_rows
 
     held = load_eval_rows(DataSpec(task="gsm8k-toy", eval=EvalSpec(max_prompts=5)))
     assert len(held) == 5 and held != load_rows(DataSpec(task="gsm8k-toy"))[:5]

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from kuberl.metrics.tracking import MLflowTracker, make_trackers, scalars
 from kuberl.spec import validate_manifest
-from kuberl.tracking import MLflowTracker, make_trackers, scalars
 
 
 def spec(tracking: dict):
@@ -61,7 +61,7 @@ def test_tensorboard_whose_writer_thread_ended_raises_and_opens_a_new_event_file
     OSError instead of blocking training on the thread's full queue, and the next step writes a new file."""
     import time
 
-    from kuberl.tracking import TensorBoardTracker
+    from kuberl.metrics.tracking import TensorBoardTracker
 
     tracker = TensorBoardTracker(tmp_path, start_step=0)
     tracker.log({"step": 1, "reward_mean": 0.1})

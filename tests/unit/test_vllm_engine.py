@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from kuberl.models import char_tokenizer, load_causal_lm
 from kuberl.rollout.vllm_worker import KuberlWorkerExtension
 from kuberl.rollout.weight_sync import ALIGN, StagedSender, plan_buckets, staging_elems
 from kuberl.spec import JobSpec
+from kuberl.training.models import char_tokenizer, load_causal_lm
 
 REASON = "vLLM is not installed here (its wheels pin another torch); these tests run on the GPU machine"
 ROOT = Path(__file__).resolve().parents[2]
@@ -342,8 +342,8 @@ def test_sleep_returns_memory_and_the_next_sync_brings_the_engine_back(engine, w
 
 
 def test_greedy_answers_stop_at_eos_and_leave_the_engine_awake(engine, weights) -> None:
-    """Evaluation (kuberl.evaluation) on vLLM: deterministic, right-padded after EOS, and the next rollout runs
-    without a sync in between even when the engine sleeps after rollouts."""
+    """Evaluation (kuberl.controller.evaluation) on vLLM: deterministic, right-padded after EOS, and the next rollout
+    runs without a sync in between even when the engine sleeps after rollouts."""
     tok = char_tokenizer()
     engine.load_weights(weights)
     ids, mask = prompts(LONG + ["c"])
@@ -368,7 +368,7 @@ def test_weight_sync_in_process_mode() -> None:
     _need_vllm()
     code = textwrap.dedent("""
         import torch
-        from kuberl.models import char_tokenizer, load_causal_lm
+        from kuberl.training.models import char_tokenizer, load_causal_lm
         from kuberl.rollout.vllm import VLLMRollout
         from tests.unit.test_vllm_engine import LONG, prompts, spec
         eng = VLLMRollout(spec(), char_tokenizer(), enforce_eager=True, sleep=False)

@@ -13,8 +13,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ..registry import Registry
-from ..spec.model import ADVANTAGE_ESTIMATOR_NAMES
+from kuberl.registry import Registry
+from kuberl.spec.model import ADVANTAGE_ESTIMATOR_NAMES
+
 from .stats import masked_whiten
 
 

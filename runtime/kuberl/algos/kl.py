@@ -7,8 +7,8 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from ..registry import Registry
-from ..spec.model import KL_ESTIMATOR_NAMES
+from kuberl.registry import Registry
+from kuberl.spec.model import KL_ESTIMATOR_NAMES
 
 LOG_RATIO_CLAMP = 20.0
 

@@ -7,8 +7,9 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from ..registry import Registry
-from ..spec.model import POLICY_LOSS_NAMES, AlgorithmSpec
+from kuberl.registry import Registry
+from kuberl.spec.model import POLICY_LOSS_NAMES, AlgorithmSpec
+
 from .kl import LOG_RATIO_CLAMP
 from .stats import masked_mean
 

@@ -1,4 +1,4 @@
-"""Per-step metrics, each sink written from the typed `kuberl.record.StepRecord`: `metrics.jsonl`,
+"""Per-step metrics, each sink written from the typed `kuberl.metrics.record.StepRecord`: `metrics.jsonl`,
 Prometheus, a progress bar (or log lines), the reward-curve PNG and the timeline PNG."""
 
 from .flops import mfu

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from ..record import StepRecord
+from kuberl.metrics.record import StepRecord
 
 
 def shown(rec: StepRecord) -> dict[str, float]:

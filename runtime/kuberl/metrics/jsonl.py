@@ -7,8 +7,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .. import logs
-from ..record import StepRecord
+from kuberl import logs
+from kuberl.metrics.record import StepRecord
 
 log = logs.get("metrics")
 

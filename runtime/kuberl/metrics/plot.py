@@ -42,7 +42,7 @@ ROLE_ROWS = ("actor", "critic", "ref", "reward", "driver")  # top to bottom; oth
 def plot_timeline(jsonl: Path, png: Path, last: int = 4) -> Path | None:
     """A Gantt chart of the last `last` steps of a metrics.jsonl: a row per role, a bar per phase
     (seconds since the run's driver started), a dotted line where each step began. Written only when
-    the rows carry a `timeline` (see `kuberl.record.Span`); returns the PNG, or None."""
+    the rows carry a `timeline` (see `kuberl.metrics.record.Span`); returns the PNG, or None."""
     import matplotlib
 
     matplotlib.use("Agg")

@@ -11,7 +11,7 @@ import threading
 import time
 from typing import Any
 
-from ..record import RECOVERY_PARTS, StepRecord
+from kuberl.metrics.record import RECOVERY_PARTS, StepRecord
 
 # family -> (help, labels besides `job`); every family is a gauge unless PROM_COUNTERS names it.
 PROM_FAMILIES: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -74,7 +74,7 @@ def prom_samples(rec: StepRecord) -> list[Sample]:
                     for part in RECOVERY_PARTS]
             out.append(("kuberl_steps_lost", {"role": role}, rs.steps_lost))
         if rs.worst_link and rs.worst_link != "unknown":
-            from ..topology import link_score
+            from kuberl.topology import link_score
 
             labels = {"role": role, "level": rs.worst_link, "source": rs.topology_source or "none"}
             out.append(("kuberl_role_worst_link_score", labels, link_score(rs.worst_link)))
@@ -125,7 +125,7 @@ class PrometheusExporter:
     def __init__(self, job: str, port: int, address: str = "127.0.0.1"):
         from prometheus_client import CollectorRegistry, start_http_server
 
-        from ..version import build_labels
+        from kuberl.version import build_labels
 
         self.job = job
         self.registry = CollectorRegistry()

@@ -6,8 +6,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
-from .. import logs
-from ..record import StepRecord
+from kuberl import logs
+from kuberl.metrics.record import StepRecord
+
 from .console import Console
 from .jsonl import JsonlWriter
 from .prometheus import serve

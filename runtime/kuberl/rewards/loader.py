@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..registry import Registry
-from ..spec.model import REWARD_FUNCTION_NAMES
+from kuberl.registry import Registry
+from kuberl.spec.model import REWARD_FUNCTION_NAMES
 
 RewardFn = Callable[..., float]
 FIELD = "spec.reward.function"

@@ -10,9 +10,9 @@ from typing import Protocol
 
 import torch
 
-from ..batch import Batch
-from ..sequence import response_mask
-from ..spec import JobSpec
+from kuberl.data.batch import Batch
+from kuberl.spec import JobSpec
+from kuberl.training.sequence import response_mask
 
 
 class RolloutEngine(Protocol):
@@ -38,7 +38,7 @@ class RolloutEngine(Protocol):
 
     def resident_modules(self) -> list[torch.nn.Module]:
         """The engine's modules the actor keeps on its device between phases (offloaded while it shares its
-        GPUs, `kuberl.idle`); none that captured CUDA graphs point into."""
+        GPUs, `kuberl.training.idle`); none that captured CUDA graphs point into."""
 
 
 def make_engine(spec: JobSpec, device: torch.device, dtype: torch.dtype, tokenizer) -> RolloutEngine:

@@ -28,8 +28,9 @@ import math
 import torch
 from transformers import LogitsProcessor, TemperatureLogitsWarper, TopPLogitsWarper
 
-from ..models import load_causal_lm
-from ..spec import JobSpec
+from kuberl.spec import JobSpec
+from kuberl.training.models import load_causal_lm
+
 from .fast import SamplingParams, StaticDecoder, unsupported_reason
 
 log = logging.getLogger(__name__)

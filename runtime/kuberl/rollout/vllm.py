@@ -50,7 +50,8 @@ from pathlib import Path
 
 import torch
 
-from ..spec import JobSpec
+from kuberl.spec import JobSpec
+
 from .weight_sync import StagedSender
 
 log = logging.getLogger(__name__)
@@ -73,7 +74,7 @@ def _import_vllm():
 
 def builtin_model_dir(spec: JobSpec, tokenizer, device: torch.device | None) -> str:
     """A directory holding the built-in model (placeholder weights) and tokenizer; made once, then reused."""
-    from ..models import load_causal_lm
+    from kuberl.training.models import load_causal_lm
 
     src, dtype = spec.model, spec.model.dtype
     root = Path(tempfile.gettempdir()) / f"kuberl-vllm-{os.getuid()}"

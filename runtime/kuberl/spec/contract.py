@@ -26,7 +26,7 @@ class ExitCode(enum.IntEnum):
     NO_CAPACITY = 4  # a role could not start in time (no capacity): worth a retry
     CRASHED = 5  # an error nothing expected (a bug): traceback on stderr; retried, counted by backoffLimit
     RAY_LOST = 6  # the driver's Ray node or cluster is gone (Ray declared its node dead, the head restarted): retried,
-    # not counted (`kuberl.ownlink`), as an evicted driver is not
+    # not counted (`kuberl.resilience.ownlink`), as an evicted driver is not
     INTERRUPTED = 130
 
 
@@ -204,7 +204,7 @@ LIVE_RESIZED = ("actor", "critic", "ref", "reward")
 PROGRESS_KEY = "progress"  # ConfigMap <job>-progress: the driver's ProgressDocument (driver -> operator)
 REPLICAS_KEY = "replicas"  # ConfigMap <job>-progress: the spec's ReplicasDocument (operator -> driver)
 # The same two documents as files in Env.PROGRESS_DIR, between the driver (which holds no API token) and the
-# reporter beside it, which alone patches and reads the ConfigMap (kuberl.reporter)
+# reporter beside it, which alone patches and reads the ConfigMap (kuberl.metrics.reporter)
 PROGRESS_FILE, REPLICAS_FILE = "progress.json", "replicas.json"
 
 

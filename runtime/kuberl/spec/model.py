@@ -67,8 +67,8 @@ MAX_GPUS = 64  # GPUs per replica (one pod: one node's GPUs)
 MAX_SECONDS = 7 * 24 * 3600.0  # timeouts: a week
 RESTART_RESTORE_SECONDS = 600.0  # past startTimeoutSeconds, what a restarted role may take to load and restore
 BUILTIN_MAX_POSITIONS = 4096
-"""The built-in models' context (max_position_embeddings, kuberl.models): data.maxPromptLength + rollout.maxNewTokens
-must fit in it."""
+"""The built-in models' context (max_position_embeddings, kuberl.training.models): data.maxPromptLength +
+rollout.maxNewTokens must fit in it."""
 IMPORT_PATH = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*$")
 
 

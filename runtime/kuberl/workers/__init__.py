@@ -1,6 +1,7 @@
 """Role workers; each runs in its own process (a Ray actor) or in-process for the local backend."""
 
-from ..spec import JobSpec
+from kuberl.spec import JobSpec
+
 from .actor import ActorWorker
 from .base import Worker
 from .critic import CriticWorker
@@ -16,7 +17,7 @@ def worker_class(spec: JobSpec, role: str) -> type[Worker]:
     line naming spec.roles.extra.<role>.worker when it does not resolve to a Worker subclass)."""
     if role in WORKERS:
         return WORKERS[role]
-    from ..registry import RegistryError, import_object
+    from kuberl.registry import RegistryError, import_object
 
     field = f"spec.roles.extra.{role}.worker"
     path = spec.roles.extra[role].worker

@@ -6,14 +6,16 @@ import time
 
 import torch
 
-from .. import algos, lora
-from ..batch import Batch
-from ..dispatch import Dispatch, register
-from ..models import load_causal_lm
-from ..rollout import make_engine, response_batch
-from ..sequence import response_logprobs
+from kuberl import algos
+from kuberl.data.batch import Batch
+from kuberl.rollout import make_engine, response_batch
+from kuberl.training import lora
+from kuberl.training.models import load_causal_lm
+from kuberl.training.sequence import response_logprobs
+from kuberl.training.trainer import FSDPTrainer
+from kuberl.workers.dispatch import Dispatch, register
+
 from .base import Worker
-from .train import FSDPTrainer
 
 
 class ActorWorker(Worker):
@@ -64,8 +66,8 @@ class ActorWorker(Worker):
     @register(Dispatch.SPLIT, repeatable=True)
     @torch.no_grad()
     def evaluate(self, batch: Batch) -> Batch:
-        """Held-out prompts (kuberl.evaluation) -> the engine's greedy answers: responses, response_mask [B, R]
-        (up to EOS, whatever rollout.fixedLength says), input_ids, attention_mask [B, P+R]; CPU tensors."""
+        """Held-out prompts (kuberl.controller.evaluation) -> the engine's greedy answers: responses, response_mask [B,
+        R] (up to EOS, whatever rollout.fixedLength says), input_ids, attention_mask [B, P+R]; CPU tensors."""
         prompts, pmask = batch["prompt_ids"], batch["prompt_mask"]
         responses = self.engine.greedy_answers(prompts, pmask).cpu()
         return response_batch(prompts.cpu(), pmask.cpu(), responses, self.tokenizer.eos_token_id,

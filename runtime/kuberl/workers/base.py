@@ -1,7 +1,7 @@
 """The base of every role worker: one rank of one role, in its own process (a Ray actor) or in-process.
 
 The driver reaches a worker only through `execute(fn, args, kwargs, fault)`, where `fn` is one of the
-worker's methods declared with `@register(Dispatch...)` (typed proxies in `kuberl.proxies` name
+worker's methods declared with `@register(Dispatch...)` (typed proxies in `kuberl.controller.proxies` name
 them); the fault hook kills the process for real (SIGKILL) or hangs it, for fault-injection tests
 and demos.
 """
@@ -20,18 +20,20 @@ from typing import Any
 
 import torch
 
-from .. import dist as kdist
-from .. import gcfreeze, hangs, logs, saves, snapshots
-from ..batch import Batch
-from ..colocation import sharing
-from ..dispatch import Dispatch, method_info, register
-from ..idle import Resident
-from ..kernels import KernelOptions
-from ..models import count_params, load_tokenizer
-from ..placement import pin_rank
-from ..spec import JobSpec, RoleSpec
-from ..spec.contract import Env
-from .train import FSDPTrainer
+from kuberl import logs
+from kuberl.data.batch import Batch
+from kuberl.resilience import hangs, saves, snapshots
+from kuberl.spec import JobSpec, RoleSpec
+from kuberl.spec.colocation import sharing
+from kuberl.spec.contract import Env
+from kuberl.topology.placement import pin_rank
+from kuberl.training import dist as kdist
+from kuberl.training import gcfreeze
+from kuberl.training.idle import Resident
+from kuberl.training.kernels import KernelOptions
+from kuberl.training.models import count_params, load_tokenizer
+from kuberl.training.trainer import FSDPTrainer
+from kuberl.workers.dispatch import Dispatch, method_info, register
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 FOLLOW_WAIT_S = 60.0  # how long a standby waits for its role's snapshot copy of a step to be whole
@@ -43,7 +45,7 @@ class Worker:
     any name)."""
 
     trainer: FSDPTrainer | None = None
-    resident: Resident | None = None  # set when the role shares its GPUs (kuberl.idle)
+    resident: Resident | None = None  # set when the role shares its GPUs (kuberl.training.idle)
     _call_thread: int | None = None  # the thread running the driver's current (non-control) call
 
     def __init__(self, spec_json: str, role: str, rank: int, world_size: int, device: str = "auto", threads: int = 0,
@@ -68,14 +70,16 @@ class Worker:
     @register(Dispatch.ALL, faults=False, control=True)
     def identity(self) -> dict[str, Any]:
         """The liveness ping: answers while another call is stuck (the control concurrency group). `node`: this
-        process's Ray node id ("" outside Ray), where a hang's diagnosis looks at it from (`kuberl.hangs`)."""
+        process's Ray node id ("" outside Ray), where a hang's diagnosis looks at it from
+        (`kuberl.resilience.hangs`)."""
         ray = _ray()
         node = ray.get_runtime_context().get_node_id() if ray is not None and ray.is_initialized() else ""
         return {"role": self.role, "rank": self.rank, "pid": os.getpid(), "node": node}
 
     @register(Dispatch.ALL, faults=False, control=True)
     def dump_stacks(self) -> dict[str, Any]:
-        """Every thread's Python stack, and the frames of the call in progress (`kuberl.hangs.capture_stacks`)."""
+        """Every thread's Python stack, and the frames of the call in progress
+        (`kuberl.resilience.hangs.capture_stacks`)."""
         return hangs.capture_stacks(self._call_thread)
 
     @register(Dispatch.ALL, state=False, repeatable=True)
@@ -104,7 +108,7 @@ class Worker:
     @register(Dispatch.ALL, faults=False, state=False, repeatable=True)
     def settle(self) -> bool:
         """After this process's first step: its long-lived objects out of the cycle collector's way, once
-        (`kuberl.gcfreeze`). Returns whether this call did it."""
+        (`kuberl.training.gcfreeze`). Returns whether this call did it."""
         return gcfreeze.settle()
 
     @register(Dispatch.ONE, state=False, repeatable=True)
@@ -215,7 +219,7 @@ class Worker:
 
     @register(Dispatch.ALL, faults=False, state=False)
     def enable_snapshots(self, root: str) -> None:
-        """Snapshot the trainable state after every update under `root` (kuberl.saves)."""
+        """Snapshot the trainable state after every update under `root` (kuberl.resilience.saves)."""
         if self.trainer is not None:
             self.trainer.enable_snapshots(root)
 
@@ -255,7 +259,7 @@ class Worker:
             while True:
                 time.sleep(3600)
         bound = getattr(self, fn.__name__)  # virtual: a subclass's override runs, as in a plain call
-        # a role that shares its GPUs: its state back on the device for a call that needs it (kuberl.idle),
+        # a role that shares its GPUs: its state back on the device for a call that needs it (kuberl.training.idle),
         # and after every call (what a bookkeeping call allocated too) its idle memory given back
         resident = None if info.control else self.resident
         if resident is not None and info.state:

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import torch
 
-from .. import algos
-from ..batch import Batch
-from ..dispatch import Dispatch, register
-from ..models import load_value_model
-from ..sequence import response_values
+from kuberl import algos
+from kuberl.data.batch import Batch
+from kuberl.training.models import load_value_model
+from kuberl.training.sequence import response_values
+from kuberl.training.trainer import FSDPTrainer
+from kuberl.workers.dispatch import Dispatch, register
+
 from .base import Worker
-from .train import FSDPTrainer
 
 
 class CriticWorker(Worker):

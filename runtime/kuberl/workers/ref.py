@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import torch
 
-from .. import dist as kdist
-from ..batch import Batch
-from ..dispatch import Dispatch, register
-from ..models import load_causal_lm
-from ..sequence import response_logprobs
+from kuberl.data.batch import Batch
+from kuberl.training import dist as kdist
+from kuberl.training.models import load_causal_lm
+from kuberl.training.sequence import response_logprobs
+from kuberl.workers.dispatch import Dispatch, register
+
 from .base import Worker
 
 

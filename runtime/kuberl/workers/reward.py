@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import torch
 
-from .. import dist as kdist
-from ..batch import Batch
-from ..dispatch import Dispatch, register
-from ..models import load_reward_model, load_tokenizer
-from ..rewards import load_reward_fn
-from ..sequence import decode_responses
+from kuberl.data.batch import Batch
+from kuberl.rewards import load_reward_fn
+from kuberl.training import dist as kdist
+from kuberl.training.models import load_reward_model, load_tokenizer
+from kuberl.training.sequence import decode_responses
+from kuberl.workers.dispatch import Dispatch, register
+
 from .base import Worker
 
 

@@ -1,0 +1,148 @@
+"""The driver's own link to its Ray cluster: whether it, rather than a role, is the one cut off.
+
+From the driver, a role cut off from it and a driver cut off from everything look the same: calls that get no
+answer. Before a role is blamed for silence, the driver checks its own link, the TCP port of the GCS on the
+head. While that does not answer, the driver waits for it (`wait_if_cut_off`); once it answers again the calls
+in flight are sent again, as after a short cut of a role.
+
+Ray ends a node that missed its health checks: the driver's own raylet (its pod's, or `kuberl run`'s local
+one) exits once the cut heals, and the driver, which can do nothing without it, would wait forever. So a
+watch thread (`watch`) checks the raylet's Unix socket every few seconds and, when it is gone, ends the
+process with `ExitCode.RAY_LOST`: the driver Job's next pod joins the cluster anew and resumes from the newest
+complete checkpoint (a checkpoint marked complete is whole, whatever moment the exit comes at), and the retry
+does not count against the Job's backoffLimit. A driver whose run raises while its raylet goes (Ray's client
+raising on the new cluster's ID after the head's loss) exits the same way: `kuberl.run` asks `lost` and raises
+`RayLost`.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+
+from kuberl import logs
+from kuberl.spec.contract import ExitCode
+
+log = logs.get("resilience")
+CHECK_S = 2.0  # seconds between two looks at the link while cut off, or at the raylet
+
+
+class RayLost(RuntimeError):
+    """The driver's Ray node is gone with its cluster: `kuberl run` exits `ExitCode.RAY_LOST`."""
+
+
+def gcs_answers(address: str, timeout_s: float = 3.0) -> bool:
+    """Whether a TCP connection to the GCS's `host:port` is accepted within `timeout_s`."""
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
+def raylet_alive(path: str, timeout_s: float = 3.0) -> bool:
+    """Whether the raylet listens on its Unix socket `path`. Only a refused or missing socket says it is gone: a
+    connection that times out (a raylet too busy to accept) counts as alive."""
+    with socket.socket(socket.AF_UNIX) as s:
+        s.settimeout(timeout_s)
+        try:
+            s.connect(path)
+        except (ConnectionRefusedError, FileNotFoundError):
+            return False
+        except OSError:
+            return True
+    return True
+
+
+def abandon(why: str) -> None:
+    """End the driver at once with `ExitCode.RAY_LOST` (its Job retries it), saying why on stderr."""
+    log.error(f"{why}; the driver exits {ExitCode.RAY_LOST.value} so that a new one resumes from the newest complete "
+              f"checkpoint")
+    sys.stdout.flush()
+    os._exit(ExitCode.RAY_LOST)
+
+
+@dataclass
+class OwnLink:
+    """The driver's GCS address (`host:port`) and its raylet's Unix socket."""
+
+    gcs_address: str
+    raylet_socket: str
+    stopped: threading.Event = field(default_factory=threading.Event)  # set: the watch ends (Ray shuts down)
+
+    def wait_if_cut_off(self) -> float | None:
+        """None when the GCS answers; else wait until it does and return the seconds waited. Should the driver's
+        raylet go meanwhile (Ray declared its node dead), `abandon`."""
+        if gcs_answers(self.gcs_address):
+            return None
+        t0 = time.monotonic()
+        log.info(f"this driver cannot reach the Ray head (GCS at {self.gcs_address}): it is the one cut off, so no "
+                 f"role is blamed; waiting for the link")
+        while not gcs_answers(self.gcs_address):
+            if not raylet_alive(self.raylet_socket):
+                abandon(f"this driver's Ray node ended while it was cut off from the head "
+                        f"({time.monotonic() - t0:.0f}s)")
+            time.sleep(CHECK_S)
+        waited = time.monotonic() - t0
+        log.info(f"the link to the Ray head is back after {waited:.0f}s")
+        return waited
+
+    def watch(self, interval_s: float = CHECK_S) -> threading.Thread:
+        """A daemon thread that `abandon`s the driver once its raylet is gone (twice in a row, `interval_s` apart)."""
+        def run() -> None:
+            gone = 0
+            while not self.stopped.wait(interval_s):
+                gone = 0 if raylet_alive(self.raylet_socket) else gone + 1
+                if gone >= 2:
+                    abandon(f"this driver's Ray node is gone (its raylet no longer listens on {self.raylet_socket}): "
+                            f"Ray ended it, or it crashed")
+
+        thread = threading.Thread(target=run, name="kuberl-own-link", daemon=True)
+        thread.start()
+        return thread
+
+
+_current: OwnLink | None = None
+
+
+def start() -> OwnLink:
+    """The link of this process's Ray driver (after `ray.init`), watched from now on; `current()` returns it."""
+    import ray
+
+    global _current
+    node = ray._private.worker.global_worker.node
+    _current = OwnLink(node.gcs_address, node.raylet_socket_name)
+    _current.watch()
+    return _current
+
+
+def stop() -> None:
+    """End the watch before Ray shuts down (a local raylet that stops is no lost node)."""
+    global _current
+    if _current is not None:
+        _current.stopped.set()
+        _current = None
+
+
+def lost(wait_s: float = 5.0) -> bool:
+    """Whether this process is a Ray driver (`start` ran, `stop` not yet) whose raylet is gone, or goes within
+    `wait_s` (it ends soon after the driver's own client sees its cluster gone): an error then is the cluster's
+    loss, not a bug."""
+    if _current is None:
+        return False
+    deadline = time.monotonic() + wait_s
+    while raylet_alive(_current.raylet_socket):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.5)
+    return True
+
+
+def current() -> OwnLink | None:
+    """The driver's link once `start` ran; None in a process that is no Ray driver (the local backend, a worker)."""
+    return _current
