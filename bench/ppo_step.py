@@ -262,7 +262,12 @@ def main() -> None:  # noqa: C901 -- the bench's flags and its report, one branc
             last_write_s = time.perf_counter() - t_last
         finally:
             driver.shutdown()
-        tb = None if args.no_train_bench else train_bench(spec, args, peak, driver.n_params)
+        path, n_params = rollout_path(engine), driver.n_params
+        del driver, engine  # the roles' models, before the train bench builds its own (1.5B: 80 GB would not hold both)
+        gc.collect()
+        if args.device == "cuda":
+            torch.cuda.empty_cache()
+        tb = None if args.no_train_bench else train_bench(spec, args, peak, n_params)
 
     cfg = builtin_config(args.model)
     seq = args.prompt_len + args.response_len
@@ -300,7 +305,7 @@ def main() -> None:  # noqa: C901 -- the bench's flags and its report, one branc
     print(json.dumps(summary), flush=True)
     print()
     print(f"{args.model}: {args.batch} sequences x ({args.prompt_len} prompt + {args.response_len} response) per step; "
-          f"mini {args.mini or args.batch}, micro {args.micro}; rollout path {rollout_path(engine)}; "
+          f"mini {args.mini or args.batch}, micro {args.micro}; rollout path {path}; "
           f"{summary['steps_in_median']} in the median")
     print(f"measured matmul peak (square matmuls in the actor's dtype, this run): {peak / 1e12:.4g} TFLOP/s")
     print("| phase | seconds |")
@@ -320,7 +325,7 @@ def main() -> None:  # noqa: C901 -- the bench's flags and its report, one branc
             print(sampler.report(step))
     print(f"rollout tokens/s: {summary['rollout_tokens_per_s']:,.0f}   "
           f"training tokens/s (actor update): {summary['train_tokens_per_s']:,.0f}")
-    print(f"actor update MFU: {summary['mfu_update_actor_6nt']:.1%} (6·N·T, N={driver.n_params / 1e6:.0f}M)   "
+    print(f"actor update MFU: {summary['mfu_update_actor_6nt']:.1%} (6·N·T, N={n_params / 1e6:.0f}M)   "
           f"{summary['mfu_update_actor_strict']:.1%} (FLOPs actually done)")
     if tb:
         print(f"plain actor train step, {args.micro} x {seq} tokens, one optimizer step (median of {args.train_reps}):")
