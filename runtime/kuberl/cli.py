@@ -142,20 +142,24 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+JSON_LINES = ("run",)  # commands that print only JSON lines with --log-format json (a driver pod's `kuberl run`)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Bad input is one line and exit 1 (the commands catch it); an error nothing expected is a crash: its traceback
     and exit 5 (`ExitCode.CRASHED`), which the driver Job retries (Python's own exit 1 would read as bad input)."""
     args = build_parser().parse_args(argv)
     logs.setup(args.log_level, args.log_format)
-    try:
-        return int(args.func(args) or 0)
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return ExitCode.INTERRUPTED
-    except Exception:  # a crash: reported whole
-        traceback.print_exc()
-        print(f"kuberl {args.command}: crashed (exit {ExitCode.CRASHED.value})", file=sys.stderr, flush=True)
-        return ExitCode.CRASHED
+    with logs.printed_as_json(args.log_format == "json" and args.command in JSON_LINES):
+        try:
+            return int(args.func(args) or 0)
+        except KeyboardInterrupt:
+            print("interrupted", file=sys.stderr)
+            return ExitCode.INTERRUPTED
+        except Exception:  # a crash: reported whole
+            traceback.print_exc()
+            print(f"kuberl {args.command}: crashed (exit {ExitCode.CRASHED.value})", file=sys.stderr, flush=True)
+            return ExitCode.CRASHED
 
 
 if __name__ == "__main__":

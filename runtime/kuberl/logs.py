@@ -11,7 +11,10 @@ the `kuberl` logger:
   (`STDOUT`, `STDERR`).
 - json (``KUBERL_LOG_FORMAT=json`` or ``--log-format json``; the operator sets it in every pod it makes):
   one JSON object per line, with ``time``, ``level``, ``logger``, ``message`` and the call site's
-  `FIELDS` (job, role, rank, step), so a log collector parses them.
+  `FIELDS` (job, role, rank, step), so a log collector parses them. Under `printed_as_json` (`kuberl run`)
+  every other line printed too, a command's result lines included: each becomes the ``message`` of an object
+  whose ``logger`` is ``stdout`` or ``stderr`` (`line_record`), and so do the lines a Ray worker process
+  prints, forwarded to the driver (kuberl.run), with the worker's ``actor`` and ``pid``.
 
 Until a command calls `setup`, the handler is the text one at level info (a library use, a test). `setup`
 also writes the choice into the environment, which a local Ray's worker processes inherit; a worker process
@@ -21,11 +24,14 @@ calls `setup_from_env` when it starts.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import logging
 import os
 import sys
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
 from typing import Any, TextIO
 
@@ -107,6 +113,86 @@ class ConsoleHandler(logging.Handler):
             stream.flush()
         except Exception:  # logging never raises into the caller
             self.handleError(record)
+
+
+def json_object(line: str) -> dict[str, Any] | None:
+    """The JSON object `line` is (a JSON log line), else None."""
+    if not line.startswith("{"):
+        return None
+    try:
+        doc = json.loads(line)
+    except ValueError:
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def line_record(line: str, stream: str, **fields: Any) -> str:
+    """A printed line (no newline) as a JSON log line with `fields` added: a JSON object stays that object;
+    any other line is the message of a record of logger `stream` ("stdout", at info, or "stderr", at warning)."""
+    doc = json_object(line)
+    if doc is None:
+        doc = {"time": datetime.now(timezone.utc).isoformat(timespec="milliseconds"),
+               "level": "warning" if stream == "stderr" else "info", "logger": stream, "message": line}
+    doc.update(fields)
+    return json.dumps(doc, default=str)
+
+
+class JsonLines(io.TextIOBase):
+    """A text stream that writes each whole line written to it to `stream` as a JSON object (`line_record`);
+    blank lines are dropped, a line without its newline waits for it (or `close`), each thread's apart (`print`
+    writes the text and the newline in two calls, between which another thread may write)."""
+
+    def __init__(self, stream: TextIO, name: str):
+        super().__init__()
+        self.stream, self.name, self.lock = stream, name, threading.Lock()
+        self.pending: dict[int, str] = {}  # per thread: the start of a line still without its newline
+
+    def write(self, text: str) -> int:
+        with self.lock:
+            self._write(threading.get_ident(), text)
+        return len(text)
+
+    def _write(self, thread: int, text: str) -> None:
+        *lines, self.pending[thread] = (self.pending.pop(thread, "") + text).split("\n")
+        self.stream.write("".join(line_record(line, self.name) + "\n" for line in lines if line.strip()))
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+    def close(self) -> None:
+        """Write every thread's line still without its newline; the wrapped stream stays open."""
+        with self.lock:
+            for thread in list(self.pending):
+                self._write(thread, "\n")
+        self.flush()
+        super().close()
+
+    def isatty(self) -> bool:
+        return False  # JSON lines are for a collector: no progress bar
+
+    def fileno(self) -> int:
+        return self.stream.fileno()
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        return getattr(self.stream, "encoding", "utf-8")
+
+
+@contextlib.contextmanager
+def printed_as_json(json_mode: bool) -> Iterator[None]:
+    """Within, when `json_mode`: every line written to sys.stdout or sys.stderr comes out as a JSON object
+    (`JsonLines`), so all a command prints parses; otherwise nothing changes."""
+    if not json_mode:
+        yield
+        return
+    out, err = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = JsonLines(out, "stdout"), JsonLines(err, "stderr")
+    try:
+        yield
+    finally:
+        sys.stdout.close()
+        sys.stderr.close()
+        sys.stdout, sys.stderr = out, err
 
 
 def level_of(text: str) -> int:

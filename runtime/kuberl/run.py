@@ -141,9 +141,45 @@ def build_driver(job: RLTrainingJob, out: Path, backend: str, device: str, fault
     return Driver(spec, job.metadata.name, out, make, fault_list, progress)
 
 
+FORWARDED = "ray_print_logs"  # the name of Ray's handler of the worker lines forwarded to the driver
+
+
+def forward_worker_lines_as_json() -> None:
+    """With JSON logs, each line a Ray worker process prints reaches this driver's stdout or stderr as one
+    JSON object (`print_worker_lines`) instead of Ray's ``(ActorWorker pid=N) line``, and none is deduplicated.
+    Ray offers no public hook for this: it replaces Ray's own handler (worker.py's print_to_stdstream) in the
+    dispatcher of forwarded lines, under the same name, which `ray.shutdown` removes. Call after `ray.init`."""
+    if logs.from_env()[1] != "json":
+        return
+    from ray._private.ray_logging import global_worker_stdstream_dispatcher as dispatcher
+
+    dispatcher.remove_handler(FORWARDED)
+    dispatcher.add_handler(FORWARDED, print_worker_lines)
+
+
+def print_worker_lines(batch: dict) -> None:
+    """One batch of forwarded lines (Ray's: pid, ip, is_err, lines, actor_name or task_name), each line as a JSON
+    object with the worker's `actor`, `pid` (a number where Ray's is one) and `ip` (`logs.line_record`), on the
+    stream the worker used; of the autoscaler's lines only its events, as Ray prints them."""
+    from ray._private.worker import filter_autoscaler_events
+
+    stream = "stderr" if batch.get("is_err") else "stdout"
+    lines = batch.get("lines", [])
+    if batch.get("pid") == "autoscaler":
+        lines = filter_autoscaler_events(lines)
+    pid = str(batch.get("pid", ""))
+    fields = {"actor": batch.get("actor_name") or batch.get("task_name"), "pid": int(pid) if pid.isdigit() else pid,
+              "ip": batch.get("ip")}
+    fields = {key: value for key, value in fields.items() if value}
+    sink = sys.stderr if stream == "stderr" else sys.stdout
+    sink.write("".join(logs.line_record(line, stream, **fields) + "\n" for line in lines if line.strip()))
+    sink.flush()
+
+
 def connect_ray(job: RLTrainingJob, ray_address: str | None) -> None:
     """Join the Ray cluster at `ray_address`, or start a local one for the job (unless this process has one),
-    with the reaper that leaves no Ray process behind a SIGKILLed driver."""
+    with the reaper that leaves no Ray process behind a SIGKILLed driver; with JSON logs, the workers' lines
+    come through as JSON objects (`forward_worker_lines_as_json`)."""
     if not ray_address:
         quiet_local_ray()
     import ray
@@ -155,6 +191,7 @@ def connect_ray(job: RLTrainingJob, ray_address: str | None) -> None:
 
         reaper.start()  # a SIGKILLed driver leaves no Ray process behind
         start_local_ray(job.spec)
+    forward_worker_lines_as_json()
 
 
 def run_job(job: RLTrainingJob, out: Path, backend: str = "ray", device: str = "auto", ray_address: str | None = None,

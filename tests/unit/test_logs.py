@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
+import threading
 
 import pytest
 
 from kuberl import logs
 from kuberl.cli import build_parser, main
+from kuberl.run import print_worker_lines
 
 
 @pytest.fixture(autouse=True)
@@ -136,3 +139,42 @@ def test_the_cli_sets_up_logging_before_the_command(tmp_path) -> None:
     assert main(["crd", "-o", str(tmp_path / "crd.yaml"), "--log-level", "error", "--log-format", "json"]) == 0
     assert logging.getLogger("kuberl").level == logging.ERROR
     assert logs.from_env() == ("error", "json")
+
+
+def test_printed_as_json_makes_each_printed_line_an_object_and_keeps_json_lines_whole(capsys) -> None:
+    logs.setup("info", "json")
+    with logs.printed_as_json(True):
+        print("done: job 'q', 2 steps")
+        print("", file=sys.stderr)  # a blank line is dropped
+        logs.get("run").warning("no checkpoint", extra={"job": "q"})
+        sys.stderr.write("partial ")
+        worker = threading.Thread(target=print, args=("from another thread",))
+        worker.start()
+        worker.join()
+        sys.stderr.write("line")  # written out at the end, without its newline
+    out, err = capsys.readouterr()
+    (done, other), (warned, partial) = map(json.loads, out.splitlines()), map(json.loads, err.splitlines())
+    assert done == {**done, "level": "info", "logger": "stdout", "message": "done: job 'q', 2 steps"}
+    assert other["message"] == "from another thread" and partial["message"] == "partial line"
+    assert partial == {**partial, "level": "warning", "logger": "stderr"}
+    assert warned == {**warned, "logger": "kuberl.run", "message": "no checkpoint", "job": "q"}
+
+
+def test_printed_as_json_changes_nothing_in_text_mode(capsys) -> None:
+    stdout = sys.stdout
+    with logs.printed_as_json(False):
+        assert sys.stdout is stdout
+        print("done: job 'q'")
+        logs.get("run").info("resuming")
+    assert capsys.readouterr().out == "done: job 'q'\nkuberl: resuming\n"
+
+
+def test_a_forwarded_ray_worker_line_is_one_object_with_the_actor_and_pid(capsys) -> None:
+    logs.setup("info", "json")
+    worker_json = json.dumps({"time": "t", "level": "info", "logger": "kuberl.placement", "message": "m", "rank": 1})
+    print_worker_lines({"pid": "41", "ip": "10.0.0.5", "is_err": True, "actor_name": "ActorWorker",
+                        "lines": ["plain text", worker_json, " "]})
+    first, second = map(json.loads, capsys.readouterr().err.splitlines())
+    assert first == {**first, "level": "warning", "logger": "stderr", "message": "plain text", "actor": "ActorWorker",
+                     "pid": 41, "ip": "10.0.0.5"}
+    assert second == {**json.loads(worker_json), "actor": "ActorWorker", "pid": 41, "ip": "10.0.0.5"}
