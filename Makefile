@@ -89,11 +89,14 @@ demo-grpo: venv ## the same task with GRPO (group sampling, no critic)
 demo-fault: venv ## quickstart with the critic killed at step 3: only the critic restarts
 	$(BIN)/kuberl run examples/quickstart.yaml --out runs/fault --steps 12 --fault critic:3
 
+# the pure tests (tests/conftest.py marks them) on every core with pytest-xdist; `XDIST=` runs them in one process
+XDIST ?= -n auto
 test: venv helm cluster-build images ## the test suite (inside a loopback-only network namespace; real-cluster and real-pod tests too)
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q $(XDIST) -m "pure and not slow" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -m "not pure and not slow" --durations=20 $(PYTEST_ARGS)
 
-test-fast: venv helm ## the inner loop, about 3 minutes on 2 cores: the unit, operator and chart tests (no Ray cluster, no Kubernetes)
-	$(BIN)/python -m pytest -q tests/unit tests/operator tests/chart -m "not netns and not slow" $(PYTEST_ARGS)
+test-fast: venv helm ## the inner loop, about 2 minutes on 2 cores: the pure unit, operator and chart tests, in parallel
+	$(BIN)/python -m pytest -q $(XDIST) -m "pure and not slow" $(PYTEST_ARGS)
 
 test-all: venv helm cluster-build images ## the test suite including slow tests
 	$(BIN)/python -m pytest -q -m '' $(PYTEST_ARGS)

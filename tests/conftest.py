@@ -42,6 +42,20 @@ def pytest_configure(config: pytest.Config) -> None:
     os.execvp("unshare", ["unshare", "-n", "sh", "-c", 'ip link set lo up && exec "$@"', "sh", *argv])
 
 
+PURE_DIRS = ("unit", "operator", "chart")
+"""Test folders whose tests, unless marked `netns`, start no process, server or cluster: `make test` runs them
+apart, in parallel (pytest-xdist), and the rest after them, in one process (the Ray session, the cluster)."""
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark `pure` each test of PURE_DIRS that is not marked `netns`."""
+    for item in items:
+        parts = item.path.relative_to(REPO).parts
+        in_pure_dir = len(parts) > 1 and parts[0] == "tests" and parts[1] in PURE_DIRS
+        if in_pure_dir and item.get_closest_marker("netns") is None and "netns" not in item.fixturenames:
+            item.add_marker(pytest.mark.pure)
+
+
 @pytest.fixture(scope="session")
 def netns() -> None:
     """Skip (with the reason) unless running in a loopback-only network namespace."""
