@@ -532,7 +532,7 @@ def replicas_document(job: RLTrainingJob) -> ReplicasDocument:
 
 def progress_configmap(job: RLTrainingJob, opts: BuildOptions) -> dict[str, Any]:
     """Where the driver reports progress (data.progress, JSON), which the operator mirrors to status, and
-    reads the replicas the operator asks for (data.replicas, JSON: `rescale`)."""
+    reads the replicas the operator asks for (data.replicas, JSON: `resize`)."""
     name = job.metadata.name
     return {
         "apiVersion": "v1",

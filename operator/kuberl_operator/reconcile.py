@@ -32,7 +32,7 @@ from kuberl.spec import ROLES as JOB_ROLES
 from kuberl.spec import RLTrainingJob, SpecInvalid, validate_manifest
 from kuberl.spec.contract import REPLICAS_KEY
 
-from . import builders, conditions, job_policy, names, placement, ray_token, rescale
+from . import builders, conditions, job_policy, names, placement, ray_token, resize
 from .cache import Written, first, version
 from .config import OperatorConfig
 from .kube import (
@@ -361,9 +361,9 @@ def group_specs(cluster: Mapping[str, Any] | None) -> list[Mapping[str, Any]]:
 
 async def ask_driver(ctx: Context, indices: Indices, namespace: str, job: RLTrainingJob) -> None:
     """Write the spec's replicas of the live roles into ``data.replicas`` of the progress ConfigMap, where
-    the driver reads them between two steps (`rescale`); nothing is written when they are there already."""
+    the driver reads them between two steps (`resize`); nothing is written when they are there already."""
     name = names.progress_configmap(job.metadata.name)
-    doc = rescale.replicas_document(job).to_json()
+    doc = resize.replicas_document(job).to_json()
     existing = ctx.read(indices, CONFIGMAPS, namespace, name)
     if existing is not None and (existing.get("data") or {}).get(REPLICAS_KEY) != doc:
         ctx.written.put(CONFIGMAPS.plural,
@@ -412,7 +412,7 @@ async def apply_spec(ctx: Context, indices: Indices, body: kopf.Body, patch: kop
                    if await delete_owned(ctx, indices, res, namespace, child, body.meta.uid)]
         if stopped:
             kopf.event(body, type="Normal", reason="Suspended", message=f"deleted {', '.join(stopped)}")
-    elif (changes := diff_field_paths(diff, rescale.live_fields(job))) and not any(
+    elif (changes := diff_field_paths(diff, resize.live_fields(job))) and not any(
             c.startswith("RayCluster") for c in created):
         kopf.event(body, type="Normal", reason="SpecChangePending",
                    message=f"{', '.join(changes)} changed: the running RayCluster and driver keep the spec they "
@@ -588,10 +588,10 @@ async def act(ctx: Context, body: Mapping[str, Any], cluster: Mapping[str, Any] 
     """Carry out a decision on the live RayCluster (``cluster``, None if there is none): resize its worker groups,
     delete the failed pods, tear it down."""
     namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
-    resize = rescale.cluster_patch(cluster, decision.groups, decision.leaving) if cluster is not None else None
-    if resize is not None:  # before any pod goes: KubeRay must not replace a pod a shrink gives up
+    patch = resize.cluster_patch(cluster, decision.groups, decision.leaving) if cluster is not None else None
+    if patch is not None:  # before any pod goes: KubeRay must not replace a pod a shrink gives up
         ctx.written.put(RAYCLUSTERS.plural, await ctx.kube.json_patch(RAYCLUSTERS, namespace, names.cluster(name),
-                                                                      resize))
+                                                                      patch))
         sizes = ", ".join(f"{r} {n}" for r, n in decision.groups.items() if n != seen.groups.get(r))
         kopf.event(body, type="Normal", reason="RoleResized", message=f"worker groups resized: {sizes}" + (
             f" (giving up pods {', '.join(p for ps in decision.leaving.values() for p in ps)})"

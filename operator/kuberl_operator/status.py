@@ -21,7 +21,7 @@ from kuberl.spec.contract import Reason, restart_budget_spent
 from kuberl.spec.status import HeadStatus, JobPhase, JobStatus, RoleStatus
 
 from . import conditions as cond
-from . import names, rescale
+from . import names, resize
 from .health import PodView, RoleHealth, Tracking, assess_role
 from .progress import DriverOutcome, Progress
 from .spec_changes import unapplied_changes
@@ -124,10 +124,10 @@ def shrink(job: RLTrainingJob, role: str, pods: Sequence[PodView], known: Tracki
     counts their going as no failure."""
     if role not in live:
         return (), known
-    keep = rescale.group_pods(job, role, seen.progress, seen.applied_spec, seen.groups.get(role))
+    keep = resize.group_pods(job, role, seen.progress, seen.applied_spec, seen.groups.get(role))
     if keep >= (seen.groups.get(role) or 0):
         return (), known
-    gone = rescale.leaving(pods, keep, seen.progress.hosts_of(role))
+    gone = resize.leaving(pods, keep, seen.progress.hosts_of(role))
     leaving = tuple(p.name for p in gone)
     members = {u: n for u, n in known.members.items() if n not in leaving}
     return leaving, Tracking(members, known.handled | {p.uid for p in gone})
@@ -190,7 +190,7 @@ def role_status(job: RLTrainingJob, role: str, host: str, prev: Mapping[str, Any
 def role_outcome(role: str, job: RLTrainingJob, old: Mapping[str, Any], seen: Observed, accounting: bool,
                  now: str, live: Sequence[str], cluster_restart: bool = False) -> RoleOutcome:
     """One role's status; with ``accounting`` on, new pod failures are counted and its gang doomed (``live``: the
-    roles resized live, `rescale.live_roles`). On a ``cluster_restart`` (the head failed) every pod of the role
+    roles resized live, `resize.live_roles`). On a ``cluster_restart`` (the head failed) every pod of the role
     goes, and none of it counts as the role's failure.
 
     A colocated role's pods are its host's (``colocateWith``): it is ready when they are, and their failure is
@@ -502,7 +502,7 @@ def live_groups(job: RLTrainingJob, seen: Observed, roles: Mapping[str, RoleOutc
     """Worker group replicas of the ``live``-resized roles; none without a RayCluster."""
     if seen.cluster_uid is None:
         return {}
-    return {r: rescale.group_pods(job, r, seen.progress, seen.applied_spec, seen.groups.get(r))
+    return {r: resize.group_pods(job, r, seen.progress, seen.applied_spec, seen.groups.get(r))
             for r in live if r in roles}
 
 
@@ -510,7 +510,7 @@ def decide(job: RLTrainingJob, generation: int, old: Mapping[str, Any], seen: Ob
     """The next status of a (valid) job and what to do about it."""
     if cond.terminal(old.get("conditions", [])):
         return sticky(old, seen)
-    live = rescale.live_roles(job)  # once per pass: it walks the colocation sets
+    live = resize.live_roles(job)  # once per pass: it walks the colocation sets
     head, roles = outcomes(job, old, seen, now, live)
     step = phase_rule(job, generation, old, seen, now, head, roles)
     events = (*failure_events(job, old, head, roles), *step.events)
@@ -522,10 +522,10 @@ def decide(job: RLTrainingJob, generation: int, old: Mapping[str, Any], seen: Ob
 
 
 def live_pending(job: RLTrainingJob, seen: Observed) -> list[str]:
-    """status.pendingChanges: fields changed since the RayCluster was built, but the live ones (`rescale`),
+    """status.pendingChanges: fields changed since the RayCluster was built, but the live ones (`resize`),
     which are pending while the driver runs another size than the spec's (whatever the RayCluster was built with)."""
-    live = rescale.live_fields(job)
-    waiting = {f for f in live if rescale.pending(job, f.split(".")[2], seen.progress, seen.applied_spec)}
+    live = resize.live_fields(job)
+    waiting = {f for f in live if resize.pending(job, f.split(".")[2], seen.progress, seen.applied_spec)}
     return sorted({f for f in unapplied_changes(seen.applied_spec, job) if f not in live} | waiting)
 
 

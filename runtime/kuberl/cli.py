@@ -129,7 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output")
     p.set_defaults(func=cmd_crd)
     add_run_parser(sub)
-    from kuberl.resilience.elastic import add_scale_parser
+    from kuberl.resilience.resize import add_scale_parser
 
     add_scale_parser(sub)
     from kuberl.metrics.reporter import add_report_parser

@@ -46,7 +46,7 @@ SUBSYSTEMS = (
     "metrics",  # metrics.jsonl and the other metric writers
     "progress",  # the driver's progress reports and the reporter sidecar
     "placement",  # GPU topology and rank placement
-    "scale",  # elastic rescaling
+    "scale",  # resizing a role between two steps (named after `kuberl scale`)
     "rollout",  # rollout engines (kuberl.rollout.<engine>)
     "kernels",  # fused kernels and optimiser steps (kuberl.training.kernels.<module>)
 )

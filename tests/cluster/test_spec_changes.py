@@ -1,6 +1,6 @@
 """A spec change of a running job on the real stack: status.pendingChanges names the changed fields for as
 long as the running RayCluster lacks them; a suspend and resume applies them and clears the list. (A
-change of replicas applies live: tests/cluster/test_elastic.py.)"""
+change of replicas applies live: tests/cluster/test_resize.py.)"""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The driver's small pieces: the one-step-off rollout (`kuberl.controller.driver.RolloutAhead`) and the scale arbiter
-(`kuberl.resilience.elastic.ScaleArbiter`), without any role running."""
+"""The driver's small pieces: the one-step-off rollout (`kuberl.controller.driver.RolloutAhead`) and the resize arbiter
+(`kuberl.resilience.resize.ResizeArbiter`), without any role running."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from kuberl.controller.driver import RolloutAhead
-from kuberl.resilience.elastic import ScaleArbiter, write_request
+from kuberl.resilience.resize import ResizeArbiter, write_request
 from kuberl.spec import validate_manifest
 from kuberl.spec.contract import ReplicasDocument
 
@@ -40,7 +40,7 @@ def spec():
 
 
 def test_the_arbiter_lets_a_good_request_through_and_says_a_standing_refusal_once(tmp_path: Path, capsys) -> None:
-    arbiter, now = ScaleArbiter("job", tmp_path), spec()
+    arbiter, now = ResizeArbiter("job", tmp_path), spec()
     write_request(tmp_path, "ref", 2)
     write_request(tmp_path, "critic", now.roles.critic.replicas)  # what runs: no change
     operator = ReplicasDocument(roles={"reward": 2, "ref": 3})

@@ -33,7 +33,7 @@ from kuberl.data.tasks import META_KEYS
 from kuberl.metrics import MetricsSink, last_step, mfu
 from kuberl.metrics.record import RoleStep, StepRecord, uncovered_s
 from kuberl.metrics.tracking import make_trackers
-from kuberl.resilience import checkpoint, elastic
+from kuberl.resilience import checkpoint, resize
 from kuberl.spec import JobSpec
 from kuberl.spec.contract import ReplicasDocument
 from kuberl.spec.model import TRAINING_ROLES
@@ -41,7 +41,7 @@ from kuberl.training.sequence import SEQ_KEYS
 from kuberl.workers.groups import WorkerGroup, world_size
 
 log = logs.get("run")
-scale_log = logs.get("scale")
+resize_log = logs.get("scale")
 
 __all__ = ["Driver", "Fault", "JobFailed", "PlacementDegraded"]
 
@@ -82,7 +82,7 @@ class Driver:
         to live in other pods (a trainable role's resize then needs a shared checkpoint volume)."""
         self.spec, self.name, self.out = spec, name, out_dir
         self.replicas_source = replicas_source
-        self.scaling = elastic.ScaleArbiter(name, out_dir)
+        self.resizing = resize.ResizeArbiter(name, out_dir)
         self.progress, self.on_step = progress, on_step
         self.ckpt_root = checkpoint.root_for(spec, out_dir)
         self.roles = Roles(spec, make_group, faults, self.ckpt_root, name)
@@ -258,11 +258,11 @@ class Driver:
                 self.save_checkpoint()
         return memory
 
-    def apply_scale_requests(self) -> None:
-        """Between two steps: resize the roles asked for that `kuberl.resilience.elastic.ScaleArbiter` lets through (it
+    def apply_resize_requests(self) -> None:
+        """Between two steps: resize the roles asked for that `kuberl.resilience.resize.ResizeArbiter` lets through (it
         says why it refuses one, once while it stands); the job goes on as it was."""
-        for role, replicas in self.scaling.requests(self.spec, self.replicas_source).items():
-            spec = self.scaling.approve(self.spec, role, replicas, self.groups, self.replicas_source is not None)
+        for role, replicas in self.resizing.requests(self.spec, self.replicas_source).items():
+            spec = self.resizing.approve(self.spec, role, replicas, self.groups, self.replicas_source is not None)
             if spec is not None:
                 self._resize(role, spec)
 
@@ -270,12 +270,12 @@ class Driver:
         """Recreate `role`'s group at its size in `spec` (a trainable role from a checkpoint of the last step)."""
         if role in TRAINING_ROLES:
             self._checkpoint_now()
-        before = self.roles.rescale(spec, role)
+        before = self.roles.resize(spec, role)
         self.spec = spec
         self.evaluator = self._evaluator(spec)
-        scale_log.info(f"scaled {role} from {before} to {self.roles.groups[role].world_size} ranks after step "
-                       f"{self.step}; other roles untouched",
-                       extra={"job": self.name, "role": role, "step": self.step})
+        resize_log.info(f"scaled {role} from {before} to {self.roles.groups[role].world_size} ranks after step "
+                        f"{self.step}; other roles untouched",
+                        extra={"job": self.name, "role": role, "step": self.step})
 
     def _checkpoint_now(self) -> None:
         """Commit a checkpoint of the last completed step (a trainable role's restart at another world size
@@ -351,7 +351,7 @@ class Driver:
         records = []
         try:
             while self.step < tr.steps:
-                self.apply_scale_requests()
+                self.apply_resize_requests()
                 rec = self.train_step()
                 sink.log(rec)  # a checkpoint is committed by the next step, before that step's record
                 records.append(rec)

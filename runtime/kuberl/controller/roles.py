@@ -435,14 +435,14 @@ class Roles:
         proxy.reapplied()
         return True
 
-    def rescale(self, spec: JobSpec, role: str) -> int:
+    def resize(self, spec: JobSpec, role: str) -> int:
         """Between two steps: recreate only ``role``'s group at its size in ``spec``; other roles' workers are
         untouched. A frozen role loads the model path; a trainable one loads the complete checkpoint of the
         last completed step (DCP: world-size independent), which the caller has committed (`Driver._checkpoint_now`).
         Its snapshots, written for the old world size, are dropped. Returns the old world size."""
         group, before = self.groups[role], self.groups[role].world_size
         if role in TRAINING_ROLES and self.last_checkpoint != self.step:
-            raise ValueError(f"rescaling {role} needs the checkpoint of step {self.step} committed first")
+            raise ValueError(f"resizing {role} needs the checkpoint of step {self.step} committed first")
         group.shutdown()
         group.resize(spec)
         self.spec = spec

@@ -1,5 +1,5 @@
 """Report the driver's progress to the operator through ConfigMap `<job>-progress` (in-cluster only), and read
-from the same ConfigMap the replicas the operator asks for (`data.replicas`, kuberl.resilience.elastic).
+from the same ConfigMap the replicas the operator asks for (`data.replicas`, kuberl.resilience.resize).
 
 The operator mirrors `data.progress` into the RLTrainingJob status (step, tokens/s, per-role restarts). User code
 runs in the driver (the reward module, estimators), so the driver holds no API token: it writes each document to

@@ -29,7 +29,7 @@ def sharing(spec: JobSpec, role: str) -> tuple[str, ...]:
 
 
 def resized_live(spec: JobSpec) -> tuple[str, ...]:
-    """The running roles whose replicas change while the job runs (`kuberl.resilience.elastic`): the live-resized roles
+    """The running roles whose replicas change while the job runs (`kuberl.resilience.resize`): the live-resized roles
     that share no GPUs. A colocation set changes size only as a whole, which one role's resize cannot do:
     its roles' replicas are a spec change applied by a restart."""
     return tuple(r for r in LIVE_RESIZED if r in enabled_roles(spec) and not sharing(spec, r))

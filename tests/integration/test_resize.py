@@ -1,4 +1,4 @@
-"""Elastic frozen roles on a real local Ray: ref and reward grow and shrink between two steps; the other
+"""Resizing the frozen roles on a real local Ray: ref and reward grow and shrink between two steps; the other
 roles' Ray actors stay the same, the data-parallel split follows, and a bad request changes nothing."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from kuberl.controller.driver import Driver
 from kuberl.metrics import read_jsonl
 from kuberl.metrics.progress import progress_of
 from kuberl.resilience import checkpoint
-from kuberl.resilience.elastic import take_requests, write_request
+from kuberl.resilience.resize import take_requests, write_request
 from kuberl.spec.contract import ReplicasDocument, RoleProgress
 from kuberl.workers.groups import RayWorkerGroup
 
@@ -39,7 +39,7 @@ def test_ref_and_reward_are_resized_between_steps_and_nothing_else_moves(ray_ses
         if rec.step == 4:
             write_request(tmp_path, "reward", 3)  # 3 ranks do not split the 32 samples of a step: refused
 
-    driver = Driver(spec, "elastic", tmp_path, lambda r: RayWorkerGroup(r, spec, timeout_s=120), progress=False,
+    driver = Driver(spec, "resize", tmp_path, lambda r: RayWorkerGroup(r, spec, timeout_s=120), progress=False,
                     on_step=on_step)
     start, _, _ = run_observed(driver)
     assert [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == [1, 2, 3, 4, 5]
@@ -53,9 +53,9 @@ def test_ref_and_reward_are_resized_between_steps_and_nothing_else_moves(ray_ses
     assert len(set(seen[2]["ref"]) | set(start["ref"])) == 3  # two fresh ranks replaced the one
     assert driver.spec.roles.ref.replicas == 1 and driver.spec.roles.reward.replicas == 2
     out = capsys.readouterr().out
-    assert "[elastic] scaled ref from 1 to 2 ranks after step 1; other roles untouched" in out
-    assert "[elastic] scale refused: role judge cannot be resized live" in out
-    assert "[elastic] scale refused: spec.roles.reward.replicas: spec.roles.reward.replicas (3) must divide" in out
+    assert "[resize] scaled ref from 1 to 2 ranks after step 1; other roles untouched" in out
+    assert "[resize] scale refused: role judge cannot be resized live" in out
+    assert "[resize] scale refused: spec.roles.reward.replicas: spec.roles.reward.replicas (3) must divide" in out
     assert take_requests(tmp_path).roles == {}  # every request was taken
 
 
@@ -90,7 +90,7 @@ def test_the_operators_document_resizes_the_reward_between_steps(ray_session, tm
             operator_doc["roles"]["reward"] = 1  # and back to 1
             operator_doc["roles"]["ref"] = 3  # 3 does not split a step's samples: refused, said once
 
-    driver = Driver(spec, "elastic", tmp_path, lambda r: RayWorkerGroup(r, spec, timeout_s=120), progress=False,
+    driver = Driver(spec, "resize", tmp_path, lambda r: RayWorkerGroup(r, spec, timeout_s=120), progress=False,
                     on_step=on_step, replicas_source=lambda: ReplicasDocument.parse(json.dumps(operator_doc)))
     start, _, _ = run_observed(driver)
     assert [sizes[s] for s in range(1, 6)] == [1, 2, 2, 1, 1]
@@ -106,9 +106,9 @@ def test_the_operators_document_resizes_the_reward_between_steps(ray_session, tm
 class ProbingDriver(Driver):
     """Records the critic's weights right after each resize, before the next step trains them."""
 
-    def apply_scale_requests(self) -> None:
+    def apply_resize_requests(self) -> None:
         before = self.groups["critic"].world_size
-        super().apply_scale_requests()
+        super().apply_resize_requests()
         if self.groups["critic"].world_size != before:
             self.after_resize = self.groups["critic"].call(Probes.weights_digest)
             self.checkpoint_at_resize = checkpoint.latest(self.ckpt_root)
@@ -139,7 +139,7 @@ def test_the_critic_restarts_alone_at_a_new_world_size_from_its_last_step(ray_se
     def group(role: str) -> RayWorkerGroup:
         return RayWorkerGroup(role, spec, timeout_s=120, worker_cls=PROBED.get(role))
 
-    driver = ProbingDriver(spec, "rescale", tmp_path, group, progress=False, on_step=on_step)
+    driver = ProbingDriver(spec, "resize", tmp_path, group, progress=False, on_step=on_step)
     start, records, _ = run_observed(driver)
     assert [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == [1, 2, 3, 4, 5]  # no step lost
     assert [sizes[s] for s in range(1, 6)] == [1, 1, 1, 2, 2]
@@ -150,6 +150,6 @@ def test_the_critic_restarts_alone_at_a_new_world_size_from_its_last_step(ray_se
     assert seen[4]["critic"] != seen[3]["critic"] and len(seen[4]["critic"]) == 2
     assert driver.checkpoint_at_resize == 3  # committed before the critic went (no periodic one at step 3)
     assert all(r.flat()["restarts_critic"] == 0 for r in records)  # a resize is no failure
-    assert "[rescale] scaled critic from 1 to 2 ranks after step 3; other roles untouched" in capsys.readouterr().out
+    assert "[resize] scaled critic from 1 to 2 ranks after step 3; other roles untouched" in capsys.readouterr().out
     if standby:  # the standby behind the critic's ranks, at each step's end
         assert [standby_sizes[s] for s in range(1, 6)] == [1, 1, 1, 2, 2]

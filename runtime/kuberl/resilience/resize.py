@@ -1,16 +1,16 @@
-"""Elastic roles: every built-in role grows or shrinks between two steps of a running job.
+"""Resizing a role: every built-in role grows or shrinks between two steps of a running job.
 
 The driver learns the replicas asked for as a `ReplicasDocument` (kuberl.spec.contract), from one of
 two transports: on a local run `kuberl scale JOB ROLE N` leaves a request in the job's output folder
 (``<out>/scale/<role>``, the replica count as text), taken as it is read; on Kubernetes the operator
 writes the spec's replicas into ``data.replicas`` of ConfigMap ``<job>-progress``, which the driver
 gets between two steps (`kuberl.metrics.progress.ProgressReporter.desired_replicas`). Either way the driver
-checks the rescaled spec against every rule of the spec model, and recreates only that role's
+checks the resized spec against every rule of the spec model, and recreates only that role's
 WorkerGroup at the new size. A frozen role (ref, reward) holds no trained state: it loads the model
 path. A trainable role (actor, critic) restarts at the new world size from a checkpoint of the last
 completed step, committed first (DCP checkpoints are world-size independent; its per-rank snapshots
 are not, and start again); so nothing is lost. Every other role's workers (Ray actors) stay as they
-are, and the data-parallel split follows the new world size. `ScaleArbiter` is the driver's arbiter: which
+are, and the data-parallel split follows the new world size. `ResizeArbiter` is the driver's arbiter: which
 requests go ahead, and the one line that says why one does not.
 """
 
@@ -27,8 +27,8 @@ from kuberl.spec.model import TRAINING_ROLES
 
 log = logs.get("scale")
 
-ELASTIC = LIVE_RESIZED  # the built-in roles; a role of one's own (spec.roles.extra) keeps its size
-REQUESTS = "scale"
+RESIZABLE = LIVE_RESIZED  # the built-in roles; a role of one's own (spec.roles.extra) keeps its size
+REQUESTS = "scale"  # the folder `kuberl scale` leaves its requests in, named after the command
 
 
 def request_dir(out: Path) -> Path:
@@ -73,8 +73,8 @@ def changes(asked: ReplicasDocument, spec: JobSpec) -> dict[str, int]:
 
 def request_problem(role: str, replicas: int) -> str | None:
     """Why a request cannot be applied live, before looking at the spec; None when it can."""
-    if role not in ELASTIC:
-        return (f"role {role} cannot be resized live (only {', '.join(ELASTIC)}); to change its replicas stop the "
+    if role not in RESIZABLE:
+        return (f"role {role} cannot be resized live (only {', '.join(RESIZABLE)}); to change its replicas stop the "
                 f"job, edit the manifest and run it again (it resumes)")
     if replicas < 1:
         return f"{role}: replicas must be a whole number >= 1 (the algorithm needs the {role})"
@@ -90,14 +90,14 @@ def shared_storage_problem(spec: JobSpec, role: str) -> str | None:
     return None
 
 
-def rescaled(spec: JobSpec, role: str, replicas: int) -> JobSpec:
+def resized(spec: JobSpec, role: str, replicas: int) -> JobSpec:
     """``spec`` with ``spec.roles.<role>.replicas`` set, validated by every rule (SpecInvalid if broken)."""
     raw = spec.model_dump(by_alias=True, exclude_none=True)
     raw["roles"][role]["replicas"] = replicas
     return validate_manifest({"apiVersion": "kuberl.io/v1alpha1", "kind": "RLTrainingJob", "spec": raw}).spec
 
 
-class ScaleArbiter:
+class ResizeArbiter:
     """Between two steps of job `name` (writing to `out`): the replicas asked for, and which go ahead. A request
     that breaks a rule is refused with one line naming it, said once while it stands."""
 
@@ -124,7 +124,7 @@ class ScaleArbiter:
             problem = shared_storage_problem(spec, role)
         new = None
         try:
-            new = rescaled(spec, role, replicas) if problem is None else None
+            new = resized(spec, role, replicas) if problem is None else None
         except SpecInvalid as exc:
             problem = "; ".join(str(e) for e in exc.errors)
         if new is None:

@@ -11,7 +11,7 @@ import pytest
 
 from kuberl.spec import validate_manifest
 from kuberl.spec.contract import REPLICAS_KEY, ProgressDocument, ReplicasDocument, RoleProgress
-from kuberl_operator import builders, rescale
+from kuberl_operator import builders, resize
 from kuberl_operator.cache import kept
 from kuberl_operator.health import PodView
 from kuberl_operator.reconcile import diff_field_paths, worker_groups
@@ -46,15 +46,15 @@ def test_the_driver_is_asked_for_the_spec_replicas_of_every_built_in_role() -> N
     assert ReplicasDocument.parse(cm["data"][REPLICAS_KEY]).roles == {"actor": 1, "critic": 1, "ref": 2, "reward": 4}
     assert json.loads(cm["data"]["progress"]) == {}
     assert "ref" not in builders.replicas_document(job(ref=0)).roles  # a disabled role is not asked for
-    assert rescale.live_fields(job()) == {f"spec.roles.{r}.replicas" for r in ("actor", "critic", "ref", "reward")}
+    assert resize.live_fields(job()) == {f"spec.roles.{r}.replicas" for r in ("actor", "critic", "ref", "reward")}
 
 
 def test_a_colocation_set_is_not_resized_live_its_replicas_wait_for_a_restart() -> None:
     """The set's roles must keep one size (the spec model), which one role's live resize cannot keep: the
     operator neither asks the driver nor resizes the shared group, and reports the change as pending."""
     shared = job(roles={"actor": {"gpus": 1}, "ref": {"gpus": 1, "colocateWith": "actor"}, "reward": {"replicas": 1}})
-    assert rescale.live_roles(shared) == ("critic", "reward")
-    assert rescale.live_fields(shared) == {"spec.roles.critic.replicas", "spec.roles.reward.replicas"}
+    assert resize.live_roles(shared) == ("critic", "reward")
+    assert resize.live_fields(shared) == {"spec.roles.critic.replicas", "spec.roles.reward.replicas"}
     assert set(builders.replicas_document(shared).roles) == {"critic", "reward"}
     # The reader drops what is not a whole count (a bool, a string), and a malformed document.
     assert ReplicasDocument.parse('{"roles": {"reward": 2, "ref": "3", "x": true}}').roles == {"reward": 2}
@@ -63,17 +63,17 @@ def test_a_colocation_set_is_not_resized_live_its_replicas_wait_for_a_restart() 
 
 def test_a_grow_sizes_the_group_at_once_and_a_shrink_waits_for_the_driver() -> None:
     built = applied_spec(builders.ray_cluster(job(reward=1), builders.BuildOptions(namespace="ns")))
-    assert rescale.group_pods(job(reward=4), "reward", ProgressDocument(), built) == 4  # grow: at once
-    assert rescale.pending(job(reward=4), "reward", ProgressDocument(), built)  # the driver still runs 1
-    assert not rescale.pending(job(reward=4), "reward", reports(4, ["w0", "w1", "w2", "w3"]), built)
+    assert resize.group_pods(job(reward=4), "reward", ProgressDocument(), built) == 4  # grow: at once
+    assert resize.pending(job(reward=4), "reward", ProgressDocument(), built)  # the driver still runs 1
+    assert not resize.pending(job(reward=4), "reward", reports(4, ["w0", "w1", "w2", "w3"]), built)
     # shrink 4 -> 1: the group keeps 4 pods while the driver reports 4, and gives them up once it reports 1
-    assert rescale.group_pods(job(reward=1), "reward", reports(4, ["w0", "w1", "w2", "w3"]), built, 4) == 4
-    assert rescale.group_pods(job(reward=1), "reward", reports(1, ["w1"]), built, 4) == 1
+    assert resize.group_pods(job(reward=1), "reward", reports(4, ["w0", "w1", "w2", "w3"]), built, 4) == 4
+    assert resize.group_pods(job(reward=1), "reward", reports(1, ["w1"]), built, 4) == 1
     # with a standby, its pod comes on top; none for a role that leaves the job's standby out
-    assert rescale.group_pods(job(reward=2, resilience={"standby": True}), "reward", reports(1, ["w0"]), built) == 3
+    assert resize.group_pods(job(reward=2, resilience={"standby": True}), "reward", reports(1, ["w0"]), built) == 3
     alone = job(reward=2, resilience={"standby": True})
     alone.spec.roles.reward.standby = False
-    assert rescale.group_pods(alone, "reward", reports(1, ["w0"]), built) == 2
+    assert resize.group_pods(alone, "reward", reports(1, ["w0"]), built) == 2
     assert builders.group_size(alone, "reward") == 2 and builders.group_size(alone, "critic") == 2
 
 
@@ -82,15 +82,15 @@ def test_a_drivers_report_never_grows_a_group_past_the_spec() -> None:
     size, which an earlier spec made) does not grow the RayCluster."""
     built = applied_spec(builders.ray_cluster(job(reward=2), builders.BuildOptions(namespace="ns")))
     many = reports(500, [f"w{i}" for i in range(500)])
-    assert rescale.group_pods(job(reward=2), "reward", many, built, 2) == 2
-    assert rescale.group_pods(job(reward=1), "reward", many, built, 3) == 3  # a pending shrink 3 -> 1 keeps 3
+    assert resize.group_pods(job(reward=2), "reward", many, built, 2) == 2
+    assert resize.group_pods(job(reward=1), "reward", many, built, 3) == 3  # a pending shrink 3 -> 1 keeps 3
 
 
 def test_a_shrink_gives_up_the_pods_no_rank_runs_on() -> None:
     reward = [p for p in pods(["w0", "w1", "w2"]) if p.role == "reward"]
-    assert [p.name for p in rescale.leaving(reward, 1, ["w1"])] == ["w0", "w2"]
-    assert [p.name for p in rescale.leaving(reward, 2, ["w1", "w2"])] == ["w0"]
-    assert rescale.leaving(reward, 3, []) == ()
+    assert [p.name for p in resize.leaving(reward, 1, ["w1"])] == ["w0", "w2"]
+    assert [p.name for p in resize.leaving(reward, 2, ["w1", "w2"])] == ["w0"]
+    assert resize.leaving(reward, 3, []) == ()
 
 
 def applied(obj: dict, ops: list[dict]) -> dict:
@@ -111,8 +111,8 @@ def applied(obj: dict, ops: list[dict]) -> dict:
 def test_the_raycluster_patch_sizes_only_the_resized_group(validator) -> None:
     cluster = builders.ray_cluster(job(reward=4), builders.BuildOptions(namespace="ns"))
     assert worker_groups(cluster) == {"actor": 1, "critic": 1, "ref": 1, "reward": 4}
-    assert rescale.cluster_patch(cluster, {"ref": 1, "reward": 4}, {}) is None  # nothing to change
-    ops = rescale.cluster_patch(kept("rayclusters", cluster), {"ref": 1, "reward": 1}, {"reward": ("w2", "w0")})
+    assert resize.cluster_patch(cluster, {"ref": 1, "reward": 4}, {}) is None  # nothing to change
+    ops = resize.cluster_patch(kept("rayclusters", cluster), {"ref": 1, "reward": 1}, {"reward": ("w2", "w0")})
     assert ops[0] == {"op": "test", "path": "/spec/workerGroupSpecs/3/groupName", "value": "reward"}
     assert {op["path"].rsplit("/", 2)[1] for op in ops} == {"3"}  # the reward group alone
     resized = applied(cluster, ops)
@@ -124,7 +124,7 @@ def test_the_raycluster_patch_sizes_only_the_resized_group(validator) -> None:
     unchanged = {g["groupName"]: g for g in cluster["spec"]["workerGroupSpecs"]}
     assert all(groups[r] == unchanged[r] for r in ("actor", "critic", "ref"))
     validator(resized)  # KubeRay's schema takes it
-    grow = applied(cluster, rescale.cluster_patch(cluster, {"reward": 8}, {}))
+    grow = applied(cluster, resize.cluster_patch(cluster, {"reward": 8}, {}))
     assert {g["groupName"]: g for g in grow["spec"]["workerGroupSpecs"]}["reward"]["scaleStrategy"] == {
         "workersToDelete": []}
     moved = applied(cluster, [])
@@ -135,7 +135,7 @@ def test_the_raycluster_patch_sizes_only_the_resized_group(validator) -> None:
 
 def test_a_live_replicas_change_is_not_an_event_for_a_resume() -> None:
     diff = [("change", ("roles", "reward", "replicas"), 1, 2), ("change", ("trainer", "steps"), 5, 7)]
-    assert diff_field_paths(diff, rescale.live_fields(job())) == ["spec.trainer.steps"]
+    assert diff_field_paths(diff, resize.live_fields(job())) == ["spec.trainer.steps"]
 
 
 def test_status_follows_a_shrink_and_counts_no_failure() -> None:

@@ -5,7 +5,7 @@ the pods no reward rank uses. No other role's pod is touched, and no pod given u
 
 kwok runs no containers, so the driver's half is played here with the driver's own ServiceAccount token
 (its Role: get and patch of `<job>-progress`); the real driver reading the same document is tested on a
-local Ray (tests/integration/test_elastic.py)."""
+local Ray (tests/integration/test_resize.py)."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kuberl.resilience.elastic import shared_storage_problem
+from kuberl.resilience.resize import shared_storage_problem
 from kuberl.spec import parse_yaml, validate_manifest
 
 REPO = Path(__file__).resolve().parents[2]
