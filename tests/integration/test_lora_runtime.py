@@ -28,7 +28,7 @@ KEYS = ("input_ids", "attention_mask", "responses", "response_mask", "old_logpro
 
 def lora_job(spec: dict = LORA, lr: float = 0.02, **overrides):
     return load_example("quickstart.yaml", **{"roles.actor.lora": spec, "roles.critic.lora": spec,
-                                              "trainer.actorLr": lr, "trainer.criticLr": lr, **overrides})
+                                              "roles.actor.optim.lr": lr, "roles.critic.optim.lr": lr, **overrides})
 
 
 def test_actor_with_adapters_off_is_the_reference_policy(netns):

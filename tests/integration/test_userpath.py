@@ -61,7 +61,7 @@ def test_another_job_or_spec_is_refused_then_resume_and_finish(netns, tmp_path: 
     assert "holds the checkpoints of job 'quickstart' (up to step 2), not of 'grpo'" in other.stderr
     assert "--out" in other.stderr and "--restart" in other.stderr
     changed = kuberl(
-        "run", "examples/quickstart.yaml", "--set", "trainer.actorLr=0.01", "--backend", "local", "--out", str(out)
+        "run", "examples/quickstart.yaml", "--set", "roles.actor.optim.lr=0.01", "--backend", "local", "--out", str(out)
     )
     assert changed.returncode == 1 and "spec.trainer.actorLr 0.003 -> 0.01" in changed.stderr
     assert (out / "metrics.jsonl").read_text() == before and json.loads(

@@ -1,14 +1,17 @@
 """A training role's optim block (spec.roles.<role>.optim) and spec.trainer's deprecated fields it replaces: the
 aliases fill it, a conflict is refused on one line naming both fields, `kuberl validate` notes the deprecation, and
-the values reach the optimizer, the same as before the block for every example."""
+the values reach the optimizer, and every example, which now sets the block, trains and hashes as it did with the
+deprecated fields."""
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
+import yaml
 
 from kuberl.cli import main
 from kuberl.resilience.identity import trained_fields
@@ -26,6 +29,18 @@ def spec(**sections) -> JobSpec:
 
 def optim(s: JobSpec, role: str) -> dict:
     return s.optim(role).model_dump()
+
+
+def as_before_the_block(raw: dict) -> dict:
+    """A parsed manifest with each training role's optim lr moved to its deprecated spec.trainer field, the way the
+    examples gave it before the block."""
+    old = copy.deepcopy(raw)
+    roles, trainer = old["spec"].get("roles", {}), old["spec"].setdefault("trainer", {})
+    for role, alias in (("actor", "actorLr"), ("critic", "criticLr")):
+        block = roles.get(role, {}).get("optim", {})
+        if "lr" in block:
+            trainer[alias] = block.pop("lr")
+    return old
 
 
 def test_defaults_are_the_trainers_of_before() -> None:
@@ -99,7 +114,8 @@ def test_betas_are_two_numbers_in_0_1() -> None:
 
 def test_validate_notes_each_deprecated_field_with_its_replacement(tmp_path, capsys) -> None:
     old = tmp_path / "old.yaml"
-    old.write_text((REPO / "examples" / "quickstart.yaml").read_text())
+    quickstart = REPO / "examples" / "quickstart.yaml"
+    old.write_text(yaml.safe_dump(as_before_the_block(parse_yaml(quickstart.read_text(), str(quickstart)))))
     assert main(["validate", str(old), "--spec-only", "--set", "trainer.weightDecay=0.1"]) == 0
     err = capsys.readouterr().err.splitlines()
     assert f"{old}: note: spec.trainer.actorLr is deprecated (accepted for one more version): write " \
@@ -111,15 +127,15 @@ def test_validate_notes_each_deprecated_field_with_its_replacement(tmp_path, cap
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
-def test_every_example_trains_with_the_values_it_did(path) -> None:
-    """Before the block, the actor trained with trainer.actorLr, the critic with criticLr, both with weightDecay and
-    warmupSteps (defaults 0.001, 0.001, 0, 0) and AdamW's betas (0.9, 0.95)."""
+def test_every_example_trains_and_hashes_as_with_the_deprecated_fields(path) -> None:
+    """The examples gave their learning rates as spec.trainer.actorLr and criticLr before the block: written that way
+    again, each trains with the same optimizers and hashes alike (a checkpoint of the old example resumes)."""
     raw = parse_yaml(path.read_text(), str(path))
-    tr = raw["spec"].get("trainer", {})
-    s = validate_manifest(raw).spec
-    for role, lr in (("actor", "actorLr"), ("critic", "criticLr")):
-        assert optim(s, role) == {"lr": tr.get(lr, 1e-3), "betas": [0.9, 0.95],
-                                  "weight_decay": tr.get("weightDecay", 0.0), "warmup_steps": tr.get("warmupSteps", 0)}
+    new, old = validate_manifest(raw).spec, validate_manifest(as_before_the_block(raw)).spec
+    assert deprecations(raw) == []
+    for role in ("actor", "critic"):
+        assert optim(new, role) == optim(old, role)
+    assert trained_fields(new) == trained_fields(old)
 
 
 def test_an_alias_and_its_field_hash_alike_and_betas_count() -> None:
