@@ -86,9 +86,10 @@ def build_spec(args, data_file: Path, checkpoint_interval: int = 10_000) -> JobS
                     "gpuMemoryUtilization": args.gpu_memory_utilization, "sleepMode": not args.no_sleep,
                     "asynchronous": getattr(args, "asynchronous", False)},
         "trainer": {"steps": args.steps, "ppoEpochs": 1, "miniBatchSize": args.mini or args.batch,
-                    "microBatchSize": args.micro, "actorLr": 1e-6, "criticLr": 1e-5, "seed": 0,
+                    "microBatchSize": args.micro, "seed": 0,
                     "checkpoint": {"interval": checkpoint_interval}},
-        "roles": {"actor": {"gpus": gpus}, "critic": {"gpus": gpus}, "ref": {"gpus": gpus}, "reward": {"gpus": 0}},
+        "roles": {"actor": {"gpus": gpus, "optim": {"lr": 1e-6}}, "critic": {"gpus": gpus, "optim": {"lr": 1e-5}},
+                  "ref": {"gpus": gpus}, "reward": {"gpus": 0}},
         "resilience": {"snapshots": getattr(args, "snapshots", "auto")},
     })
 

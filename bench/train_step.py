@@ -82,8 +82,8 @@ def main() -> None:  # noqa: C901 -- the bench's flags and its report, one branc
             "model": {"builtin": args.model, "dtype": "bfloat16" if cuda else "float32"},
             "data": {"task": "repeat-letter", "batchSize": b},
             "reward": {"function": "kuberl.rewards.builtin:repeat_letter"},
-            "trainer": {"miniBatchSize": b, "microBatchSize": args.micro, "actorLr": 1e-6},
-            "roles": {"actor": {"gpus": 1 if cuda else 0, **SETUPS[setup]}},
+            "trainer": {"miniBatchSize": b, "microBatchSize": args.micro},
+            "roles": {"actor": {"gpus": 1 if cuda else 0, "optim": {"lr": 1e-6}, **SETUPS[setup]}},
         })
 
     runtime = KernelOptions.for_device(torch.device(args.device))
