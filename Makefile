@@ -95,7 +95,7 @@ test: venv helm cluster-build images ## the test suite (inside a loopback-only n
 	$(BIN)/python -m pytest -q $(XDIST) -m "pure and not slow" $(PYTEST_ARGS)
 	$(BIN)/python -m pytest -q -m "not pure and not slow" --durations=20 $(PYTEST_ARGS)
 
-test-fast: venv helm ## the inner loop, about 2 minutes on 2 cores: the pure unit, operator and chart tests, in parallel
+test-fast: venv helm ## the inner loop, about 75 s on 2 cores: the pure unit, operator and chart tests, in parallel
 	$(BIN)/python -m pytest -q $(XDIST) -m "pure and not slow" $(PYTEST_ARGS)
 
 test-all: venv helm cluster-build images ## the test suite including slow tests
