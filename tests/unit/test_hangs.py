@@ -87,8 +87,11 @@ def test_process_state_reads_the_kernels_view_of_a_stopped_a_running_and_a_gone_
     import subprocess
     import sys
 
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    # the child says when it sleeps: while it starts, it may be in D, reading its files from a busy disk
+    child = subprocess.Popen([sys.executable, "-c", "import time; print('asleep', flush=True); time.sleep(60)"],
+                             stdout=subprocess.PIPE, text=True)
     try:
+        assert child.stdout.readline() == "asleep\n"
         assert hangs.process_state(child.pid)[:1] in ("S", "R")
         os.kill(child.pid, signal.SIGSTOP)
         deadline = time.monotonic() + 10
