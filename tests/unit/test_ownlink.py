@@ -78,7 +78,7 @@ def test_a_cut_off_driver_waits_for_the_link_and_says_how_long(tmp_path: Path, c
 
 def run_link(code: str, tmp_path: Path, timeout: float = 30) -> subprocess.CompletedProcess[str]:
     """`code` in a fresh interpreter with `ownlink` imported and `raylet` bound to a listening Unix socket."""
-    prelude = ("import socket, time\nfrom kuberl import ownlink\nownlink.CHECK_S = 0.1\n"
+    prelude = ("import socket, time\nfrom kuberl.resilience import ownlink\nownlink.CHECK_S = 0.1\n"
                f"raylet = socket.socket(socket.AF_UNIX); raylet.bind({str(tmp_path / 'raylet')!r}); raylet.listen()\n")
     return subprocess.run([sys.executable, "-c", prelude + code], capture_output=True, text=True, timeout=timeout)
 
