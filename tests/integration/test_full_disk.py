@@ -68,7 +68,9 @@ def test_a_full_disk_voids_a_save_and_training_goes_on(full_disk) -> None:
     assert code == 0, log[-3000:]
     void = [line for line in log.splitlines() if "the newest complete checkpoint stays step" in line]
     assert void and all(" removed: the part of " in line or " is void " in line for line in void), log[-3000:]
-    assert "No space left on device" in log or "NoRoom" in log
+    # the cause is named: ENOSPC, no room for a snapshot slot, or torch's zip writer's short write (whichever
+    # write the filler's timing hits first; the last says how much room was left)
+    assert any(cause in log for cause in ("No space left on device", "NoRoom", "a short write: ")), log[-3000:]
     root = run / "checkpoints"
     complete = checkpoint.complete_steps(root)
     assert complete and complete[-1] == STEPS, complete  # the saves after room returned, the last one included
