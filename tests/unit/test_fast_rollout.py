@@ -187,6 +187,19 @@ def test_nucleus_ties_at_the_edge_are_all_in_or_all_out_and_eos_can_be_suppresse
     assert 0 not in set(tokens.tolist()) and set(tokens.tolist()) <= {1, 2, 3, 4}
 
 
+@pytest.mark.parametrize("top_p", [1.0, 0.9])
+def test_suppressed_eos_is_never_drawn_where_the_noise_is_infinite(top_p: float) -> None:
+    """The hashed noise is +inf where its uniform rounds to 1.0 (one input in 2^24; more with a GPU's fast log):
+    key (2, 0) puts one at column 10,294,895. Made EOS there, a suppressed EOS (-inf + inf = NaN) was drawn."""
+    col = 10_294_895
+    assert torch.isinf(gumbel(*key(2), 1, col + 1)[0, col])
+    logits = torch.zeros(1, col + 1)
+    tokens, _ = sample(logits, SamplingParams(top_p=top_p, suppress_eos=True), col, *key(2))
+    assert int(tokens) != col
+    tokens, _ = sample(logits, SamplingParams(top_p=top_p), col, *key(2))
+    assert int(tokens) == col  # not suppressed, it is the draw: the case above is the one that matters
+
+
 def test_unresolved_draws_take_the_most_likely_token_and_are_reported() -> None:
     """With a single check, rows whose first candidate lies outside the nucleus are unresolved: they take
     the most likely token and are flagged (about 1 - top_p of them)."""

@@ -127,16 +127,23 @@ def sample_scalars(logits: torch.Tensor, greedy: bool, temperature: float, top_p
     """`sample` with the parameters as plain Python scalars (what torch.compile specialises on)."""
     b, v = logits.shape
     lv = logits.float()
-    if suppress_eos and eos_id is not None:
-        col = torch.arange(v, device=logits.device)
-        lv = torch.where(col == eos_id, float("-inf"), lv)
+    eos = suppress_eos and eos_id is not None
+    if eos:
+        lv = _without(lv, eos_id)
     if greedy:
         return _row_argmax(lv), None
     x = lv / temperature if temperature != 1.0 else lv
     score = x + gumbel(seed, step, b, v)
+    if eos:  # again after the noise: where it is +inf (u rounds to 1.0), -inf + inf is NaN, which argmax picks
+        score = _without(score, eos_id)
     if top_p >= 1.0:
         return _row_argmax(score), None
     return _nucleus(lv, x, score, top_p, nucleus_rounds(top_p))
+
+
+def _without(x: torch.Tensor, column: int) -> torch.Tensor:
+    """x [B, V] with `column` set to -inf: never drawn."""
+    return torch.where(torch.arange(x.shape[-1], device=x.device) == column, float("-inf"), x)
 
 
 def _nucleus(lv: torch.Tensor, x: torch.Tensor, score: torch.Tensor, top_p: float,
