@@ -254,7 +254,8 @@ def main() -> None:  # noqa: C901 -- the bench's flags and its report, one branc
                         sampler.label = step
                     rec = driver.train_step().flat()
                     recs.append(rec)
-                    shown = ("time_", "rollout_tokens", "train_tokens", "mfu", "memory_actor_gpu", "staleness")
+                    shown = ("time_", "rollout_tokens", "train_tokens", "mfu", "memory_actor_gpu", "staleness",
+                             "response_length")  # below --response-len: an EOS was drawn, so a padded micro-batch
                     keep = {k: v for k, v in rec.items() if k.startswith(shown)}
                     probes = {"graphs_compiled": graphs_compiled(), **allocator_counts(args.device)}
                     print(json.dumps({"step": rec["step"], "at": round(time.time(), 2), **keep, **probes}), flush=True)

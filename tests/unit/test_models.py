@@ -130,24 +130,24 @@ def test_count_params(policy) -> None:
 
 
 def test_response_mask_includes_eos_and_masks_after() -> None:
-    eos, pad = 1, 0
+    eos = 1
     responses = torch.tensor([
         [5, 6, 1, 0, 0],   # eos then padding
         [5, 1, 7, 1, 0],   # tokens after the first eos are masked, even a second eos
         [5, 6, 7, 8, 9],   # no eos: all kept
         [1, 0, 0, 0, 0],   # eos first
     ])
-    assert response_mask(responses, eos, pad).tolist() == [
+    assert response_mask(responses, eos).tolist() == [
         [1, 1, 1, 0, 0],
         [1, 1, 0, 0, 0],
         [1, 1, 1, 1, 1],
         [1, 0, 0, 0, 0],
     ]
-    assert response_mask(responses, eos, pad).dtype == torch.float32
+    assert response_mask(responses, eos).dtype == torch.float32
     # pad == eos (hub tokenizers without a pad token): the first eos counts, the rest is padding
-    assert response_mask(torch.tensor([[5, 2, 2, 2]]), eos_id=2, pad_id=2).tolist() == [[1, 1, 0, 0]]
-    # fixed-length rollouts pass eos_id=None: only pad is masked
-    assert response_mask(torch.tensor([[5, 1, 0]]), None, pad).tolist() == [[1, 1, 0]]
+    assert response_mask(torch.tensor([[5, 2, 2, 2]]), eos_id=2).tolist() == [[1, 1, 0, 0]]
+    # fixed-length rollouts pass eos_id=None: every token was drawn, the pad token's id (0 here) included
+    assert response_mask(torch.tensor([[5, 1, 0]]), None).tolist() == [[1, 1, 1]]
 
 
 def test_position_ids_skip_left_padding() -> None:
@@ -170,7 +170,7 @@ def manual_logprobs(model, input_ids, attention_mask, responses, temperature=1.0
 def test_response_logprobs_matches_manual_log_softmax(policy, tok, temperature: float, chunk: int) -> None:
     prompts = tok(["say a:", "b"], padding=True, return_tensors="pt")
     responses = torch.tensor([[3, 3, 1, 0], [4, 5, 6, 7]])
-    rmask = response_mask(responses, tok.eos_token_id, tok.pad_token_id)
+    rmask = response_mask(responses, tok.eos_token_id)
     input_ids = torch.cat([prompts["input_ids"], responses], dim=1)
     attention_mask = torch.cat([prompts["attention_mask"], rmask.long()], dim=1)
     with torch.no_grad():

@@ -92,15 +92,15 @@ def test_greedy_answers_are_evaluations_tokens_as_before(fixed_length: bool) -> 
 
 
 def test_response_batch_masks_up_to_eos_and_joins_prompts() -> None:
-    eos, pad = 1, 0
+    eos = 1
     prompts, pmask = torch.tensor([[0, 5, 6], [7, 8, 9]]), torch.tensor([[0, 1, 1], [1, 1, 1]])
     responses = torch.tensor([[4, 1, 0, 0], [4, 4, 4, 4]])
-    out = response_batch(prompts, pmask, responses, eos, pad)
+    out = response_batch(prompts, pmask, responses, eos)
     assert out["response_mask"].tolist() == [[1, 1, 0, 0], [1, 1, 1, 1]]
     assert torch.equal(out["input_ids"], torch.cat([prompts, responses], 1))
     assert out["attention_mask"].tolist() == [[0, 1, 1, 1, 1, 0, 0], [1] * 7]
     assert out["attention_mask"].dtype == torch.long and out["response_mask"].dtype == torch.float32
-    assert response_batch(prompts, pmask, responses, None, pad)["response_mask"].tolist() == [[1, 1, 0, 0], [1] * 4]
+    assert response_batch(prompts, pmask, responses, None)["response_mask"].tolist() == [[1] * 4, [1] * 4]
 
 
 def test_hf_engine_behaviour_model_and_resident_modules() -> None:

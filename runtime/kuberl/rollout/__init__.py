@@ -52,11 +52,11 @@ def make_engine(spec: JobSpec, device: torch.device, dtype: torch.dtype, tokeniz
 
 
 def response_batch(prompts: torch.Tensor, prompt_mask: torch.Tensor, responses: torch.Tensor,
-                   eos_id: int | None, pad_id: int) -> Batch:
+                   eos_id: int | None) -> Batch:
     """Prompts [B, P] (left-padded) and responses [B, R] -> a Batch of responses and response_mask [B, R] (1 up
-    to and including the first EOS; with `eos_id` None, every token but padding), input_ids and attention_mask
-    [B, P + R]. All on the inputs' device."""
-    rmask = response_mask(responses, eos_id, pad_id)
+    to and including the first EOS; with `eos_id` None, fixed-length responses, every token), input_ids and
+    attention_mask [B, P + R]. All on the inputs' device."""
+    rmask = response_mask(responses, eos_id)
     return Batch({"responses": responses, "response_mask": rmask,
                   "input_ids": torch.cat([prompts, responses], dim=1),
                   "attention_mask": torch.cat([prompt_mask.float(), rmask], dim=1).long()})

@@ -70,10 +70,12 @@ def response_values(critic: nn.Module, input_ids: torch.Tensor, attention_mask: 
     return values[:, -resp_len - 1 : -1]
 
 
-def response_mask(responses: torch.Tensor, eos_id: int | None, pad_id: int) -> torch.Tensor:
-    """[B, R] float mask: 1 up to and including the first EOS; generated padding after it is 0."""
+def response_mask(responses: torch.Tensor, eos_id: int | None) -> torch.Tensor:
+    """[B, R] float mask: 1 up to and including the first EOS; generated padding after it is 0. With `eos_id`
+    None (fixed-length rollouts) all ones: each of the R tokens was drawn, the pad token's id included (a
+    token of the vocabulary like any other; taken for padding, it made a micro-batch padded at random)."""
     if eos_id is None:
-        return (responses != pad_id).float() if pad_id is not None else torch.ones_like(responses, dtype=torch.float)
+        return torch.ones_like(responses, dtype=torch.float)
     is_eos = (responses == eos_id).long()
     before_or_at_eos = (is_eos.cumsum(-1) - is_eos) == 0
     return before_or_at_eos.float()

@@ -58,7 +58,7 @@ class ActorWorker(Worker):
             torch.cuda.synchronize()
         gen_s = time.perf_counter() - t0
         eos = None if self.spec.rollout.fixed_length else self.tokenizer.eos_token_id
-        out = response_batch(prompts, pmask, responses, eos, self.tokenizer.pad_token_id)
+        out = response_batch(prompts, pmask, responses, eos)
         behaviour = self.engine.behaviour_model() if self.spec.rollout.asynchronous else self.trainer.model
         out.tensors["old_logprobs"] = self._logprobs(out, behaviour)
         return Batch({k: v.cpu() for k, v in out.tensors.items()}, {"gen_seconds": [gen_s] * len(out)})
@@ -70,8 +70,7 @@ class ActorWorker(Worker):
         R] (up to EOS, whatever rollout.fixedLength says), input_ids, attention_mask [B, P+R]; CPU tensors."""
         prompts, pmask = batch["prompt_ids"], batch["prompt_mask"]
         responses = self.engine.greedy_answers(prompts, pmask).cpu()
-        return response_batch(prompts.cpu(), pmask.cpu(), responses, self.tokenizer.eos_token_id,
-                              self.tokenizer.pad_token_id)
+        return response_batch(prompts.cpu(), pmask.cpu(), responses, self.tokenizer.eos_token_id)
 
     @register(Dispatch.SPLIT, repeatable=True)
     @torch.no_grad()
