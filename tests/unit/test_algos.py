@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from kuberl import algos
+from kuberl.spec.model import AlgorithmSpec
 
 T = torch.tensor
 
@@ -115,6 +116,16 @@ def test_grpo_two_groups_and_singleton():
     close(algos.grpo_advantages(scores, group, norm_by_std=False), [-1.0, -2.0, 0.0, 2.0, 1.0, 0.0])
 
 
+def test_drgrpo_estimator_centres_without_the_std():
+    # Dr. GRPO: the same groups as above, score - group mean and no division, on every response token
+    x = algos.AdvantageInputs(token_rewards=T([[0.0, 1.0], [0.0, 0.0], [2.0, 0.0], [0.0, 4.0]]),
+                              mask=T([[1, 1], [1, 0], [1, 1], [1, 1]]), group_index=T([3, 7, 3, 7]))
+    adv, returns = algos.ADVANTAGE_ESTIMATORS.get("drgrpo")(x)
+    # sequence rewards 1, 0, 2, 4: group 3 [1, 2] mean 1.5 -> -0.5, +0.5; group 7 [0, 4] mean 2 -> -2, +2
+    close(adv, [[-0.5, -0.5], [-2.0, 0.0], [0.5, 0.5], [2.0, 2.0]])
+    assert returns is None
+
+
 def test_grpo_matches_torch_std_and_handles_ties():
     scores = torch.randn(12)
     group = torch.arange(3).repeat_interleave(4)
@@ -211,6 +222,41 @@ def test_policy_loss_clipping():
     # d/dlogp of -A*ratio/4 is -A*ratio/4 where unclipped; 0 where clipped or masked
     close(logp.grad, [[0.0, -0.125, 0.0, -0.75, 0.0]])
     assert all(not v.requires_grad for v in m.values())
+
+
+def test_clip_higher_widens_only_the_upper_bound():
+    # DAPO's clip-higher: clipLow 0.2, clipHigh 0.28 -> clip(ratio, 0.8, 1.28)
+    algo = AlgorithmSpec(clip_ratio=0.2, clip_high=0.28)
+    assert algo.clip_bounds == pytest.approx((0.8, 1.28))
+    ratio, adv = T([[1.5, 1.25, 0.5]]), T([[1.0, 1.0, -1.0]])
+    logp = ratio.log().requires_grad_()
+    loss, m = algos.POLICY_LOSSES.get("clip")(logp, torch.zeros(1, 3), adv, torch.ones(1, 3), algo)
+    #   t0: max(-1.5, -1.28) = -1.28 clipped (at 1.2 with clipRatio alone)
+    #   t1: max(-1.25, -1.28) = -1.25 unclipped (clipped at 1.2 with clipRatio alone)
+    #   t2: max(0.5, 0.8) = 0.8 clipped at the unchanged lower bound
+    close(loss, (-1.28 - 1.25 + 0.8) / 3)
+    close(m["clip_frac"], 2 / 3)
+    loss.backward()
+    close(logp.grad, [[0.0, -1.25 / 3, 0.0]])
+    assert AlgorithmSpec(clip_ratio=0.2, clip_low=0.1).clip_bounds == pytest.approx((0.9, 1.2))
+
+
+def test_gspo_clips_whole_sequences_on_their_geometric_mean_ratio():
+    algo = AlgorithmSpec(clip_ratio=0.2)
+    # row 0: token log-ratios ln 2 and 0 (mask 1, 1) -> s = exp(ln 2 / 2) = sqrt 2 ~ 1.414 > 1.2: clipped whole
+    # row 1: token log-ratios ln 1.1, ln 1.1 and a padded 5 -> s = 1.1: inside the range
+    logp = T([[math.log(2.0), 0.0, 0.0], [math.log(1.1), math.log(1.1), 5.0]]).requires_grad_()
+    old, mask = torch.zeros(2, 3), T([[1, 1, 0], [1, 1, 0]])
+    adv = T([[1.0, 1.0, 1.0], [-2.0, -2.0, -2.0]])
+    ratio, _ = algos.sequence_ratio(logp, old, mask)
+    close(ratio[:, :2], [[math.sqrt(2.0)] * 2, [1.1, 1.1]])
+    loss, m = algos.POLICY_LOSSES.get("gspo")(logp, old, adv, mask, algo)
+    # token terms: row 0 max(-1.414, -1.2) = -1.2 (x2); row 1 max(2.2, 2.2) = 2.2 (x2) -> (-2.4 + 4.4) / 4 = 0.5
+    close(loss, 0.5)
+    close(m["clip_frac"], 0.5)
+    loss.backward()
+    # row 0 clipped: no gradient; row 1: d(-A * s * p / sg p)/d logp_t = -A * s / 4 = 2 * 1.1 / 4 per token
+    close(logp.grad, [[0.0, 0.0, 0.0], [0.55, 0.55, 0.0]])
 
 
 def test_policy_loss_on_policy_is_minus_mean_advantage():

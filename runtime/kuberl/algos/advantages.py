@@ -126,6 +126,14 @@ def grpo(x: AdvantageInputs) -> tuple[Tensor, Tensor | None]:
     return broadcast_to_tokens(grpo_advantages(x.token_rewards.sum(-1), x.group_index), x.mask), None
 
 
+@ADVANTAGE_ESTIMATORS.register("drgrpo")
+def drgrpo(x: AdvantageInputs) -> tuple[Tensor, Tensor | None]:
+    """Dr. GRPO (Liu et al. 2025, "Understanding R1-Zero-Like Training"): the group-centred sequence reward,
+    not divided by the group's std (which weights easy and hard prompts' groups unequally), on every token."""
+    return broadcast_to_tokens(grpo_advantages(x.token_rewards.sum(-1), x.group_index, norm_by_std=False),
+                               x.mask), None
+
+
 @ADVANTAGE_ESTIMATORS.register("rloo")
 def rloo(x: AdvantageInputs) -> tuple[Tensor, Tensor | None]:
     """Leave-one-out baselined sequence rewards, on every token of the response."""

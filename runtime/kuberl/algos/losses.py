@@ -36,13 +36,19 @@ def policy_loss(
     """Clipped PPO surrogate (Schulman et al. 2017), token-mean over the mask.
 
     All inputs [B, T]; ``old_logprobs`` are the behaviour policy's. Per token:
-    ``max(-A * ratio, -A * clip(ratio, 1 - c, 1 + c))`` with ``ratio`` from `importance_ratio`. Returns ``(loss scalar,
-    metrics)``; metrics (detached scalars): ``clip_frac`` (share of tokens where the clipped term is
+    ``max(-A * ratio, -A * clip(ratio, 1 - c, 1 + c))`` with ``ratio`` from `importance_ratio`. Returns ``(loss
+    scalar, metrics)``; metrics (detached scalars): ``clip_frac`` (share of tokens where the clipped term is
     taken), ``approx_kl`` (mean of ``old_logp - logp``), ``ratio_mean``.
     """
     ratio, log_ratio = importance_ratio(logprobs, old_logprobs)
+    return _clipped(ratio, log_ratio, advantages, mask, (1.0 - clip_ratio, 1.0 + clip_ratio))
+
+
+def _clipped(ratio: Tensor, log_ratio: Tensor, advantages: Tensor, mask: Tensor,
+             bounds: tuple[float, float]) -> tuple[Tensor, dict[str, Tensor]]:
+    """Token-mean of ``max(-A * ratio, -A * clip(ratio, *bounds))`` and its metrics (`policy_loss`); all [B, T]."""
     unclipped = -advantages * ratio
-    clipped = -advantages * ratio.clamp(1.0 - clip_ratio, 1.0 + clip_ratio)
+    clipped = -advantages * ratio.clamp(*bounds)
     loss = masked_mean(torch.maximum(unclipped, clipped), mask)
     with torch.no_grad():
         metrics = {
@@ -51,6 +57,18 @@ def policy_loss(
             "ratio_mean": masked_mean(ratio, mask),
         }
     return loss, metrics
+
+
+def sequence_ratio(logprobs: Tensor, behaviour_logprobs: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+    """GSPO's importance ratio (Zheng et al. 2025), one per sequence: the geometric mean of its token ratios,
+    ``s_b = exp(mean_t(logp - behaviour_logp))`` over the mask, spread over the tokens as ``s_b * p / sg(p)``:
+    each token's value is s_b and its gradient ``s_b * grad log p_t`` (sg: stop-gradient). Inputs [B, T];
+    returns ``(ratio [B, T], token log-ratio [B, T])``, the log-ratios clamped as in `importance_ratio`."""
+    _, log_ratio = importance_ratio(logprobs, behaviour_logprobs)
+    m = mask.to(log_ratio.dtype)
+    seq = (log_ratio * m).sum(-1) / m.sum(-1).clamp_min(1.0)                     # [B]
+    log_s = (logprobs - logprobs.detach() + seq.detach()[:, None]).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    return torch.exp(log_s), log_ratio
 
 
 def value_loss(
@@ -73,8 +91,19 @@ def value_loss(
 @POLICY_LOSSES.register("clip")
 def clipped_policy_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor,
                         algo: AlgorithmSpec) -> tuple[Tensor, dict[str, Tensor]]:
-    """`policy_loss` with `spec.algorithm.clipRatio`."""
-    return policy_loss(logprobs, old_logprobs, advantages, mask, algo.clip_ratio)
+    """`policy_loss` with the clip range of `spec.algorithm` (clipRatio, or clipLow and clipHigh)."""
+    ratio, log_ratio = importance_ratio(logprobs, old_logprobs)
+    return _clipped(ratio, log_ratio, advantages, mask, algo.clip_bounds)
+
+
+@POLICY_LOSSES.register("gspo")
+def gspo_policy_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor,
+                     algo: AlgorithmSpec) -> tuple[Tensor, dict[str, Tensor]]:
+    """GSPO (Zheng et al. 2025): the clipped surrogate on `sequence_ratio`, so a sequence is clipped whole,
+    with the clip range of `spec.algorithm` (the paper's is far narrower than PPO's: clipLow 3e-4, clipHigh
+    4e-4). Metrics as `policy_loss`; approx_kl from the token log-ratios."""
+    ratio, log_ratio = sequence_ratio(logprobs, old_logprobs, mask)
+    return _clipped(ratio, log_ratio, advantages, mask, algo.clip_bounds)
 
 
 @POLICY_LOSSES.register("reinforce")

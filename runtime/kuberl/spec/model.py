@@ -50,8 +50,8 @@ BuiltinTask = Literal["repeat-letter", "gsm8k-toy"]
 BUILTIN_MODELS: tuple[str, ...] = get_args(BuiltinModel)
 BUILTIN_TASKS: tuple[str, ...] = get_args(BuiltinTask)
 # Built-in names of each registry (kuberl.registry): the runtime attaches the implementations.
-ADVANTAGE_ESTIMATOR_NAMES: tuple[str, ...] = ("gae", "grpo", "rloo", "reinforce++")
-POLICY_LOSS_NAMES: tuple[str, ...] = ("clip", "reinforce")
+ADVANTAGE_ESTIMATOR_NAMES: tuple[str, ...] = ("gae", "grpo", "drgrpo", "rloo", "reinforce++")
+POLICY_LOSS_NAMES: tuple[str, ...] = ("clip", "reinforce", "gspo")
 KL_ESTIMATOR_NAMES: tuple[str, ...] = ("k1", "k3")
 REWARD_FUNCTION_NAMES: tuple[str, ...] = ("repeat-letter", "gsm8k")
 # Upper bounds on counts: far above any real job, low enough that a typo (an extra digit, 1e12) is refused here
@@ -150,6 +150,11 @@ class AlgorithmSpec(Section):
     gamma: float = Field(1.0, ge=0, le=1, description="Discount factor.")
     lam: float = Field(0.95, ge=0, le=1, description="GAE lambda.")
     clip_ratio: float = Field(0.2, gt=0, lt=1, description="PPO policy clip ratio epsilon.")
+    clip_low: float | None = Field(None, gt=0, lt=1, description="The ratio's lower clip, 1 - clipLow (default "
+                                                                "clipRatio); verl's clip_ratio_low.")
+    clip_high: float | None = Field(None, gt=0, le=10, description="The ratio's upper clip, 1 + clipHigh (default "
+                                                                  "clipRatio; DAPO's clip-higher: 0.28); verl's "
+                                                                  "clip_ratio_high.")
     value_clip: float = Field(0.2, gt=0, description="Critic value clip range.")
     kl: KLSpec = Field(default_factory=KLSpec)
     entropy_coef: float = Field(0.0, ge=0, description="Entropy bonus coefficient.")
@@ -158,11 +163,11 @@ class AlgorithmSpec(Section):
     normalize_advantages: bool = Field(True, description="PPO: whiten advantages over the batch.")
     advantage_estimator: str | None = Field(
         None, json_schema_extra=name_or_path_schema(ADVANTAGE_ESTIMATOR_NAMES),
-        description="gae (ppo's default), grpo (grpo's default), rloo, reinforce++ (reinforce's default), or "
-                    "package.module:function.")
+        description="gae (ppo's default), grpo (grpo's default), drgrpo (grpo without the std division: Dr. "
+                    "GRPO), rloo, reinforce++ (reinforce's default), or package.module:function.")
     policy_loss: str = Field("clip", json_schema_extra=name_or_path_schema(POLICY_LOSS_NAMES),
-                             description="clip (PPO's clipped surrogate), reinforce (unclipped), or "
-                                         "package.module:function.")
+                             description="clip (PPO's clipped surrogate), reinforce (unclipped), gspo (one clipped "
+                                         "ratio per sequence: GSPO), or package.module:function.")
 
     _named = field_validator("advantage_estimator")(named_or_path(ADVANTAGE_ESTIMATOR_NAMES))
     _loss = field_validator("policy_loss")(named_or_path(POLICY_LOSS_NAMES))
@@ -171,6 +176,13 @@ class AlgorithmSpec(Section):
     def estimator(self) -> str:
         """The advantage estimator in use: the spec's, else gae for ppo and grpo for grpo."""
         return self.advantage_estimator or {"ppo": "gae", "grpo": "grpo", "reinforce": "reinforce++"}[self.name]
+
+    @property
+    def clip_bounds(self) -> tuple[float, float]:
+        """(1 - clipLow, 1 + clipHigh): the importance ratio's clip range, clipRatio on a side left unset."""
+        low = self.clip_ratio if self.clip_low is None else self.clip_low
+        high = self.clip_ratio if self.clip_high is None else self.clip_high
+        return 1.0 - low, 1.0 + high
 
     @property
     def kl_in_reward(self) -> bool:
@@ -885,13 +897,13 @@ def _estimator_problems(spec: JobSpec) -> list[Problem]:
     """spec.algorithm.advantageEstimator against the algorithm: group estimators need groups, gae the critic."""
     algo = spec.algorithm
     estimator, out = algo.estimator, []
-    if algo.name == "reinforce" and estimator in ("grpo", "rloo") and algo.group_size < 2:
+    if algo.name == "reinforce" and estimator in ("grpo", "drgrpo", "rloo") and algo.group_size < 2:
         out.append(("algorithm.groupSize",
                     f"must be >= 2 for the {estimator} estimator (it compares samples of a group)",
                     "set spec.algorithm.groupSize to 2 or more, e.g. 4"))
     if estimator == "gae" and algo.name != "ppo":
         out.append(("algorithm.advantageEstimator", "gae needs the critic, which runs for algorithm ppo only",
-                    "use algorithm.name ppo, or another estimator (grpo, rloo, reinforce++)"))
+                    "use algorithm.name ppo, or another estimator (grpo, drgrpo, rloo, reinforce++)"))
     elif algo.name == "ppo" and estimator in ADVANTAGE_ESTIMATOR_NAMES and estimator != "gae":
         out.append(("algorithm.advantageEstimator", f"{estimator} uses no critic, but algorithm ppo trains one",
                     f"use algorithm.name reinforce or grpo with advantageEstimator {estimator}, or gae"))
