@@ -68,9 +68,12 @@ def test_roles_run_in_separate_processes_and_placement_groups(ray_session, tmp_p
         driver.shutdown()
 
 
-def test_two_fsdp_ranks_match_one(ray_session):
-    """One actor update on 2 gloo ranks (FSDP2-sharded) equals the same update on 1 rank."""
-    overrides = {"trainer.ppoEpochs": 1, "trainer.miniBatchSize": 16, "trainer.microBatchSize": 8, "data.batchSize": 16}
+@pytest.mark.parametrize("aggregation", ["token-mean", "seq-mean-token-mean"])
+def test_two_fsdp_ranks_match_one(ray_session, aggregation):
+    """One actor update on 2 gloo ranks (FSDP2-sharded) equals the same update on 1 rank, under a token mean and
+    under a mean of sequences (the responses' lengths differ: each rank's count of sequences is not its tokens')."""
+    overrides = {"trainer.ppoEpochs": 1, "trainer.miniBatchSize": 16, "trainer.microBatchSize": 8, "data.batchSize": 16,
+                 "algorithm.lossAggregation": aggregation}
     one = load_example("quickstart.yaml", **overrides).spec
     two = load_example("quickstart.yaml", **overrides, **{"roles.actor.replicas": 2}).spec
     g1, g2 = RayWorkerGroup("actor", one, worker_cls=ProbedActor), RayWorkerGroup("actor", two, worker_cls=ProbedActor)

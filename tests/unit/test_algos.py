@@ -47,6 +47,24 @@ def test_masked_mean_ignores_nonfinite_padding():
     close(x.grad, [[0.5, 0.5, 0.0, 0.0]])  # d/dx of (x0 + x1) / 2
 
 
+@pytest.mark.parametrize("mode, expected", [
+    # rows of 3, 1 and 0 valid tokens (T = 4); 4 tokens and 2 sequences in the mini-batch on every rank together
+    ("token-mean", [[1 / 4] * 3 + [0], [1 / 4, 0, 0, 0]]),
+    ("seq-mean-token-mean", [[1 / 6] * 3 + [0], [1 / 2, 0, 0, 0]]),         # 1 / (2 sequences x its length)
+    ("seq-mean-token-sum", [[1 / 2] * 3 + [0], [1 / 2, 0, 0, 0]]),
+    ("seq-mean-token-sum-norm", [[1 / 8] * 3 + [0], [1 / 8, 0, 0, 0]]),     # 1 / (2 sequences x T)
+])
+def test_aggregation_weights(mode, expected):
+    mask = T([[1, 1, 1, 0], [1, 0, 0, 0], [0, 0, 0, 0]])
+    w = algos.aggregation_weights(mask, mode, T(4.0), T(2.0))
+    close(w, expected + [[0.0] * 4])
+    x = T([[2.0, 4.0, 6.0, 99.0], [8.0, 99.0, 99.0, 99.0], [99.0] * 4])
+    # the aggregated loss, sum(w * x): token-mean (2+4+6+8)/4 = 5; seq-mean-token-mean (4 + 8)/2 = 6;
+    # seq-mean-token-sum (12 + 8)/2 = 10; seq-mean-token-sum-norm (12 + 8)/(2 x 4) = 2.5
+    close(algos.masked_sum(x, w), {"token-mean": 5.0, "seq-mean-token-mean": 6.0, "seq-mean-token-sum": 10.0,
+                                   "seq-mean-token-sum-norm": 2.5}[mode])
+
+
 def test_masked_whiten():
     x = T([[1.0, 2.0, 3.0, 100.0]])
     mask = T([[1, 1, 1, 0]])

@@ -65,8 +65,7 @@ def sequence_ratio(logprobs: Tensor, behaviour_logprobs: Tensor, mask: Tensor) -
     each token's value is s_b and its gradient ``s_b * grad log p_t`` (sg: stop-gradient). Inputs [B, T];
     returns ``(ratio [B, T], token log-ratio [B, T])``, the log-ratios clamped as in `importance_ratio`."""
     _, log_ratio = importance_ratio(logprobs, behaviour_logprobs)
-    m = mask.to(log_ratio.dtype)
-    seq = (log_ratio * m).sum(-1) / m.sum(-1).clamp_min(1.0)                     # [B]
+    seq = masked_mean(log_ratio, mask, dim=-1)                                 # [B]
     log_s = (logprobs - logprobs.detach() + seq.detach()[:, None]).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     return torch.exp(log_s), log_ratio
 

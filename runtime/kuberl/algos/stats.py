@@ -39,3 +39,23 @@ def masked_whiten(x: Tensor, mask: Tensor, shift_mean: bool = True, eps: float =
     if not shift_mean:
         whitened = whitened + mean
     return torch.where(mask.bool(), whitened, 0.0)
+
+
+def aggregation_weights(mask: Tensor, mode: str, tokens: Tensor, sequences: Tensor) -> Tensor:
+    """Per-token weights [B, T] that turn per-token loss terms x [B, T] into one mini-batch loss, sum(w * x)
+    over every rank's rows, under aggregation `mode` (spec.algorithm.lossAggregation). `mask` [B, T]: this
+    rank's part; `tokens`, `sequences`: the mini-batch's valid tokens and sequences over all ranks (0-dim).
+
+    token-mean: 1 / tokens. seq-mean-token-mean: 1 / (sequences * its length). seq-mean-token-sum:
+    1 / sequences. seq-mean-token-sum-norm: 1 / (sequences * T), T the padded response length, a constant."""
+    m = mask.float()
+    if mode == "token-mean":
+        return m / tokens.clamp_min(1.0)
+    per_seq = m / sequences.clamp_min(1.0)
+    if mode == "seq-mean-token-sum":
+        return per_seq
+    if mode == "seq-mean-token-mean":
+        return per_seq / m.sum(-1, keepdim=True).clamp_min(1.0)
+    if mode == "seq-mean-token-sum-norm":
+        return per_seq / m.shape[-1]
+    raise ValueError(f"spec.algorithm.lossAggregation: unknown mode {mode!r}")

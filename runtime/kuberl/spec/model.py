@@ -53,6 +53,7 @@ BUILTIN_TASKS: tuple[str, ...] = get_args(BuiltinTask)
 ADVANTAGE_ESTIMATOR_NAMES: tuple[str, ...] = ("gae", "grpo", "drgrpo", "rloo", "reinforce++")
 POLICY_LOSS_NAMES: tuple[str, ...] = ("clip", "reinforce", "gspo")
 KL_ESTIMATOR_NAMES: tuple[str, ...] = ("k1", "k3")
+LossAggregation = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 REWARD_FUNCTION_NAMES: tuple[str, ...] = ("repeat-letter", "gsm8k")
 # Upper bounds on counts: far above any real job, low enough that a typo (an extra digit, 1e12) is refused here
 # instead of exhausting memory or wrapping a 64-bit counter in a worker.
@@ -165,6 +166,11 @@ class AlgorithmSpec(Section):
         None, json_schema_extra=name_or_path_schema(ADVANTAGE_ESTIMATOR_NAMES),
         description="gae (ppo's default), grpo (grpo's default), drgrpo (grpo without the std division: Dr. "
                     "GRPO), rloo, reinforce++ (reinforce's default), or package.module:function.")
+    loss_aggregation: LossAggregation = Field(
+        "token-mean", description="How the actor's per-token loss terms become one loss per mini-batch: token-mean "
+                                  "(every token alike), seq-mean-token-mean (each sequence alike), seq-mean-token-sum "
+                                  "(each sequence's sum), seq-mean-token-sum-norm (sums over a constant, the response "
+                                  "length: Dr. GRPO). verl's loss_agg_mode.")
     policy_loss: str = Field("clip", json_schema_extra=name_or_path_schema(POLICY_LOSS_NAMES),
                              description="clip (PPO's clipped surrogate), reinforce (unclipped), gspo (one clipped "
                                          "ratio per sequence: GSPO), or package.module:function.")

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
+from kuberl import algos
 from kuberl.data.batch import Batch
 from kuberl.resilience import checkpoint
 from kuberl.resilience.saves import AsyncSaver
@@ -24,7 +25,8 @@ from kuberl.training.kernels.options import KernelOptions
 if TYPE_CHECKING:
     from kuberl.workers.base import Worker
 
-# loss_fn(micro_batch) -> (sum of per-token loss over the micro-batch's valid tokens, {stat: token-sum})
+# loss_fn(micro_batch) -> (sum of its per-token loss terms times its "loss_weight" [B, T], the micro-batch's share of
+# the mini-batch's loss; {stat: token-sum})
 LossFn = Callable[[Batch], tuple[torch.Tensor, dict[str, torch.Tensor]]]
 
 
@@ -69,20 +71,24 @@ class FSDPTrainer:
                    grad_clip=tr.grad_clip, warmup_steps=optim.warmup_steps, betas=tuple(optim.betas),
                    kernels=worker.kernels, offload=rs.offload, lora_spec=rs.lora, head=head, seed=tr.seed)
 
-    def train_minibatch(self, mb: Batch, micro_size: int, loss_fn: LossFn) -> dict[str, float]:
+    def train_minibatch(self, mb: Batch, micro_size: int, loss_fn: LossFn,
+                        aggregation: str = "token-mean") -> dict[str, float]:
         """One optimizer step over a mini-batch on this rank.
 
-        The loss is the mean over every valid token of the mini-batch *across all ranks*: each micro
-        loss is a token-sum scaled by world_size / global_tokens, and FSDP averages gradients over
-        ranks, so 2 ranks give the same update as 1 rank on the whole mini-batch.
+        The loss aggregates every valid token of the mini-batch *across all ranks* (`aggregation`: how, see
+        `kuberl.algos.aggregation_weights`): each row gets its tokens' weights as "loss_weight" [B, T], a
+        micro loss is its weighted sum, scaled by world_size since FSDP averages gradients over ranks, so 2
+        ranks give the same update as 1 rank on the whole mini-batch. Stats are token means.
         """
         mask = mb["response_mask"]
-        global_tokens = kdist.all_reduce_sum(mask.sum().float().reshape(1)).clamp(min=1.0)
-        scale = kdist.dist.get_world_size() / global_tokens
+        tokens, sequences = kdist.all_reduce_sum(torch.stack([mask.sum().float(), (mask.sum(-1) > 0).sum().float()]))
+        global_tokens = tokens.clamp(min=1.0)
+        mb.tensors["loss_weight"] = algos.aggregation_weights(mask, aggregation, tokens, sequences)
+        world = kdist.dist.get_world_size()
         sums: dict[str, torch.Tensor] = {}
         for micro in mb.minibatches(micro_size):
             loss, stats = loss_fn(micro)
-            (loss * scale).backward()
+            (loss * world).backward()
             for k, v in stats.items():
                 sums[k] = sums.get(k, 0.0) + v.detach().float()
         grad_norm = clip_grad_norm_local(self.model.parameters(), self.grad_clip)
@@ -96,9 +102,11 @@ class FSDPTrainer:
         out["grad_norm"] = float(grad_norm)
         return out
 
-    def fit(self, batch: Batch, step: int, tr: TrainerSpec, loss_fn: LossFn) -> dict[str, float]:
+    def fit(self, batch: Batch, step: int, tr: TrainerSpec, loss_fn: LossFn,
+            aggregation: str = "token-mean") -> dict[str, float]:
         """`tr.ppo_epochs` passes over this rank's shard of the batch in shuffled mini-batches of
-        `tr.mini_batch_size` samples (global, across ranks); returns stats averaged over optimizer steps.
+        `tr.mini_batch_size` samples (global, across ranks), the loss aggregated by `aggregation`
+        (`train_minibatch`); returns stats averaged over optimizer steps.
         The update to a step the state holds already (restored from that update's own snapshot: the call was
         sent again because the driver never saw its answer) is not applied twice: it returns what it returned."""
         if step + 1 == self.trained_step and self.last_result is not None:
@@ -115,7 +123,7 @@ class FSDPTrainer:
         count = 0
         for _ in range(tr.ppo_epochs):
             for mb in batch.minibatches(mini, gen):
-                for k, v in self.train_minibatch(mb, tr.micro_batch_size, loss_fn).items():
+                for k, v in self.train_minibatch(mb, tr.micro_batch_size, loss_fn, aggregation).items():
                     sums[k] = sums.get(k, 0.0) + v
                 count += 1
         self.model.eval()

@@ -101,22 +101,26 @@ class ActorWorker(Worker):
         spec, algo = self.spec, self.spec.algorithm
         policy_loss = algos.POLICY_LOSSES.get(algo.policy_loss)
         kl_coef = batch.meta.get("kl_coef", [0.0])[0]
+        token_mean = algo.loss_aggregation == "token-mean"  # the weights are the mask's, scaled
 
         def loss_fn(mb: Batch):
-            mask, n = mb["response_mask"], mb["response_mask"].sum()
+            # every term aggregated alike, under the trainer's weights (the policy loss gets them as its mask: a
+            # weighted mean, times their sum); the stats are token sums, the same for any aggregation or ranks
+            mask, n, w = mb["response_mask"], mb["response_mask"].sum(), mb["loss_weight"]
             logp, ent = self._logprobs_of(mb, with_entropy=True, entropy_grad=algo.entropy_coef > 0)
             pg, info = policy_loss(logp, mb["old_logprobs"], mb["advantages"], mask, algo)
+            agg = pg if token_mean else policy_loss(logp, mb["old_logprobs"], mb["advantages"], w, algo)[0]
             ent_sum = algos.masked_sum(ent, mask)
-            loss = pg * n - algo.entropy_coef * ent_sum
+            loss = agg * w.sum() - algo.entropy_coef * algos.masked_sum(ent, w)
             stats = {"pg_loss": pg.detach() * n, "clip_frac": info["clip_frac"] * n,
                      "approx_kl": info["approx_kl"] * n, "entropy": ent_sum.detach()}
             if not algo.kl_in_reward and kl_coef > 0 and "ref_logprobs" in mb.tensors:
-                kl_sum = algos.masked_sum(algos.kl_penalty(logp, mb["ref_logprobs"], algo.kl.estimator), mask)
-                loss = loss + kl_coef * kl_sum
-                stats["kl_loss"] = kl_sum.detach()
+                kl = algos.kl_penalty(logp, mb["ref_logprobs"], algo.kl.estimator)
+                loss = loss + kl_coef * algos.masked_sum(kl, w)
+                stats["kl_loss"] = algos.masked_sum(kl, mask).detach()
             return loss, stats
 
-        stats = self.trainer.fit(batch, step, spec.trainer, loss_fn)
+        stats = self.trainer.fit(batch, step, spec.trainer, loss_fn, algo.loss_aggregation)
         stats["actor_grad_norm"] = stats.pop("grad_norm")
         return stats
 

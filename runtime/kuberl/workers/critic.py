@@ -32,11 +32,11 @@ class CriticWorker(Worker):
         """Value-loss epochs over the batch; returns token-averaged stats from all ranks."""
         spec = self.spec
 
-        def loss_fn(mb: Batch):
-            mask, n = mb["response_mask"], mb["response_mask"].sum()
+        def loss_fn(mb: Batch):  # token-mean: each token's weight is 1 / the mini-batch's tokens
+            n, w = mb["response_mask"].sum(), mb["loss_weight"]
             v = response_values(self.trainer.model, mb["input_ids"], mb["attention_mask"], mb["responses"].shape[1])
-            loss, info = algos.value_loss(v, mb["values"], mb["returns"], mask, spec.algorithm.value_clip)
-            return loss * n, {"vf_loss": loss.detach() * n, "vf_clip_frac": info["vf_clip_frac"] * n}
+            loss, info = algos.value_loss(v, mb["values"], mb["returns"], w, spec.algorithm.value_clip)
+            return loss * w.sum(), {"vf_loss": loss.detach() * n, "vf_clip_frac": info["vf_clip_frac"] * n}
 
         stats = self.trainer.fit(batch, step, spec.trainer, loss_fn)
         stats["critic_grad_norm"] = stats.pop("grad_norm")
