@@ -65,6 +65,13 @@ def test_aggregation_weights(mode, expected):
                                    "seq-mean-token-sum-norm": 2.5}[mode])
 
 
+def test_overlong_penalty_by_hand():
+    # max 16 tokens, buffer 4: free up to 12, then -penalty x (tokens past 12) / 4, the whole penalty at 16
+    lengths = T([3, 12, 13, 14, 16, 20])
+    close(algos.overlong_penalty(lengths, 16, 4, 1.0), [0.0, 0.0, -0.25, -0.5, -1.0, -1.0])
+    close(algos.overlong_penalty(lengths, 16, 4, 0.5), [0.0, 0.0, -0.125, -0.25, -0.5, -0.5])
+
+
 def test_masked_whiten():
     x = T([[1.0, 2.0, 3.0, 100.0]])
     mask = T([[1, 1, 1, 0]])

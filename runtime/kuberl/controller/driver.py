@@ -301,8 +301,13 @@ class Driver:
         if kl is not None:
             self.kl_ctl.update(stats["kl_seq"], len(batch))
         shaped_kl = kl if algo.kl_in_reward else None
+        scores, overlong = batch["scores"], self.spec.reward.overlong
+        if overlong is not None:  # reward_mean stays the task's score; the penalty is its own metric
+            penalty = algos.overlong_penalty(mask.sum(-1), self.spec.rollout.max_new_tokens, overlong.buffer,
+                                             overlong.penalty)
+            scores, stats["overlong_penalty"] = scores + penalty, float(penalty.mean())
         inputs = algos.AdvantageInputs(
-            token_rewards=algos.token_rewards(batch["scores"], mask, shaped_kl, kl_coef), mask=mask,
+            token_rewards=algos.token_rewards(scores, mask, shaped_kl, kl_coef), mask=mask,
             group_index=batch["group_index"], values=batch.tensors.get("values"), gamma=algo.gamma, lam=algo.lam,
             whiten=algo.normalize_advantages)
         adv, returns = algos.ADVANTAGE_ESTIMATORS.get(algo.estimator)(inputs)

@@ -258,6 +258,15 @@ class DataSpec(Section):
         return self
 
 
+class OverlongSpec(Section):
+    """DAPO's soft overlong punishment (Yu et al. 2025): a response longer than rollout.maxNewTokens - buffer loses
+    penalty x (its tokens past that) / buffer from its reward, so one cut at maxNewTokens loses the whole penalty."""
+
+    buffer: int = Field(ge=1, le=MAX_TOKENS, description="Tokens before rollout.maxNewTokens where the penalty "
+                                                         "starts; below maxNewTokens.")
+    penalty: float = Field(1.0, ge=0, le=1e6, description="The penalty at maxNewTokens, in reward units.")
+
+
 class RewardSpec(Section):
     function: str | None = Field(
         None, json_schema_extra=name_or_path_schema(REWARD_FUNCTION_NAMES),
@@ -265,6 +274,8 @@ class RewardSpec(Section):
                     "returning a float in [0, 1].",
     )
     model: ModelSource | None = Field(None, description="Reward model with a sequence-classification head.")
+    overlong: OverlongSpec | None = Field(None, description="Shape the reward of responses near the length limit "
+                                                            "(DAPO); off by default.")
 
     _function = field_validator("function")(named_or_path(REWARD_FUNCTION_NAMES))
 
@@ -815,7 +826,8 @@ def cross_field_problems(spec: JobSpec) -> list[Problem]:
 
 
 def _algorithm_problems(spec: JobSpec) -> list[Problem]:
-    """spec.algorithm: grpo's group size, rollout.n against it, the adaptive KL controller's target."""
+    """spec.algorithm: grpo's group size, rollout.n against it, the adaptive KL controller's target; the overlong
+    reward's buffer against the length limit."""
     algo, out = spec.algorithm, []
     if algo.name == "grpo" and algo.group_size < 2:
         out.append(("algorithm.groupSize", "must be >= 2 for grpo",
@@ -827,6 +839,10 @@ def _algorithm_problems(spec: JobSpec) -> list[Problem]:
     if algo.kl.controller == "adaptive" and algo.kl.target is None:
         out.append(("algorithm.kl.target", "is required when controller is adaptive",
                     "set spec.algorithm.kl.target, e.g. 0.1"))
+    overlong, limit = spec.reward.overlong, spec.rollout.max_new_tokens
+    if overlong is not None and overlong.buffer >= limit:
+        out.append(("reward.overlong.buffer", f"must be below rollout.maxNewTokens ({limit})",
+                    f"set spec.reward.overlong.buffer to a part of it, e.g. {max(1, limit // 4)}"))
     return out
 
 
