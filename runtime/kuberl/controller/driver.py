@@ -24,6 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from kuberl import algos, logs
+from kuberl.controller import dynamic_sampling
 from kuberl.controller.evaluation import Evaluator, common_ranks
 from kuberl.controller.roles import Fault, JobFailed, PlacementDegraded, RoleHistory, Roles
 from kuberl.controller.schedule import Phase, Phases, Rollout
@@ -36,7 +37,7 @@ from kuberl.metrics.tracking import make_trackers
 from kuberl.resilience import checkpoint, resize
 from kuberl.spec import JobSpec
 from kuberl.spec.contract import ReplicasDocument
-from kuberl.spec.model import TRAINING_ROLES
+from kuberl.spec.model import MAX_STEPS, TRAINING_ROLES
 from kuberl.training.sequence import SEQ_KEYS
 from kuberl.workers.groups import WorkerGroup, world_size
 
@@ -170,11 +171,12 @@ class Driver:
     def make_prompts(self) -> Batch:
         return self.prompts.next_batch()
 
-    def _send_rollout(self, phases: Phases, step: int) -> Rollout:
-        """Draw step `step`'s prompts (1-based) and send their rollout; `train_step` waits for it."""
+    def _send_rollout(self, phases: Phases, step: int, refill: int = 0) -> Rollout:
+        """Draw step `step`'s prompts (1-based) and send their rollout; `train_step` waits for it. `refill`: which
+        further rollout of the step this is (dynamic sampling), each with seeds of its own."""
         data_before = self.loader.state_dict()
         batch = self.make_prompts()
-        seed = self.spec.trainer.seed * 100_003 + step - 1
+        seed = self.spec.trainer.seed * 100_003 + step - 1 + refill * MAX_STEPS
         phase = phases.start("rollout", self.roles.actor.generate, batch.select("prompt_ids", "prompt_mask"), seed=seed)
         return Rollout(batch, phase, data_before)
 
@@ -186,8 +188,9 @@ class Driver:
         phases = Phases(self.roles, t_step, self.sequential)
         batch, staleness = self._rollout(phases)
         self._score(phases, batch)
+        batch, sampled = self._dynamic_sampling(phases, batch)
         with phases.local("advantage"):
-            stats = self.compute_advantages(batch)
+            stats = {**sampled, **self.compute_advantages(batch)}
         stats.update(self._update(phases, batch, t_step))
         sync = max(phases.run("weight_sync", self.roles.actor.sync_weights))  # the engine's weights change here only
         stats.update(self._evaluate(phases))
@@ -218,6 +221,23 @@ class Driver:
         for out in phases.wait(scores, ref_lp, values):
             if out is not None:
                 batch.update(out)
+
+    def _dynamic_sampling(self, phases: Phases, batch: Batch) -> tuple[Batch, dict[str, float]]:
+        """Under spec.algorithm.dynamicSampling, the scored `batch` with only the groups whose rewards differ,
+        refilled from further rollouts (at most maxRounds in all), and its statistics; else `batch` as it is."""
+        ds = self.spec.algorithm.dynamic_sampling
+        if ds is None:
+            return batch, {}
+        want, size = self.spec.data.batch_size, self.spec.samples_per_prompt
+        parts = [batch]
+        while dynamic_sampling.count_informative(parts, size) < want and len(parts) < ds.max_rounds:
+            more = self._send_rollout(phases, self.step + 1, refill=len(parts))
+            part = more.prompts
+            part.update(more.phase.finish())
+            self._score(phases, part)
+            parts.append(part)
+        out, kept = dynamic_sampling.assemble(parts, want, size, self.prompts.tokenizer.pad_token_id)
+        return out, {"dynamic_sampling_rounds": float(len(parts)), "groups_informative_ratio": kept / want}
 
     def _update(self, phases: Phases, batch: Batch, t_step: float) -> dict[str, float]:
         """The critic's and the actor's updates at once (and, one step off, the next step's rollout beside them,

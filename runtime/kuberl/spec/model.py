@@ -144,6 +144,16 @@ class KLSpec(Section):
     _estimator = field_validator("estimator")(named_or_path(KL_ESTIMATOR_NAMES))
 
 
+class DynamicSamplingSpec(Section):
+    """DAPO's dynamic sampling (Yu et al. 2025): a group whose responses all score the same has no advantage, so it
+    is dropped and the batch refilled from more prompts."""
+
+    max_rounds: int = Field(3, ge=1, le=100,
+                            description="Rollouts a step may draw, its first included; a batch still short after "
+                                        "them is filled with groups that all scored the same (the "
+                                        "groups_informative_ratio metric says how many were).")
+
+
 class AlgorithmSpec(Section):
     name: Literal["ppo", "grpo", "reinforce"] = Field(
         "ppo", description="ppo (critic + GAE), grpo (group-normalised, no critic) or reinforce (no critic, "
@@ -166,6 +176,9 @@ class AlgorithmSpec(Section):
         None, json_schema_extra=name_or_path_schema(ADVANTAGE_ESTIMATOR_NAMES),
         description="gae (ppo's default), grpo (grpo's default), drgrpo (grpo without the std division: Dr. "
                     "GRPO), rloo, reinforce++ (reinforce's default), or package.module:function.")
+    dynamic_sampling: DynamicSamplingSpec | None = Field(
+        None, description="Keep only groups whose rewards differ, refilling the batch (DAPO); needs groupSize >= 2. "
+                          "Off by default.")
     loss_aggregation: LossAggregation = Field(
         "token-mean", description="How the actor's per-token loss terms become one loss per mini-batch: token-mean "
                                   "(every token alike), seq-mean-token-mean (each sequence alike), seq-mean-token-sum "
@@ -826,8 +839,8 @@ def cross_field_problems(spec: JobSpec) -> list[Problem]:
 
 
 def _algorithm_problems(spec: JobSpec) -> list[Problem]:
-    """spec.algorithm: grpo's group size, rollout.n against it, the adaptive KL controller's target; the overlong
-    reward's buffer against the length limit."""
+    """spec.algorithm: grpo's group size, rollout.n against it, the adaptive KL controller's target, dynamic
+    sampling's needs; the overlong reward's buffer against the length limit."""
     algo, out = spec.algorithm, []
     if algo.name == "grpo" and algo.group_size < 2:
         out.append(("algorithm.groupSize", "must be >= 2 for grpo",
@@ -839,6 +852,12 @@ def _algorithm_problems(spec: JobSpec) -> list[Problem]:
     if algo.kl.controller == "adaptive" and algo.kl.target is None:
         out.append(("algorithm.kl.target", "is required when controller is adaptive",
                     "set spec.algorithm.kl.target, e.g. 0.1"))
+    if algo.dynamic_sampling is not None and spec.samples_per_prompt < 2:
+        out.append(("algorithm.dynamicSampling", "needs several responses per prompt to compare",
+                    "set spec.algorithm.groupSize (ppo: spec.rollout.n) to 2 or more, or remove dynamicSampling"))
+    if algo.dynamic_sampling is not None and spec.rollout.asynchronous:
+        out.append(("algorithm.dynamicSampling", "is not supported with rollout.asynchronous (a refill would mix "
+                                                 "the batch's staleness)", "remove one of the two"))
     overlong, limit = spec.reward.overlong, spec.rollout.max_new_tokens
     if overlong is not None and overlong.buffer >= limit:
         out.append(("reward.overlong.buffer", f"must be below rollout.maxNewTokens ({limit})",
