@@ -1,7 +1,7 @@
 """The loss variants of spec.algorithm (docs/user-guide.md, "Loss variants") learn the GRPO example on the CPU:
 DAPO (clip-higher, dynamic sampling, a token mean, the overlong penalty), Dr. GRPO (no std division, sums over a
-constant length) and GSPO (sequence-level ratios, a mean of sequences), each on the in-process backend for the
-example's 80 steps."""
+constant length), GSPO (sequence-level ratios, a mean of sequences) and truncated importance sampling of the
+engine/trainer mismatch, each on the in-process backend for the example's 80 steps."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ VARIANTS = {
              "algorithm.lossAggregation": "token-mean", "reward.overlong": {"buffer": 4}},
     "drgrpo": {"algorithm.advantageEstimator": "drgrpo", "algorithm.lossAggregation": "seq-mean-token-sum-norm"},
     "gspo": {"algorithm.policyLoss": "gspo", "algorithm.lossAggregation": "seq-mean-token-mean"},
+    "tis": {"algorithm.tis": "on"},
 }
 
 
@@ -30,6 +31,8 @@ def test_each_loss_variant_learns_the_grpo_example(netns, tmp_path, variant: str
     print(f"{variant}: reward first10={first:.3f} last10={last:.3f}")
     # a random policy scores about 0.02 here; plain GRPO ends near 0.4 (clip-higher over three seeds: 0.16 to 0.36)
     assert last - first >= 0.1, (first, last)
+    # every step reports the engine/trainer mismatch; here both are the same fp32 model on the CPU
+    assert all(0 <= r["logprob_mismatch_mean"] <= r["logprob_mismatch_max"] < 1e-3 for r in rows)
     if variant == "dapo":  # groups that all scored the same were dropped and refilled: more rollouts, more signal
         rounds = [r["dynamic_sampling_rounds"] for r in rows]
         assert max(rounds) > 1 and all(1 <= n <= 3 for n in rounds), rounds

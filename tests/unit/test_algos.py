@@ -284,6 +284,15 @@ def test_gspo_clips_whole_sequences_on_their_geometric_mean_ratio():
     close(logp.grad, [[0.0, 0.0, 0.0], [0.55, 0.55, 0.0]])
 
 
+def test_tis_weights_by_hand():
+    old = T([[math.log(0.5), math.log(0.9), math.log(0.2)]])
+    rollout = T([[math.log(0.5), math.log(0.3), math.log(0.4)]])
+    # exp(old - rollout) = 1, 3, 0.5; capped at 2 -> 1, 2, 0.5; no gradient flows through them
+    w = algos.tis_weights(old.requires_grad_(), rollout, cap=2.0)
+    close(w, [[1.0, 2.0, 0.5]])
+    assert not w.requires_grad
+
+
 def test_policy_loss_on_policy_is_minus_mean_advantage():
     adv = torch.randn(3, 5)
     mask = torch.ones(3, 5)

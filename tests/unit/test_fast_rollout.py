@@ -18,7 +18,7 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from kuberl.rollout import fast
+from kuberl.rollout import fast, response_batch
 from kuberl.rollout.fast import SamplingParams, StaticDecoder, unsupported_reason
 from kuberl.rollout.hf import HFRollout
 from kuberl.rollout.sampling import _nucleus, gumbel, nucleus_rounds, sample
@@ -336,6 +336,24 @@ def reseeding_meanwhile(call: Callable[[], torch.Tensor]) -> torch.Tensor:
     finally:
         stop.set()
         thread.join()
+
+
+@pytest.mark.parametrize("fast_path", [False, True], ids=["generate", "static-eager"])
+def test_hf_engine_rollout_logprobs_are_the_trainers_for_the_same_tokens(fast_path: bool) -> None:
+    """Each path gives the log-prob of every token it drew, at the rollout's temperature, before top-p, 0 past a
+    response's end; on the CPU in fp32 they equal the trainer's full forward's for the same tokens."""
+    tok = char_tokenizer()
+    engine = HFRollout(spec(temperature=0.7, topP=0.9), torch.device("cpu"), torch.float32, tok, fast=fast_path)
+    enc = tok(["say a:", "3+4=", "say q:", "x"] * 8, padding=True, return_tensors="pt")  # some end at an EOS
+    responses = engine.generate(enc["input_ids"], enc["attention_mask"], seed=5)
+    got = engine.rollout_logprobs()
+    batch = response_batch(enc["input_ids"], enc["attention_mask"], responses, tok.eos_token_id)
+    want, _ = response_logprobs(engine.model, batch["input_ids"], batch["attention_mask"], responses, 0.7)
+    mask = batch["response_mask"].bool()
+    assert got.shape == responses.shape and bool((~mask).any()), "the check needs a response that ends early"
+    assert not bool(got[~mask].any())
+    torch.testing.assert_close(got[mask], want[mask], atol=2e-4, rtol=0)
+    assert float(got[mask].max()) <= 0.0 and bool((got[mask] < -1e-3).any())
 
 
 @pytest.mark.parametrize("fast_path", [False, True], ids=["generate", "static-eager"])

@@ -58,6 +58,8 @@ def test_hub_model_does_not_get_builtin_default() -> None:
         ({"reward": {"function": "kuberl.rewards.builtin:repeat_letter", "overlong": {"buffer": 16}},
           "rollout": {"maxNewTokens": 16}}, "spec.reward.overlong.buffer", "must be below rollout.maxNewTokens (16)"),
         ({"algorithm": {"lossAggregation": "seq-mean"}}, "spec.algorithm.lossAggregation", "must be one of"),
+        ({"algorithm": {"tis": "on"}, "rollout": {"engine": "vllm", "temperature": 0.7},
+          "roles": {"actor": {"gpus": 1}}}, "spec.algorithm.tis", "needs rollout.temperature 1 with engine vllm"),
         ({"algorithm": {"dynamicSampling": {}}}, "spec.algorithm.dynamicSampling",
          "needs several responses per prompt"),
         ({"algorithm": {"name": "grpo", "groupSize": 4, "dynamicSampling": {"maxRounds": 2}},

@@ -146,7 +146,11 @@ class _StandInLLM:
         self.calls.append("generate")
         out = []
         for _prompt, p in zip(prompts, params):
-            completion = type("Completion", (), {"token_ids": [3 + p.seed % 7] * p.max_tokens})()
+            tokens = [3 + p.seed % 7] * p.max_tokens
+            # vLLM's shape: per token, {token id: Logprob} holding at least the drawn one (logprobs=0)
+            logprobs = None if p.logprobs is None else [{t: type("Logprob", (), {"logprob": -0.25 * (1 + i % 3)})()}
+                                                        for i, t in enumerate(tokens)]
+            completion = type("Completion", (), {"token_ids": tokens, "logprobs": logprobs})()
             out.append(type("Request", (), {"outputs": [completion], "num_cached_tokens": 0})())
         return out
 
@@ -187,6 +191,7 @@ def test_engine_logic_with_a_stand_in_for_vllm(monkeypatch: pytest.MonkeyPatch, 
     ids, mask = prompts(["say a:", "b"])
     out = eng.generate(ids, mask, seed=1)
     assert out.shape == (2, 12) and eng.llm.calls[-1] == "sleep 2"
+    assert eng.rollout_logprobs()[0].tolist() == [-0.25, -0.5, -0.75] * 4  # each drawn token's, vLLM's own
     with pytest.raises(RuntimeError, match="load_weights must run before the next generate"):
         eng.generate(ids, mask, seed=1)
     eng.load_weights(weights)

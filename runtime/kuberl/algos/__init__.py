@@ -18,7 +18,7 @@ from .advantages import (
 )
 from .kl import KL_ESTIMATORS, AdaptiveKLController, FixedKLController, kl_penalty, make_kl_controller, token_rewards
 from .logits import entropy_from_logits, logprobs_from_logits
-from .losses import POLICY_LOSSES, importance_ratio, policy_loss, sequence_ratio, value_loss
+from .losses import POLICY_LOSSES, importance_ratio, policy_loss, sequence_ratio, tis_weights, value_loss
 from .shaping import overlong_penalty
 from .stats import aggregation_weights, masked_mean, masked_sum, masked_whiten
 
@@ -28,5 +28,6 @@ __all__ = [
     "FixedKLController", "broadcast_to_tokens", "entropy_from_logits", "gae_advantages", "grpo_advantages",
     "importance_ratio", "kl_penalty", "logprobs_from_logits", "make_kl_controller", "masked_mean", "masked_sum",
     "masked_whiten",
-    "policy_loss", "reinforce_pp_advantages", "rloo_advantages", "sequence_ratio", "token_rewards", "value_loss",
+    "policy_loss", "reinforce_pp_advantages", "rloo_advantages", "sequence_ratio", "tis_weights", "token_rewards",
+    "value_loss",
 ]

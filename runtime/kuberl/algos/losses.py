@@ -59,6 +59,13 @@ def _clipped(ratio: Tensor, log_ratio: Tensor, advantages: Tensor, mask: Tensor,
     return loss, metrics
 
 
+def tis_weights(old_logprobs: Tensor, rollout_logprobs: Tensor, cap: float) -> Tensor:
+    """Truncated importance sampling (Yao et al. 2025): per-token weights [B, T] = min(exp(old - rollout), cap),
+    the trainer's behaviour log-probs over the rollout engine's for the same tokens (their numerics differ),
+    with no gradient. Inputs [B, T]; the log-ratio clamped as in `importance_ratio`."""
+    return torch.exp((old_logprobs - rollout_logprobs).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)).clamp(max=cap).detach()
+
+
 def sequence_ratio(logprobs: Tensor, behaviour_logprobs: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
     """GSPO's importance ratio (Zheng et al. 2025), one per sequence: the geometric mean of its token ratios,
     ``s_b = exp(mean_t(logp - behaviour_logp))`` over the mask, spread over the tokens as ``s_b * p / sg(p)``:

@@ -23,6 +23,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import torch
+
 from kuberl import algos, logs
 from kuberl.controller import dynamic_sampling
 from kuberl.controller.evaluation import Evaluator, common_ranks
@@ -243,11 +245,13 @@ class Driver:
         """The critic's and the actor's updates at once (and, one step off, the next step's rollout beside them,
         its calls timed from `t_step`); returns their statistics, the critic's first."""
         actor, critic = self.roles.actor, self.roles.critic
-        ref_keys = ("ref_logprobs",) if "ref_logprobs" in batch.tensors else ()
+        extra = ("ref_logprobs",) if "ref_logprobs" in batch.tensors else ()
+        if self.spec.tis_enabled and "rollout_logprobs" in batch.tensors:
+            extra += ("rollout_logprobs",)
         crit_up = None if critic is None else phases.start(
             "update_critic", critic.update, batch.select(*SEQ_KEYS, "values", "returns"), step=self.step)
         act_up = phases.start("update_actor", actor.update,
-                              batch.select(*SEQ_KEYS, "old_logprobs", "advantages", *ref_keys, "kl_coef"),
+                              batch.select(*SEQ_KEYS, "old_logprobs", "advantages", *extra, "kl_coef"),
                               step=self.step)
         # step k+1's rollout, beside step k's updates, with the weights that generated step k's batch
         ahead = self.ahead.send(self.step + 2, self.spec.trainer.steps,
@@ -317,6 +321,10 @@ class Driver:
             kl = algos.kl_penalty(batch["old_logprobs"], batch["ref_logprobs"], algo.kl.estimator)
             stats["kl"] = float(algos.masked_mean(kl, mask))
             stats["kl_seq"] = float(algos.masked_sum(kl, mask, dim=-1).mean())
+        if "rollout_logprobs" in batch.tensors:  # the engine's numerics against the trainer's, same tokens
+            gap = (batch["old_logprobs"] - batch["rollout_logprobs"]).abs()
+            stats["logprob_mismatch_mean"] = float(algos.masked_mean(gap, mask))
+            stats["logprob_mismatch_max"] = float(torch.where(mask.bool(), gap, 0.0).max())
         kl_coef = self.kl_ctl.value  # this batch is shaped with the coefficient the step started with
         if kl is not None:
             self.kl_ctl.update(stats["kl_seq"], len(batch))

@@ -27,6 +27,10 @@ class RolloutEngine(Protocol):
         """Prompts [B, P] (left-padded) -> responses [B, R] (right-padded with pad, R = maxNewTokens);
         sampled, or with `greedy` the most likely token at each step."""
 
+    def rollout_logprobs(self) -> torch.Tensor | None:
+        """[B, R] float32 (CPU): the last `generate`'s log-prob of each drawn token as the engine drew it (0 past
+        a response's end), the engine's side of the engine/trainer mismatch; None where it has none."""
+
     def greedy_answers(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """Held-out evaluation: prompts [B, P] (left-padded) -> responses [B, R] (right-padded with pad), the
         most likely token at each step up to EOS, whatever spec.rollout.fixedLength says. Runs after a weight

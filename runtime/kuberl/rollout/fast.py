@@ -43,7 +43,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .sampling import SamplingParams, sample_scalars
+from .sampling import SamplingParams, rollout_logprobs, sample_scalars
 
 log = logging.getLogger(__name__)
 
@@ -189,11 +189,13 @@ def decode_last(h: torch.Tensor, attn: torch.Tensor, w: LayerWeights, d: Dims) -
 
 def head_sample(h: torch.Tensor, norm: torch.Tensor, lm_head: torch.Tensor, seed: torch.Tensor, step: torch.Tensor,
                 eps: float, greedy: bool, temperature: float, top_p: float, suppress_eos: bool,
-                eos_id: int | None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Final norm, LM head and sampling: h [B, H] -> tokens [B] (and unresolved nucleus rows [B] or None).
-    The sampling parameters are Python scalars, which torch.compile specialises on."""
+                eos_id: int | None) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """Final norm, LM head and sampling: h [B, H] -> tokens [B], unresolved nucleus rows [B] or None, and the
+    tokens' rollout log-probs [B] (`rollout_logprobs`). The sampling parameters are Python scalars, which
+    torch.compile specialises on."""
     logits = F.linear(rms_norm(h, norm, eps), lm_head)
-    return sample_scalars(logits, greedy, temperature, top_p, suppress_eos, eos_id, seed, step)
+    tokens, unresolved = sample_scalars(logits, greedy, temperature, top_p, suppress_eos, eos_id, seed, step)
+    return tokens, unresolved, rollout_logprobs(logits, tokens, temperature, eos_id if suppress_eos else None)
 
 
 def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor,
@@ -256,6 +258,7 @@ class _State:
         self.finished = torch.zeros(batch, device=dev, dtype=torch.bool)
         self.unresolved = torch.zeros(1, device=dev, dtype=torch.long)      # nucleus draws that fell back
         self.out = torch.zeros(batch, new_tokens, device=dev, dtype=torch.long)
+        self.logp = torch.zeros(batch, new_tokens, device=dev, dtype=torch.float32)  # rollout log-probs of `out`
         self.graph: torch.cuda.CUDAGraph | None = None
 
 
@@ -274,6 +277,7 @@ class StaticDecoder:
         first = next(model.parameters())
         self.device, self.dtype = first.device, first.dtype
         self.pad_id, self.eos_id = pad_id, eos_id
+        self.last_logprobs: torch.Tensor | None = None  # [B, R] of the last generate (`rollout_logprobs`)
         heads = cfg.num_attention_heads
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
         self.dims = Dims(heads, getattr(cfg, "num_key_value_heads", None) or heads, head_dim, cfg.rms_norm_eps)
@@ -424,11 +428,12 @@ class StaticDecoder:
         """Final norm, LM head and sampling of the next token from h [B, H] (the same function for the first
         token after the prefill and for every decode step), then emit it."""
         sp = st.sp
-        nxt, unresolved = self._head(h, self.norm, self.lm_head, st.seed, st.step, self.dims.eps, sp.greedy,
-                                     sp.temperature, sp.top_p, sp.suppress_eos, self.eos_id)
-        self._emit(st, nxt, unresolved)
+        nxt, unresolved, logp = self._head(h, self.norm, self.lm_head, st.seed, st.step, self.dims.eps, sp.greedy,
+                                           sp.temperature, sp.top_p, sp.suppress_eos, self.eos_id)
+        self._emit(st, nxt, unresolved, logp)
 
-    def _emit(self, st: _State, nxt: torch.Tensor, unresolved: torch.Tensor | None) -> None:
+    def _emit(self, st: _State, nxt: torch.Tensor, unresolved: torch.Tensor | None, logp: torch.Tensor) -> None:
+        st.logp.index_copy_(1, st.step, torch.where(st.finished, 0.0, logp.float())[:, None])
         nxt = torch.where(st.finished, torch.full_like(nxt, self.pad_id), nxt)
         st.out.index_copy_(1, st.step, nxt[:, None])
         if unresolved is not None:
@@ -512,6 +517,7 @@ class StaticDecoder:
         st = self.state_for(b, p, max_new_tokens, sp)
         st.finished.zero_()
         st.out.fill_(self.pad_id)
+        st.logp.zero_()
         st.step.zero_()
         st.seed.fill_(seed)
         st.unresolved.zero_()
@@ -524,4 +530,5 @@ class StaticDecoder:
                 self._decode_step(st)
             if self.eos_id is not None and not sp.suppress_eos and t % check_every == 0 and bool(st.finished.all()):
                 break  # every sequence has ended: the rest of `out` is already pad
+        self.last_logprobs = st.logp.clone()
         return st.out.clone()

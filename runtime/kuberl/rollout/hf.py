@@ -26,12 +26,15 @@ import logging
 import math
 
 import torch
+import torch.nn.functional as F
 from transformers import LogitsProcessor, TemperatureLogitsWarper, TopPLogitsWarper
 
 from kuberl.spec import JobSpec
 from kuberl.training.models import load_causal_lm
+from kuberl.training.sequence import response_mask
 
 from .fast import SamplingParams, StaticDecoder, unsupported_reason
+from .sampling import rollout_logprobs
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +52,7 @@ class HFRollout:
         want_fast = (spec.rollout.compile and device.type == "cuda") if fast is None else fast
         self.fallback_reason: str | None = None
         self.fast: StaticDecoder | None = None
+        self._logprobs: torch.Tensor | None = None
         if want_fast:
             self.fallback_reason = unsupported_reason(self.model)
             if self.fallback_reason:
@@ -84,10 +88,23 @@ class HFRollout:
                  greedy: bool = False) -> torch.Tensor:
         """Left-padded prompts [B, P] -> responses [B, max_new_tokens]; torch's global RNG is not touched."""
         r = self.spec.rollout
+        self._logprobs = None
         if self.fast is not None:
-            return self._fast_generate(input_ids, attention_mask, seed, greedy)
+            out = self._fast_generate(input_ids, attention_mask, seed, greedy)
+            self._logprobs = self.fast.last_logprobs.cpu()
+            return out
         draw = [] if greedy else [OwnDraw(r.temperature, r.top_p, torch.Generator(self.device).manual_seed(seed))]
-        return self._transformers_generate(input_ids, attention_mask, draw, r.max_new_tokens if r.fixed_length else 0)
+        out = self._transformers_generate(input_ids, attention_mask, draw, r.max_new_tokens if r.fixed_length else 0)
+        if draw:  # generate draws for the rows that have ended too: theirs are left out
+            steps = torch.stack(draw[0].logprobs, dim=1).cpu() if draw[0].logprobs else torch.zeros(len(out), 0)
+            ended = response_mask(out.cpu(), None if r.fixed_length else self.tok.eos_token_id)
+            self._logprobs = F.pad(steps, (0, out.shape[1] - steps.shape[1])) * ended
+        return out
+
+    def rollout_logprobs(self) -> torch.Tensor | None:
+        """[B, R] float32 (CPU): the last `generate`'s log-prob of each drawn token under the distribution it was
+        drawn from (`kuberl.rollout.sampling.rollout_logprobs`); None after a greedy transformers generate."""
+        return self._logprobs
 
     @torch.no_grad()
     def greedy_answers(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -151,9 +168,14 @@ class OwnDraw(LogitsProcessor):
         self.warpers = ([TemperatureLogitsWarper(temperature)] if temperature != 1.0 else []) + \
             ([TopPLogitsWarper(top_p)] if top_p < 1.0 else [])
         self.generator = generator
+        self.temperature = temperature
+        self.logprobs: list[torch.Tensor] = []  # [B] per step: the drawn token's rollout log-prob
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        raw = scores
         for warp in self.warpers:
             scores = warp(input_ids, scores)
         token = torch.multinomial(torch.softmax(scores, dim=-1), 1, generator=self.generator)  # [B, 1]
+        # generate's own processors ran before this one: a min_new_tokens EOS ban is in `raw` already
+        self.logprobs.append(rollout_logprobs(raw, token[:, 0], self.temperature))
         return torch.full_like(scores, -math.inf).scatter_(1, token, 0.0)

@@ -141,6 +141,17 @@ def sample_scalars(logits: torch.Tensor, greedy: bool, temperature: float, top_p
     return _nucleus(lv, x, score, top_p, nucleus_rounds(top_p))
 
 
+def rollout_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: float,
+                     suppressed: int | None = None) -> torch.Tensor:
+    """The rollout log-probs of drawn `tokens` [B] under logits [B, V]: log-softmax of logits / temperature over
+    the vocabulary, `suppressed` (a never-drawn EOS) left out, before top-p (float32, [B]). What the trainer
+    computes for the same token, less a suppressed EOS's mass: their gap is the engine/trainer mismatch."""
+    x = logits.float() / temperature
+    if suppressed is not None:
+        x = _without(x, suppressed)
+    return x.gather(-1, tokens[:, None]).squeeze(-1) - torch.logsumexp(x, dim=-1)
+
+
 def _without(x: torch.Tensor, column: int) -> torch.Tensor:
     """x [B, V] with `column` set to -inf: never drawn."""
     return torch.where(torch.arange(x.shape[-1], device=x.device) == column, float("-inf"), x)

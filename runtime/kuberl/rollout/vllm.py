@@ -133,6 +133,7 @@ class VLLMRollout:
         self.sender = StagedSender(self.llm.collective_rpc, self.device, getattr(torch, spec.model.dtype),
                                    self.in_process, expected, SYNC_BUCKET_BYTES)
         self._asleep = False
+        self._logprobs: torch.Tensor | None = None
         self.last_sync: dict[str, float] = {}
         self.last_cached_tokens = 0
 
@@ -170,6 +171,7 @@ class VLLMRollout:
             stop_token_ids=None if fixed or self.tok.eos_token_id is None else [self.tok.eos_token_id],
             seed=seed,
             detokenize=False,
+            logprobs=0,  # the drawn token's own log-prob (vLLM's default mode: of the raw logits, temperature 1)
         )
 
     def sleep(self) -> None:
@@ -218,11 +220,19 @@ class VLLMRollout:
         outputs = self.llm.generate(prompts, params, use_tqdm=False)
         self.last_cached_tokens = sum(o.num_cached_tokens or 0 for o in outputs)  # prefix-cache hits (prompt tokens)
         responses = torch.full((len(prompts), R), pad, dtype=torch.long)
+        self._logprobs = torch.zeros(len(prompts), R)
         for i, out in enumerate(outputs):
             tokens = list(out.outputs[0].token_ids)[:R]
             if tokens:
                 responses[i, : len(tokens)] = torch.tensor(tokens, dtype=torch.long)
+            for t, (token, choices) in enumerate(zip(tokens, out.outputs[0].logprobs or [])):
+                self._logprobs[i, t] = choices[token].logprob
         return responses
+
+    def rollout_logprobs(self) -> torch.Tensor | None:
+        """vLLM's log-prob of each drawn token in the last `_decode` ([B, R], 0 past the response); vLLM reports
+        them for the raw logits (temperature 1), so at another temperature they differ from the trainer's by it."""
+        return self._logprobs
 
     def close(self) -> None:
         """Stop the engine (its process, its GPU memory) and drop the staging buffer."""

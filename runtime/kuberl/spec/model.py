@@ -176,6 +176,11 @@ class AlgorithmSpec(Section):
         None, json_schema_extra=name_or_path_schema(ADVANTAGE_ESTIMATOR_NAMES),
         description="gae (ppo's default), grpo (grpo's default), drgrpo (grpo without the std division: Dr. "
                     "GRPO), rloo, reinforce++ (reinforce's default), or package.module:function.")
+    tis: Literal["auto", "on", "off"] = Field(
+        "auto", description="Truncated importance sampling (Yao et al. 2025): each token of the policy loss weighted "
+                            "by min(exp(old log-prob - the rollout engine's), tisCap), correcting the engine/trainer "
+                            "mismatch. auto: on with rollout.asynchronous.")
+    tis_cap: float = Field(2.0, ge=1, le=1000, description="The truncated importance weight's cap.")
     dynamic_sampling: DynamicSamplingSpec | None = Field(
         None, description="Keep only groups whose rewards differ, refilling the batch (DAPO); needs groupSize >= 2. "
                           "Off by default.")
@@ -729,6 +734,11 @@ class JobSpec(Section):
         return self.resilience.standby if own is None else own
 
     @property
+    def tis_enabled(self) -> bool:
+        """Whether the policy loss is corrected by truncated importance sampling (spec.algorithm.tis)."""
+        return self.algorithm.tis == "on" or (self.algorithm.tis == "auto" and self.rollout.asynchronous)
+
+    @property
     def samples_per_prompt(self) -> int:
         if self.rollout.n is not None:
             return self.rollout.n
@@ -858,6 +868,9 @@ def _algorithm_problems(spec: JobSpec) -> list[Problem]:
     if algo.dynamic_sampling is not None and spec.rollout.asynchronous:
         out.append(("algorithm.dynamicSampling", "is not supported with rollout.asynchronous (a refill would mix "
                                                  "the batch's staleness)", "remove one of the two"))
+    if spec.tis_enabled and spec.rollout.engine == "vllm" and spec.rollout.temperature != 1.0:
+        out.append(("algorithm.tis", "needs rollout.temperature 1 with engine vllm (vLLM's log-probs are the raw "
+                                     "logits', at temperature 1)", "set spec.algorithm.tis: off, or temperature 1"))
     overlong, limit = spec.reward.overlong, spec.rollout.max_new_tokens
     if overlong is not None and overlong.buffer >= limit:
         out.append(("reward.overlong.buffer", f"must be below rollout.maxNewTokens ({limit})",

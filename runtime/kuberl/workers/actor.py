@@ -45,7 +45,8 @@ class ActorWorker(Worker):
     @torch.no_grad()
     def generate(self, batch: Batch, seed: int, greedy: bool = False) -> Batch:
         """Prompts -> responses, masks and old log-probs. Adds: responses [B,R], response_mask [B,R],
-        input_ids/attention_mask [B,P+R], old_logprobs [B,R]; meta gen_seconds. `greedy`: the most
+        input_ids/attention_mask [B,P+R], old_logprobs [B,R], the engine's own rollout_logprobs [B,R] where it
+        gives them (`RolloutEngine.rollout_logprobs`, 0 past a response's end); meta gen_seconds. `greedy`: the most
         likely token at every step instead of sampling (e.g. ReMax's baseline).
 
         The old log-probs are the behaviour policy's: the trained model's, which the engine holds too
@@ -59,6 +60,10 @@ class ActorWorker(Worker):
         gen_s = time.perf_counter() - t0
         eos = None if self.spec.rollout.fixed_length else self.tokenizer.eos_token_id
         out = response_batch(prompts, pmask, responses, eos)
+        engine_logprobs = self.engine.rollout_logprobs()
+        if engine_logprobs is not None:
+            # masked again: where vLLM ends a response (a stop token kept or not) is its own
+            out.tensors["rollout_logprobs"] = engine_logprobs.to(self.device) * out["response_mask"]
         behaviour = self.engine.behaviour_model() if self.spec.rollout.asynchronous else self.trainer.model
         out.tensors["old_logprobs"] = self._logprobs(out, behaviour)
         return Batch({k: v.cpu() for k, v in out.tensors.items()}, {"gen_seconds": [gen_s] * len(out)})
@@ -102,6 +107,7 @@ class ActorWorker(Worker):
         policy_loss = algos.POLICY_LOSSES.get(algo.policy_loss)
         kl_coef = batch.meta.get("kl_coef", [0.0])[0]
         token_mean = algo.loss_aggregation == "token-mean"  # the weights are the mask's, scaled
+        tis = spec.tis_enabled and "rollout_logprobs" in batch.tensors  # the policy loss's weights times TIS's
 
         def loss_fn(mb: Batch):
             # every term aggregated alike, under the trainer's weights (the policy loss gets them as its mask: a
@@ -109,9 +115,10 @@ class ActorWorker(Worker):
             mask, n, w = mb["response_mask"], mb["response_mask"].sum(), mb["loss_weight"]
             logp, ent = self._logprobs_of(mb, with_entropy=True, entropy_grad=algo.entropy_coef > 0)
             pg, info = policy_loss(logp, mb["old_logprobs"], mb["advantages"], mask, algo)
-            agg = pg if token_mean else policy_loss(logp, mb["old_logprobs"], mb["advantages"], w, algo)[0]
+            pw = w * algos.tis_weights(mb["old_logprobs"], mb["rollout_logprobs"], algo.tis_cap) if tis else w
+            agg = pg if token_mean and not tis else policy_loss(logp, mb["old_logprobs"], mb["advantages"], pw, algo)[0]
             ent_sum = algos.masked_sum(ent, mask)
-            loss = agg * w.sum() - algo.entropy_coef * algos.masked_sum(ent, w)
+            loss = agg * pw.sum() - algo.entropy_coef * algos.masked_sum(ent, w)
             stats = {"pg_loss": pg.detach() * n, "clip_frac": info["clip_frac"] * n,
                      "approx_kl": info["approx_kl"] * n, "entropy": ent_sum.detach()}
             if not algo.kl_in_reward and kl_coef > 0 and "ref_logprobs" in mb.tensors:
