@@ -3,6 +3,8 @@ or take it away (delete the pod, delete its node)."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
+
 from localkube.api import NODES, PODS, Api
 
 # how -> the annotations that kwok's stages act on
@@ -14,10 +16,16 @@ EXITS = {
 HOWS = (*EXITS, "deleted", "node-deleted")
 
 
-def exit_with(api: Api, pod: str, code: int, reason: str | None = None) -> None:
-    """The pod's containers terminate with ``code`` (0: phase Succeeded, else Failed)."""
+def long_ago() -> dict[str, str]:
+    """With an exit or an eviction: the pod ended an hour ago, as kwok then reports it. A Job's controller retries
+    such a pod at once: its pod failure backoff (10 s, doubling with each failure) is over."""
+    return {"kwok.kuberl.io/finished-at": (datetime.now(UTC) - timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M:%SZ")}
+
+
+def exit_with(api: Api, pod: str, code: int, reason: str | None = None, ended: dict[str, str] | None = None) -> None:
+    """The pod's containers terminate with ``code`` (0: phase Succeeded, else Failed); ``ended``: `long_ago()`."""
     annotations = {"kwok.kuberl.io/exit-code": str(code)} | ({"kwok.kuberl.io/reason": reason} if reason else {})
-    api.patch(PODS, pod, {"metadata": {"annotations": annotations}})
+    api.patch(PODS, pod, {"metadata": {"annotations": annotations | (ended or {})}})
 
 
 def fail_pod(api: Api, pod: str, how: str) -> None:

@@ -12,7 +12,7 @@ from localkube.stack import Cluster
 
 from kuberl.spec.contract import ExitCode
 
-from .faults import EXITS, exit_with
+from .faults import EXITS, exit_with, long_ago
 from .jobs import condition, describe, manifest, pods_of, status
 from .local_driver import driver_env, start_driver
 from .operator_process import OperatorProcess
@@ -65,11 +65,12 @@ def test_exit_4_and_eviction_are_retried_within_the_backoff_limit(
     ns: Api, operator: OperatorProcess, job_name: str
 ) -> None:
     """Fact: exit 4 (no capacity in time) is retried and counts against backoffLimit (2); an evicted
-    driver (DisruptionTarget) is retried without counting."""
+    driver (DisruptionTarget) is retried without counting. Each pod ended an hour ago, as kwok reports it: the Job's
+    controller retries it without sitting out its pod failure backoff (10, 20, 40 s)."""
     ns.create(RLTJ, manifest(job_name))
     ctx = lambda: describe(ns, job_name) + operator.tail(30)  # noqa: E731
     first = running_driver(ns, job_name, ctx)
-    ns.patch(PODS, first, {"metadata": {"annotations": EXITS["evicted"]}})
+    ns.patch(PODS, first, {"metadata": {"annotations": EXITS["evicted"] | long_ago()}})
     second = wait_for(
         lambda: (
             (p := [x for x in driver_pods(ns, job_name, "Running") if x["metadata"]["name"] != first])
@@ -83,7 +84,8 @@ def test_exit_4_and_eviction_are_retried_within_the_backoff_limit(
     assert job.get("failed", 0) == 0 and not job_condition(ns, job_name, "Failed")  # the Ignore rule: not counted
     seen = {first, second}
     for attempt in range(3):  # backoffLimit 2: the third counted failure ends the Job
-        exit_with(ns, sorted(p["metadata"]["name"] for p in driver_pods(ns, job_name, "Running"))[0], 4)
+        running = sorted(p["metadata"]["name"] for p in driver_pods(ns, job_name, "Running"))
+        exit_with(ns, running[0], 4, ended=long_ago())
         if attempt < 2:
             nxt = wait_for(
                 lambda: (
@@ -109,7 +111,7 @@ def test_exit_6_is_retried_without_counting(ns: Api, operator: OperatorProcess, 
     ns.create(RLTJ, manifest(job_name))
     ctx = lambda: describe(ns, job_name) + operator.tail(30)  # noqa: E731
     first = running_driver(ns, job_name, ctx)
-    exit_with(ns, first, ExitCode.RAY_LOST)
+    exit_with(ns, first, ExitCode.RAY_LOST, ended=long_ago())
     wait_for(lambda: [x for x in driver_pods(ns, job_name, "Running") if x["metadata"]["name"] != first], 60,
              "a new driver pod after exit 6", ctx)
     job = ns.get(JOBS, f"{job_name}-driver")["status"]
