@@ -275,6 +275,9 @@ def test_gspo_clips_whole_sequences_on_their_geometric_mean_ratio():
     adv = T([[1.0, 1.0, 1.0], [-2.0, -2.0, -2.0]])
     ratio, _ = algos.sequence_ratio(logp, old, mask)
     close(ratio[:, :2], [[math.sqrt(2.0)] * 2, [1.1, 1.1]])
+    # weights in the mask (a loss aggregation, TIS) weigh the loss, not the geometric mean
+    weighted, _ = algos.sequence_ratio(logp, old, mask * T([[0.3, 2.0, 0.0], [1.0, 0.1, 0.0]]))
+    close(weighted, ratio)
     loss, m = algos.POLICY_LOSSES.get("gspo")(logp, old, adv, mask, algo)
     # token terms: row 0 max(-1.414, -1.2) = -1.2 (x2); row 1 max(2.2, 2.2) = 2.2 (x2) -> (-2.4 + 4.4) / 4 = 0.5
     close(loss, 0.5)

@@ -13,7 +13,9 @@ from kuberl.spec.model import POLICY_LOSS_NAMES, AlgorithmSpec
 from .kl import LOG_RATIO_CLAMP
 from .stats import masked_mean
 
-# (logprobs, old_logprobs, advantages, mask, algorithm spec) -> (loss scalar, {metric: detached scalar})
+# (logprobs, old_logprobs, advantages, mask, algorithm spec) -> (loss scalar, {metric: detached scalar}). The mask is
+# 0/1, or, under a lossAggregation other than token-mean or with TIS, each response token's weight (> 0): the loss
+# is then the weighted mean, as `masked_mean(x, mask)` computes it (the actor multiplies it by the weights' sum).
 PolicyLoss = Callable[[Tensor, Tensor, Tensor, Tensor, AlgorithmSpec], tuple[Tensor, dict[str, Tensor]]]
 POLICY_LOSSES: Registry[PolicyLoss] = Registry("policy loss", "spec.algorithm.policyLoss", POLICY_LOSS_NAMES)
 
@@ -72,7 +74,7 @@ def sequence_ratio(logprobs: Tensor, behaviour_logprobs: Tensor, mask: Tensor) -
     each token's value is s_b and its gradient ``s_b * grad log p_t`` (sg: stop-gradient). Inputs [B, T];
     returns ``(ratio [B, T], token log-ratio [B, T])``, the log-ratios clamped as in `importance_ratio`."""
     _, log_ratio = importance_ratio(logprobs, behaviour_logprobs)
-    seq = masked_mean(log_ratio, mask, dim=-1)                                 # [B]
+    seq = masked_mean(log_ratio, mask != 0, dim=-1)  # [B]; a weighted mask (aggregation, TIS) weighs no token here
     log_s = (logprobs - logprobs.detach() + seq.detach()[:, None]).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     return torch.exp(log_s), log_ratio
 

@@ -239,6 +239,10 @@ class Driver:
             self._score(phases, part)
             parts.append(part)
         out, kept = dynamic_sampling.assemble(parts, want, size, self.prompts.tokenizer.pad_token_id)
+        # the rounds ran one after another: generation took all of them, and made every part's tokens
+        gen_s = sum(max(p.meta["gen_seconds"]) for p in parts if p.meta.get("gen_seconds"))
+        made = sum(float(p["response_mask"].sum()) for p in parts)
+        out.meta.update(gen_seconds=[gen_s] * len(out), generated_tokens=[made] * len(out))
         return out, {"dynamic_sampling_rounds": float(len(parts)), "groups_informative_ratio": kept / want}
 
     def _update(self, phases: Phases, batch: Batch, t_step: float) -> dict[str, float]:
@@ -365,7 +369,7 @@ class Driver:
             stats=stats,
             phases=times,
             weight_sync_worker_s=sync_s,
-            rollout_tokens_per_s=resp_tokens / gen_s if gen_s > 0 else 0.0,
+            rollout_tokens_per_s=batch.meta.get("generated_tokens", [resp_tokens])[0] / gen_s if gen_s > 0 else 0.0,
             train_tokens_per_s=train_tokens / upd if upd > 0 else 0.0,
             mfu=mfu(self.n_params, train_tokens, upd, self.peak_flops, self.roles.actor.world_size),
             mfu_peak_tflops=self.peak_flops / 1e12,

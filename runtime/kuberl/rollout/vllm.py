@@ -225,14 +225,15 @@ class VLLMRollout:
             tokens = list(out.outputs[0].token_ids)[:R]
             if tokens:
                 responses[i, : len(tokens)] = torch.tensor(tokens, dtype=torch.long)
-            for t, (token, choices) in enumerate(zip(tokens, out.outputs[0].logprobs or [])):
-                self._logprobs[i, t] = choices[token].logprob
+            drawn = [choices[token].logprob for token, choices in zip(tokens, out.outputs[0].logprobs or [])]
+            self._logprobs[i, : len(drawn)] = torch.tensor(drawn)
         return responses
 
     def rollout_logprobs(self) -> torch.Tensor | None:
-        """vLLM's log-prob of each drawn token in the last `_decode` ([B, R], 0 past the response); vLLM reports
-        them for the raw logits (temperature 1), so at another temperature they differ from the trainer's by it."""
-        return self._logprobs
+        """vLLM's log-prob of each drawn token in the last `_decode` ([B, R], 0 past the response). vLLM reports
+        them for the raw logits (temperature 1): at another temperature they would not compare with the
+        trainer's, so there are none."""
+        return self._logprobs if self.spec.rollout.temperature == 1.0 else None
 
     def close(self) -> None:
         """Stop the engine (its process, its GPU memory) and drop the staging buffer."""

@@ -865,6 +865,10 @@ def _algorithm_problems(spec: JobSpec) -> list[Problem]:
     if algo.dynamic_sampling is not None and spec.samples_per_prompt < 2:
         out.append(("algorithm.dynamicSampling", "needs several responses per prompt to compare",
                     "set spec.algorithm.groupSize (ppo: spec.rollout.n) to 2 or more, or remove dynamicSampling"))
+    if algo.dynamic_sampling is not None and spec.rollout.engine == "vllm" and spec.rollout.sleep_mode:
+        out.append(("algorithm.dynamicSampling", "needs rollout.sleepMode false with engine vllm (a refill "
+                                                 "generates again before the weight sync that wakes the engine)",
+                    "set spec.rollout.sleepMode: false, or remove dynamicSampling"))
     if algo.dynamic_sampling is not None and spec.rollout.asynchronous:
         out.append(("algorithm.dynamicSampling", "is not supported with rollout.asynchronous (a refill would mix "
                                                  "the batch's staleness)", "remove one of the two"))
@@ -872,6 +876,9 @@ def _algorithm_problems(spec: JobSpec) -> list[Problem]:
         out.append(("algorithm.tis", "needs rollout.temperature 1 with engine vllm (vLLM's log-probs are the raw "
                                      "logits', at temperature 1)", "set spec.algorithm.tis: off, or temperature 1"))
     overlong, limit = spec.reward.overlong, spec.rollout.max_new_tokens
+    if overlong is not None and spec.rollout.fixed_length:
+        out.append(("reward.overlong", "penalises every response of rollout.fixedLength alike (each is maxNewTokens "
+                                       "long)", "remove spec.reward.overlong, or rollout.fixedLength"))
     if overlong is not None and overlong.buffer >= limit:
         out.append(("reward.overlong.buffer", f"must be below rollout.maxNewTokens ({limit})",
                     f"set spec.reward.overlong.buffer to a part of it, e.g. {max(1, limit // 4)}"))
