@@ -204,3 +204,26 @@ def test_run_preflight_errors_name_the_field(netns, tmp_path, change, field):
     assert proc.returncode == 1
     assert proc.stderr.startswith(f"error: {field}: ") and "fix:" in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "out").exists()  # nothing half-created
+
+
+def test_a_checkpoint_of_a_step_is_void_while_a_role_holds_a_later_update(netns, tmp_path):
+    """A checkpoint of completed step s holds step s's state. When the actor has already applied step s+1's update
+    (the step not yet counted: a role's restart budget spent after the update, and the driver's final checkpoint),
+    a checkpoint named s would resume into that update applied a second time: it is void instead, never complete."""
+    from kuberl.resilience import checkpoint
+
+    from .test_offload import train_batch
+
+    spec = load_example("quickstart.yaml", **{"trainer.steps": 3, "trainer.checkpoint.interval": 100}).spec
+    driver = Driver(spec, "void", tmp_path, lambda role: LocalWorkerGroup(role, spec, "cpu"), progress=False)
+    driver.start()
+    try:
+        driver.train_step()
+        assert driver.step == 1
+        keys = ("input_ids", "attention_mask", "responses", "response_mask", "old_logprobs", "advantages")
+        driver.roles.actor.update(train_batch(spec, driver.roles.actor).select(*keys), step=driver.step)
+        driver.save_checkpoint()
+        driver.roles.commit()
+        assert checkpoint.latest(driver.ckpt_root) is None
+    finally:
+        driver.shutdown()

@@ -272,8 +272,10 @@ class Roles:
         """Start saving the stateful roles' state for completed step `step` (written in the background);
         returns the step's folder. `commit` (at the end of the next step, or called) marks it complete,
         writing `state` (the program's own: data position, ...) as its state file, once every role's part
-        is whole. A role that no longer holds step `step`'s state (restored from older state after a
-        failure) makes the checkpoint void: it is removed, never marked complete."""
+        is whole. A role that does not hold step `step`'s state makes the checkpoint void: it is removed, never
+        marked complete. That is a role restored from older state after a failure, or one already past the step
+        (the next step's update applied, the step not yet counted: a resume from it would apply that update
+        twice)."""
         self.saved.begin_save(step)  # a failure from here on is recorded in this checkpoint's phase and step
         self.commit(snapshots=False)  # the previous one first: one checkpoint in flight
         d = checkpoint.fresh_step_dir(self.saved.root(), step)
@@ -281,7 +283,7 @@ class Roles:
         with self.phase("checkpoint"):
             for role in self._stateful():
                 held = self.proxies[role].save(str(d / role))
-                if held != committed[role]:
+                if held != committed[role] or held != step:
                     stale.append(f"{role} holds step {held}")
         if stale:
             self.commit(snapshots=False)  # the writes end before the folder goes
