@@ -12,7 +12,9 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from kuberl.spec import RLTrainingJob
+from pydantic import ValidationError
+
+from kuberl.spec import JobSpec, RLTrainingJob
 
 APPLIED_SPEC = "kuberl.io/applied-spec"
 LIVE = frozenset({"spec.suspend"})  # applied by the operator at once; everything else waits for a resume
@@ -44,8 +46,17 @@ def changed_fields(old: Any, new: Any, path: str = "spec") -> list[str]:
     return [] if old == new else [path]
 
 
+def with_current_defaults(applied: Mapping[str, Any]) -> dict[str, Any]:
+    """An applied spec with the defaults of this operator's spec model filled in: a field added since an older
+    operator wrote the annotation is the same default in both, not a change. As written when this model refuses it."""
+    try:
+        return JobSpec.model_validate(dict(applied)).model_dump(mode="json", by_alias=True, exclude_none=True)
+    except ValidationError:
+        return dict(applied)
+
+
 def unapplied_changes(applied: Mapping[str, Any] | None, job: RLTrainingJob) -> list[str]:
     """Fields changed since the runtime was built that it does not have yet (none when unknown)."""
     if applied is None:
         return []
-    return [f for f in changed_fields(dict(applied), spec_json(job)) if f not in LIVE]
+    return [f for f in changed_fields(with_current_defaults(applied), spec_json(job)) if f not in LIVE]

@@ -32,6 +32,15 @@ def test_the_raycluster_carries_the_spec_it_was_built_from(validator) -> None:
     assert changed_fields({"a": [1], "b": {"c": 1}}, {"a": [2], "b": {}}) == ["spec.a", "spec.b.c"]
 
 
+def test_a_field_added_by_an_operator_upgrade_is_no_pending_change() -> None:
+    """A RayCluster built by an older operator has no annotation entry for a field added since (its default): the
+    running job shows no pending change for it, while a real change still shows."""
+    older = applied_spec(builders.ray_cluster(job(), OPTS))
+    del older["trainer"]["packing"]  # added in the newer operator, with its default
+    assert unapplied_changes(older, job()) == []
+    assert unapplied_changes(older, job(trainer={"microBatchSize": 1, "packing": True})) == ["spec.trainer.packing"]
+
+
 def test_status_lists_pending_changes_until_the_runtime_has_them(validator) -> None:
     pods = tuple(PodView(f"{r}0", f"u-{r}", r, "rc", True, None, False) for r in ("actor", "critic", "ref", "reward"))
     built = applied_spec(builders.ray_cluster(job(), OPTS))
