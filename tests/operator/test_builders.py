@@ -79,6 +79,7 @@ def test_worker_group_settings() -> None:
     assert container["resources"]["requests"] == {"cpu": "16", "memory": "64Gi", "nvidia.com/gpu": 4,
                                                   "ephemeral-storage": "1Gi"}  # Guaranteed: cpu, memory
     assert pod["restartPolicy"] == "Never"
+    assert pod["terminationGracePeriodSeconds"] == 5  # nothing to finish: its state is in the per-step snapshots
     assert pod["tolerations"][0]["key"] == "nvidia.com/gpu"
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert container["securityContext"]["allowPrivilegeEscalation"] is False
