@@ -6,18 +6,17 @@ from __future__ import annotations
 
 import urllib.request
 
-import pytest
 import torch
 
 from kuberl.controller.driver import Driver
 from kuberl.metrics import read_jsonl
 from kuberl.resilience import checkpoint
 from kuberl.run import run_job
-from kuberl.workers.groups import LocalWorkerGroup, RayWorkerGroup
+from kuberl.workers.groups import RayWorkerGroup
 
 from .conftest import load_example
 from .probes import PROBED, Probes
-from .test_runtime import run_local
+from .test_runtime import Stop, run_local
 
 COMPARED = ("reward_mean", "kl", "pg_loss", "vf_loss", "entropy", "clip_frac", "actor_grad_norm", "value_mean")
 
@@ -109,10 +108,6 @@ class PromptLog(Driver):
             raise Stop
 
 
-class Stop(Exception):
-    """The driver stopped between two steps (what a kill there leaves behind: see the test)."""
-
-
 def test_asynchronous_resume_redraws_the_early_rollouts_prompts(netns, tmp_path):
     """An async run stopped after step 3 (step 2's checkpoint committed, step 4's prompts already drawn for the
     rollout sent ahead) and resumed: the checkpoint holds the data position before step 3's prompts, so the
@@ -123,14 +118,7 @@ def test_asynchronous_resume_redraws_the_early_rollouts_prompts(netns, tmp_path)
                                               "trainer.checkpoint.interval": 2,
                                               "trainer.metrics.prometheusPort": 0}).spec
     whole = run_local(spec, tmp_path / "whole", driver_cls=PromptLog)
-    stopped = PromptLog(spec, "local", tmp_path / "split", lambda r: LocalWorkerGroup(r, spec, "cpu"), progress=False,
-                        stop_after=3)
-    stopped.start()
-    try:
-        with pytest.raises(Stop):
-            stopped.run()
-    finally:
-        stopped.shutdown()
+    stopped = run_local(spec, tmp_path / "split", PromptLog, stops=True, stop_after=3)
     assert checkpoint.latest(tmp_path / "split" / "checkpoints") == 2
     resumed = run_local(spec, tmp_path / "split", driver_cls=PromptLog)
 

@@ -104,11 +104,20 @@ def test_two_fsdp_ranks_match_one(ray_session, aggregation):
         g2.shutdown()
 
 
-def run_local(spec: JobSpec, out: Path, driver_cls: type[Driver] = Driver, **kw) -> Driver:
+class Stop(Exception):
+    """The driver stopped between two steps (what a kill there leaves behind)."""
+
+
+def run_local(spec: JobSpec, out: Path, driver_cls: type[Driver] = Driver, stops: bool = False, **kw) -> Driver:
+    """Run `driver_cls` in-process to the end, or with `stops` until it raises Stop (a driver that stops itself)."""
     driver = driver_cls(spec, "local", out, lambda role: LocalWorkerGroup(role, spec, "cpu"), progress=False, **kw)
     driver.start()
     try:
-        driver.run()
+        if stops:
+            with pytest.raises(Stop):
+                driver.run()
+        else:
+            driver.run()
     finally:
         driver.shutdown()
     return driver
