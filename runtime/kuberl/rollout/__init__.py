@@ -28,8 +28,9 @@ class RolloutEngine(Protocol):
         sampled, or with `greedy` the most likely token at each step."""
 
     def rollout_logprobs(self) -> torch.Tensor | None:
-        """[B, R] float32 (CPU): the last `generate`'s log-prob of each drawn token as the engine drew it (0 past
-        a response's end), the engine's side of the engine/trainer mismatch; None where it has none."""
+        """[B, R] float32 (on the engine's device or the CPU): the last `generate`'s log-prob of each drawn token
+        as the engine drew it (0 past a response's end), the engine's side of the engine/trainer mismatch; None
+        where it has none."""
 
     def greedy_answers(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """Held-out evaluation: prompts [B, P] (left-padded) -> responses [B, R] (right-padded with pad), the

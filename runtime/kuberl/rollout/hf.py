@@ -91,7 +91,7 @@ class HFRollout:
         self._logprobs = None
         if self.fast is not None:
             out = self._fast_generate(input_ids, attention_mask, seed, greedy)
-            self._logprobs = self.fast.last_logprobs.cpu()
+            self._logprobs = self.fast.last_logprobs  # on the device: the actor masks it there, no round trip
             return out
         draw = [] if greedy else [OwnDraw(r.temperature, r.top_p, torch.Generator(self.device).manual_seed(seed))]
         out = self._transformers_generate(input_ids, attention_mask, draw, r.max_new_tokens if r.fixed_length else 0)
@@ -102,8 +102,9 @@ class HFRollout:
         return out
 
     def rollout_logprobs(self) -> torch.Tensor | None:
-        """[B, R] float32 (CPU): the last `generate`'s log-prob of each drawn token under the distribution it was
-        drawn from (`kuberl.rollout.sampling.rollout_logprobs`); None after a greedy transformers generate."""
+        """[B, R] float32 (the fast path's on its device, else on the CPU): the last `generate`'s log-prob of each
+        drawn token under the distribution it was drawn from (`kuberl.rollout.sampling.rollout_logprobs`); None
+        after a greedy transformers generate."""
         return self._logprobs
 
     @torch.no_grad()
