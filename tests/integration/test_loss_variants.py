@@ -1,7 +1,8 @@
 """The loss variants of spec.algorithm (docs/user-guide.md, "Loss variants") learn the GRPO example on the CPU:
 DAPO (clip-higher, dynamic sampling, a token mean, the overlong penalty), Dr. GRPO (no std division, sums over a
 constant length), GSPO (sequence-level ratios, a mean of sequences) and truncated importance sampling of the
-engine/trainer mismatch, each on the in-process backend for the example's 80 steps."""
+engine/trainer mismatch, each on the in-process backend for the example's 80 steps; and the plain job with its
+sequences packed into micro-batches of at most 48 tokens (spec.trainer.maxTokensPerMicroBatch)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ VARIANTS = {
     "drgrpo": {"algorithm.advantageEstimator": "drgrpo", "algorithm.lossAggregation": "seq-mean-token-sum-norm"},
     "gspo": {"algorithm.policyLoss": "gspo", "algorithm.lossAggregation": "seq-mean-token-mean"},
     "tis": {"algorithm.tis": "on"},
+    "packed": {"trainer.maxTokensPerMicroBatch": 48},
 }
 
 

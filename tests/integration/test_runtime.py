@@ -68,14 +68,18 @@ def test_roles_run_in_separate_processes_and_placement_groups(ray_session, tmp_p
         driver.shutdown()
 
 
-@pytest.mark.parametrize("aggregation", ["token-mean", "seq-mean-token-mean"])
-def test_two_fsdp_ranks_match_one(ray_session, aggregation):
+@pytest.mark.parametrize(("aggregation", "budget"), [("token-mean", None), ("seq-mean-token-mean", None),
+                                                    ("token-mean", 40)])
+def test_two_fsdp_ranks_match_one(ray_session, aggregation, budget):
     """One actor update on 2 gloo ranks (FSDP2-sharded) equals the same update on 1 rank, under a token mean and
-    under a mean of sequences (the responses' lengths differ: each rank's count of sequences is not its tokens')."""
+    under a mean of sequences (the responses' lengths differ: each rank's count of sequences is not its tokens').
+    With a token budget the 2 ranks pack their sequences into micro-batches of at most 40 tokens (as many on each
+    rank, whatever their lengths), against 1 padded rank of 8-row micro-batches."""
     overrides = {"trainer.ppoEpochs": 1, "trainer.miniBatchSize": 16, "trainer.microBatchSize": 8, "data.batchSize": 16,
                  "algorithm.lossAggregation": aggregation}
     one = load_example("quickstart.yaml", **overrides).spec
-    two = load_example("quickstart.yaml", **overrides, **{"roles.actor.replicas": 2}).spec
+    packed = {"trainer.maxTokensPerMicroBatch": budget} if budget else {}
+    two = load_example("quickstart.yaml", **overrides, **packed, **{"roles.actor.replicas": 2}).spec
     g1, g2 = RayWorkerGroup("actor", one, worker_cls=ProbedActor), RayWorkerGroup("actor", two, worker_cls=ProbedActor)
     g1.start()
     g2.start()

@@ -238,3 +238,16 @@ def test_validate_of_remax_from_the_repository_root(monkeypatch: pytest.MonkeyPa
     monkeypatch.delitem(sys.modules, "examples.rule_engine", raising=False)
     assert main(["validate", "examples/remax.yaml"]) == 0, capsys.readouterr().err
     assert "valid RLTrainingJob 'remax'" in capsys.readouterr().out
+
+
+# -- packing -----------------------------------------------------------------------------------------
+
+
+def test_a_token_budget_below_one_sequence_is_refused_and_one_that_fits_packs() -> None:
+    trainer = {"steps": 8, "miniBatchSize": 4, "microBatchSize": 4}
+    line = one_error(manifest(trainer={**trainer, "maxTokensPerMicroBatch": 40}), "spec.trainer.maxTokensPerMicroBatch")
+    assert "data.maxPromptLength + rollout.maxNewTokens = 48" in line and "at least 48" in line
+    job = validate_manifest(manifest(trainer={**trainer, "maxTokensPerMicroBatch": 48}))
+    assert job.spec.trainer.packed and job.spec.trainer.max_tokens_per_micro_batch == 48
+    assert not validate_manifest(manifest()).spec.trainer.packed
+    assert validate_manifest(manifest(trainer={**trainer, "packing": True})).spec.trainer.packed

@@ -419,7 +419,17 @@ class TrainerSpec(Section):
     ppo_epochs: int = Field(1, ge=1, le=1000, description="Passes over each rollout batch.")
     mini_batch_size: int = Field(16, ge=1, le=MAX_SAMPLES, description="Samples per optimizer step.")
     micro_batch_size: int = Field(8, ge=1, le=MAX_SAMPLES,
-                                  description="Samples per forward/backward on one rank (gradient accumulation).")
+                                  description="Samples per forward/backward on one rank (gradient accumulation); "
+                                              "under maxTokensPerMicroBatch only the reward model's batches.")
+    packing: bool = Field(False, description="Pack each micro-batch's sequences into one row of real tokens, with "
+                                             "their own position ids and attention kept inside each (varlen): no pad "
+                                             "token in the ref's, the critic's or the updates' matmuls. On whenever "
+                                             "maxTokensPerMicroBatch is set.")
+    max_tokens_per_micro_batch: int | None = Field(
+        None, ge=1, le=MAX_TOKENS * 64,
+        description="Cut micro-batches by tokens instead of samples: each takes rows whose prompt + response tokens "
+                    "sum to at most this, always packed (whatever packing says). At least data.maxPromptLength + "
+                    "rollout.maxNewTokens.")
     actor_lr: float | None = Field(None, gt=0, description=_deprecated("spec.roles.actor.optim.lr"))
     critic_lr: float | None = Field(None, gt=0, description=_deprecated("spec.roles.critic.optim.lr"))
     weight_decay: float | None = Field(None, ge=0, description=_deprecated("spec.roles.actor.optim.weightDecay",
@@ -433,6 +443,11 @@ class TrainerSpec(Section):
                                   "which vLLM seeds).")
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     metrics: MetricsSpec = Field(default_factory=MetricsSpec)
+
+    @property
+    def packed(self) -> bool:
+        """Whether training roles pack their sequences (packing, or a token budget per micro-batch)."""
+        return self.packing or self.max_tokens_per_micro_batch is not None
 
 
 class Resources(Section):
@@ -924,6 +939,11 @@ def _batch_problems(spec: JobSpec) -> list[Problem]:
         out.append(("trainer.miniBatchSize",
                     f"must divide the samples per step ({n} = data.batchSize x samples per prompt)",
                     f"set spec.trainer.miniBatchSize to a divisor of {n}"))
+    budget, longest = tr.max_tokens_per_micro_batch, spec.data.max_prompt_length + spec.rollout.max_new_tokens
+    if budget is not None and budget < longest:
+        out.append(("trainer.maxTokensPerMicroBatch",
+                    f"is {budget}, less than one sequence can be (data.maxPromptLength + rollout.maxNewTokens = "
+                    f"{longest})", f"set spec.trainer.maxTokensPerMicroBatch to at least {longest}"))
     for role in enabled_roles(spec):
         out += _rank_problems(spec, role)
     return out
@@ -939,11 +959,13 @@ def _rank_problems(spec: JobSpec, role: str) -> list[Problem]:
     if n % ranks:
         out.append((f"{at}.replicas", f"{what} must divide the samples per step ({n})",
                     f"choose replicas and gpus for {role} whose product divides {n}"))
-    if role in ("actor", "critic") and tr.mini_batch_size % (ranks * tr.micro_batch_size):
-        out.append(("trainer.miniBatchSize",
-                    f"must be a multiple of the {role}'s ranks x trainer.microBatchSize "
-                    f"({ranks} x {tr.micro_batch_size})",
-                    f"set spec.trainer.miniBatchSize to a multiple of {ranks * tr.micro_batch_size}"))
+    # under a token budget a rank's micro-batches are cut by tokens: its share of the mini-batch need only be whole
+    micro = 1 if tr.max_tokens_per_micro_batch is not None else tr.micro_batch_size
+    if role in ("actor", "critic") and tr.mini_batch_size % (ranks * micro):
+        of = (f"ranks x trainer.microBatchSize ({ranks} x {micro})" if tr.max_tokens_per_micro_batch is None
+              else f"ranks ({ranks})")
+        out.append(("trainer.miniBatchSize", f"must be a multiple of the {role}'s {of}",
+                    f"set spec.trainer.miniBatchSize to a multiple of {ranks * micro}"))
     return out
 
 

@@ -108,6 +108,14 @@ def all_reduce_sum(values: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def all_reduce_max(values: torch.Tensor) -> torch.Tensor:
+    """The elementwise maximum of a small tensor across the group (a no-op copy at world size 1)."""
+    out = values.clone()
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(out, op=dist.ReduceOp.MAX)
+    return out
+
+
 def pick_device(gpus: int, requested: str = "auto") -> torch.device:
     if requested == "cpu" or (requested == "auto" and (gpus == 0 or not torch.cuda.is_available())):
         return torch.device("cpu")

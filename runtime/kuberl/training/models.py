@@ -124,7 +124,7 @@ def load_causal_lm(src: ModelSource, dtype: torch.dtype = torch.float32, seed: i
 class ValueModel(nn.Module):
     """Critic: a transformer trunk plus a scalar head.
 
-    forward(input_ids [B,S], attention_mask [B,S]) -> values [B,S].
+    forward(input_ids [B,S], attention_mask [B,S] or None, position_ids [B,S], attention kwargs) -> values [B,S].
     """
 
     def __init__(self, trunk: nn.Module, hidden_size: int):
@@ -134,10 +134,12 @@ class ValueModel(nn.Module):
         nn.init.zeros_(self.head.weight)
         nn.init.zeros_(self.head.bias)
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+                position_ids: torch.Tensor | None = None, **attention: object) -> torch.Tensor:
         # use_cache=False: no KV cache in a full-sequence pass (HF would build a DynamicCache and copy
         # every layer's K/V into it; under torch.compile its per-layer state also forces recompiles)
-        hidden = self.trunk(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+        hidden = self.trunk(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                            use_cache=False, **attention).last_hidden_state
         return self.head(hidden).sum(-1).float()  # [B,S,1] -> [B,S]; a sum, not a view (FSDP hooks)
 
 

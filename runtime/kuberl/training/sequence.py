@@ -12,6 +12,7 @@ from torch import nn
 
 from kuberl.algos import entropy_from_logits, logprobs_from_logits
 from kuberl.training.kernels.lm_head import fusable, fused_head
+from kuberl.training.packing import pack
 
 SEQ_KEYS = ("input_ids", "attention_mask", "responses", "response_mask")
 """The Batch keys of a prompt+response sequence (the layout above): what every role's forward pass over a
@@ -34,7 +35,8 @@ def response_logits(model: nn.Module, input_ids: torch.Tensor, attention_mask: t
 def response_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                       responses: torch.Tensor, temperature: float = 1.0, chunk_size: int = 0,
                       with_entropy: bool = False, entropy_grad: bool = False,
-                      fused: bool | None = None, compile: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+                      fused: bool | None = None, compile: bool = False,
+                      response_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log pi(response token) [B, R] (float32), and optionally the entropy [B, R] (differentiable
     only when `entropy_grad`, i.e. when an entropy bonus is trained).
 
@@ -42,32 +44,56 @@ def response_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask:
     head, log-softmax and entropy run together in row chunks of `chunk_size` (`kernels.lm_head`): no
     [B, R, V] logits tensor is ever materialised, in any dtype; `compile` compiles its chunk math.
     Otherwise the logits are computed and `logprobs_from_logits` runs over them in chunks.
+
+    With `response_mask` [B, R] the rows are packed (`kuberl.training.packing`; the model must use its varlen
+    attention, `packing.use_varlen`): no pad token is computed, and only the trained response tokens are
+    predicted; log p and entropy are 0 where the mask is 0.
     """
     if fused is None:
         fused = chunk_size > 0
+    packed = pack(input_ids, attention_mask, response_mask) if response_mask is not None else None
     if fused and fusable(model):
         ent_grad = bool(with_entropy and entropy_grad and torch.is_grad_enabled())
-        logp, ent = fused_head(model)(input_ids, attention_mask, position_ids(attention_mask), responses, temperature,
-                                      chunk_size, with_entropy, ent_grad, compile).unbind(0)
+        head = fused_head(model)
+        if packed is None:
+            out = head(input_ids, attention_mask, position_ids(attention_mask), responses, temperature, chunk_size,
+                       with_entropy, ent_grad, compile)
+        else:
+            out = head(packed.input_ids, None, packed.position_ids, packed.labels, temperature, chunk_size,
+                       with_entropy, ent_grad, compile, packed.source, packed.attention_kwargs())
+        logp, ent = (packed.unpack(x) for x in out.unbind(0)) if packed is not None else out.unbind(0)
         if not with_entropy:
             return logp, None
         return logp, (ent if ent_grad else ent.detach())
-    logits = response_logits(model, input_ids, attention_mask, responses.shape[1])
+    if packed is None:
+        logits, labels = response_logits(model, input_ids, attention_mask, responses.shape[1]), responses
+    else:
+        logits = model(input_ids=packed.input_ids, position_ids=packed.position_ids, logits_to_keep=packed.source,
+                       use_cache=False, **packed.attention_kwargs()).logits[0]  # [M, V]
+        labels = packed.labels
     if temperature != 1.0:
         logits = logits / temperature
-    logp = logprobs_from_logits(logits, responses, chunk_size=chunk_size)
+    logp = logprobs_from_logits(logits, labels, chunk_size=chunk_size)
     ent = None
     if with_entropy:
         with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
             ent = entropy_from_logits(logits if entropy_grad else logits.detach())
+    if packed is not None:
+        logp, ent = packed.unpack(logp), (packed.unpack(ent) if ent is not None else None)
     return logp, ent
 
 
 def response_values(critic: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                    resp_len: int) -> torch.Tensor:
-    """Critic values of the state before each response token: [B, R] (float32)."""
-    values = critic(input_ids=input_ids, attention_mask=attention_mask)
-    return values[:, -resp_len - 1 : -1]
+                    resp_len: int, response_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Critic values of the state before each response token: [B, R] (float32). With `response_mask` [B, R] the
+    rows are packed (see `response_logprobs`) and the values are 0 where the mask is 0."""
+    if response_mask is None:
+        values = critic(input_ids=input_ids, attention_mask=attention_mask)
+        return values[:, -resp_len - 1 : -1]
+    packed = pack(input_ids, attention_mask, response_mask)
+    values = critic(input_ids=packed.input_ids, attention_mask=None, position_ids=packed.position_ids,
+                    **packed.attention_kwargs())  # [1, N]
+    return packed.unpack(values[0, packed.source])
 
 
 def response_mask(responses: torch.Tensor, eos_id: int | None) -> torch.Tensor:

@@ -21,6 +21,7 @@ from kuberl.training import dist as kdist
 from kuberl.training import lora
 from kuberl.training.kernels.optim import ShardedAdamW, clip_grad_norm_local
 from kuberl.training.kernels.options import KernelOptions
+from kuberl.training.micro import micro_rows
 
 if TYPE_CHECKING:
     from kuberl.workers.base import Worker
@@ -71,14 +72,15 @@ class FSDPTrainer:
                    grad_clip=tr.grad_clip, warmup_steps=optim.warmup_steps, betas=tuple(optim.betas),
                    kernels=worker.kernels, offload=rs.offload, lora_spec=rs.lora, head=head, seed=tr.seed)
 
-    def train_minibatch(self, mb: Batch, micro_size: int, loss_fn: LossFn,
-                        aggregation: str = "token-mean") -> dict[str, float]:
+    def train_minibatch(self, mb: Batch, micro_size: int, loss_fn: LossFn, aggregation: str = "token-mean",
+                        max_tokens: int | None = None) -> dict[str, float]:
         """One optimizer step over a mini-batch on this rank.
 
         The loss aggregates every valid token of the mini-batch *across all ranks* (`aggregation`: how, see
         `kuberl.algos.aggregation_weights`): each row gets its tokens' weights as "loss_weight" [B, T], a
         micro loss is its weighted sum, scaled by world_size since FSDP averages gradients over ranks, so 2
-        ranks give the same update as 1 rank on the whole mini-batch. Stats are token means.
+        ranks give the same update as 1 rank on the whole mini-batch. Stats are token means. Micro-batches take
+        `micro_size` rows, or with `max_tokens` rows of at most that many tokens (`kuberl.training.micro`).
         """
         mask = mb["response_mask"]
         tokens, sequences = kdist.all_reduce_sum(torch.stack([mask.sum().float(), (mask.sum(-1) > 0).sum().float()]))
@@ -86,8 +88,8 @@ class FSDPTrainer:
         mb.tensors["loss_weight"] = algos.aggregation_weights(mask, aggregation, tokens, sequences)
         world = kdist.dist.get_world_size()
         sums: dict[str, torch.Tensor] = {}
-        for micro in mb.minibatches(micro_size):
-            loss, stats = loss_fn(micro)
+        for rows in micro_rows(mb, micro_size, max_tokens):
+            loss, stats = loss_fn(mb.index(rows))
             (loss * world).backward()
             for k, v in stats.items():
                 sums[k] = sums.get(k, 0.0) + v.detach().float()
@@ -123,7 +125,8 @@ class FSDPTrainer:
         count = 0
         for _ in range(tr.ppo_epochs):
             for mb in batch.minibatches(mini, gen):
-                for k, v in self.train_minibatch(mb, tr.micro_batch_size, loss_fn, aggregation).items():
+                for k, v in self.train_minibatch(mb, tr.micro_batch_size, loss_fn, aggregation,
+                                                 tr.max_tokens_per_micro_batch).items():
                     sums[k] = sums.get(k, 0.0) + v
                 count += 1
         self.model.eval()

@@ -10,7 +10,9 @@ from kuberl import algos
 from kuberl.data.batch import Batch
 from kuberl.rollout import make_engine, response_batch
 from kuberl.training import lora
+from kuberl.training.micro import map_rows, micro_rows
 from kuberl.training.models import load_causal_lm
+from kuberl.training.packing import use_varlen
 from kuberl.training.sequence import response_logprobs
 from kuberl.training.trainer import FSDPTrainer
 from kuberl.workers.dispatch import Dispatch, register
@@ -24,6 +26,8 @@ class ActorWorker(Worker):
         policy = load_causal_lm(self.spec.model, seed=tr.seed)
         if self.spec.model.gradient_checkpointing:
             policy.gradient_checkpointing_enable()
+        if tr.packed:
+            use_varlen(policy)
         self.trainer = FSDPTrainer.for_role(self, policy)
         self.engine = make_engine(self.spec, self.device, self.dtype, self.tokenizer)
         self.sync_weights()
@@ -87,18 +91,23 @@ class ActorWorker(Worker):
 
     @torch.no_grad()
     def _logprobs(self, b: Batch, model: torch.nn.Module) -> torch.Tensor:
-        parts = []
-        for mb in b.minibatches(self.spec.trainer.micro_batch_size):
-            lp, _ = self._logprobs_of(mb, model=model)
-            parts.append(lp)
-        return torch.cat(parts)
+        """[B, R] under `model`, a micro-batch at a time. The engine's model (the behaviour policy of an asynchronous
+        rollout, running beside an update) is not sharded: its rows are cut by microBatchSize, with no collective
+        that could interleave with the update's, and run padded."""
+        trained = model is self.trainer.model
+        rows = self.micro_batches(b) if trained else micro_rows(b, self.spec.trainer.micro_batch_size)
+        return map_rows(b, rows, lambda mb: self._logprobs_of(mb, model=model)[0])
 
     def _logprobs_of(self, mb: Batch, with_entropy: bool = False, entropy_grad: bool = False,
                      model: torch.nn.Module | None = None):
-        k = self.kernels
-        return response_logprobs(model or self.trainer.model, mb["input_ids"], mb["attention_mask"], mb["responses"],
+        """Packed (spec.trainer.packed) on the trained model only: the engine's own model (the behaviour policy
+        of an asynchronous rollout) keeps its attention and takes the rows padded."""
+        k, model = self.kernels, model or self.trainer.model
+        packed = self.spec.trainer.packed and model is self.trainer.model
+        return response_logprobs(model, mb["input_ids"], mb["attention_mask"], mb["responses"],
                                  self.spec.rollout.temperature, chunk_size=k.chunk_rows, with_entropy=with_entropy,
-                                 entropy_grad=entropy_grad, fused=k.fused_head, compile=k.compile_head)
+                                 entropy_grad=entropy_grad, fused=k.fused_head, compile=k.compile_head,
+                                 response_mask=mb["response_mask"] if packed else None)
 
     @register(Dispatch.SPLIT, trains=True, repeatable=True)  # applied once per step (FSDPTrainer.fit)
     def update(self, batch: Batch, step: int) -> dict[str, float]:

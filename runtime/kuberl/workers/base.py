@@ -31,6 +31,7 @@ from kuberl.training import dist as kdist
 from kuberl.training import gcfreeze
 from kuberl.training.idle import Resident
 from kuberl.training.kernels import KernelOptions
+from kuberl.training.micro import micro_rows
 from kuberl.training.models import count_params, load_tokenizer
 from kuberl.training.trainer import FSDPTrainer
 from kuberl.workers.dispatch import Dispatch, method_info, register
@@ -75,6 +76,12 @@ class Worker:
         ray = _ray()
         node = ray.get_runtime_context().get_node_id() if ray is not None and ray.is_initialized() else ""
         return {"role": self.role, "rank": self.rank, "pid": os.getpid(), "node": node}
+
+    def micro_batches(self, batch: Batch) -> list[torch.Tensor]:
+        """This rank's micro-batches of `batch`, as row indices (spec.trainer's microBatchSize or
+        maxTokensPerMicroBatch; `kuberl.training.micro`)."""
+        tr = self.spec.trainer
+        return micro_rows(batch, tr.micro_batch_size, tr.max_tokens_per_micro_batch)
 
     @register(Dispatch.ALL, faults=False, control=True)
     def dump_stacks(self) -> dict[str, Any]:

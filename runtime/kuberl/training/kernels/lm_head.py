@@ -51,17 +51,19 @@ def _chunk_backward(logits: torch.Tensor, labels: torch.Tensor, lse: torch.Tenso
     return gx.to(logits.dtype)
 
 
-_compiled: dict[str, Callable] = {}  # the compiled chunk functions, built on first use
+_compiled: dict[bool, tuple[Callable, Callable]] = {}  # the compiled chunk functions (static, dynamic), on first use
 
 
-def _chunk_fns(compile: bool) -> tuple[Callable, Callable]:
-    """The chunk math, compiled by torch.compile (inductor fuses it) or eager."""
+def _chunk_fns(compile: bool, dynamic: bool = False) -> tuple[Callable, Callable]:
+    """The chunk math, compiled by torch.compile (inductor fuses it) or eager. `dynamic`: rows that vary from call to
+    call (packed sequences: each micro-batch predicts its own count of tokens) get kernels for any row count, where
+    static ones would recompile for each new count; padded batches keep their fixed shapes' static kernels."""
     if not compile:
         return _chunk_forward, _chunk_backward
-    if not _compiled:
-        _compiled["fwd"] = torch.compile(_chunk_forward, dynamic=False, fullgraph=True)
-        _compiled["bwd"] = torch.compile(_chunk_backward, dynamic=False, fullgraph=True)
-    return _compiled["fwd"], _compiled["bwd"]
+    if dynamic not in _compiled:
+        _compiled[dynamic] = (torch.compile(_chunk_forward, dynamic=dynamic, fullgraph=True),
+                              torch.compile(_chunk_backward, dynamic=dynamic, fullgraph=True))
+    return _compiled[dynamic]
 
 
 class _LinearLogprobs(torch.autograd.Function):
@@ -77,13 +79,13 @@ class _LinearLogprobs(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, hidden, weight, labels, temperature: float, chunk: int, with_entropy: bool, entropy_grad: bool,
-                compile: bool):
-        fwd, _ = _chunk_fns(compile)
+                compile: bool, dynamic: bool):
+        fwd, _ = _chunk_fns(compile, dynamic)
         parts = [fwd(F.linear(hidden[s : s + chunk], weight), labels[s : s + chunk], temperature, with_entropy)
                  for s in range(0, hidden.shape[0], chunk)]
         logp, lse, ent = (torch.cat(x) for x in zip(*parts))
         ctx.save_for_backward(hidden, weight, labels, lse, ent)
-        ctx.temperature, ctx.chunk, ctx.compile = temperature, chunk, compile
+        ctx.temperature, ctx.chunk, ctx.compile, ctx.dynamic = temperature, chunk, compile, dynamic
         ctx.with_entropy, ctx.entropy_grad = with_entropy, with_entropy and entropy_grad
         ctx.set_materialize_grads(False)
         logp_out, ent_out = logp.float(), ent.float()
@@ -97,10 +99,10 @@ class _LinearLogprobs(torch.autograd.Function):
         t, chunk = ctx.temperature, ctx.chunk
         use_ent = ctx.entropy_grad and g_ent is not None
         if g_logp is None and not use_ent:
-            return None, None, None, None, None, None, None, None
+            return None, None, None, None, None, None, None, None, None
         g_logp = torch.zeros_like(lse) if g_logp is None else g_logp.to(lse.dtype)
         g_ent = g_ent.to(lse.dtype) if use_ent else torch.zeros_like(lse)
-        _, bwd = _chunk_fns(ctx.compile)
+        _, bwd = _chunk_fns(ctx.compile, ctx.dynamic)
         n = hidden.shape[0]
         grad_h = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
         want_w = ctx.needs_input_grad[1]
@@ -120,7 +122,7 @@ class _LinearLogprobs(torch.autograd.Function):
                     acc = gw.to(lse.dtype) if acc is None else acc.add_(gw)
         if want_w and acc is not None:
             grad_w = acc.to(weight.dtype)
-        return grad_h, grad_w, None, None, None, None, None, None
+        return grad_h, grad_w, None, None, None, None, None, None, None
 
 
 def default_chunk_rows(vocab: int) -> int:
@@ -130,16 +132,20 @@ def default_chunk_rows(vocab: int) -> int:
 
 def linear_logprobs(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0,
                     chunk_size: int = 0, with_entropy: bool = False, entropy_grad: bool = False,
-                    compile: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                    compile: bool = False, dynamic: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Fused LM head + log-softmax (+ entropy): hidden [..., H], weight [V, H], labels [...] ->
     log p(label) [...] and entropy [...] (zeros unless `with_entropy`), both float32. Gradients
     flow to hidden and weight through log p, and through the entropy when `entropy_grad`. With
-    `compile` the per-chunk elementwise math goes through torch.compile."""
+    `compile` the per-chunk elementwise math goes through torch.compile; `dynamic` when the row count varies
+    between calls (`_chunk_fns`)."""
     shape = labels.shape
+    if labels.numel() == 0:  # nothing to predict (a packed micro-batch without a trained token): still in the graph
+        zero = (hidden.sum() + weight.sum()) * 0
+        return zero.float().expand(shape), zero.float().expand(shape)
     chunk = chunk_size if chunk_size > 0 else default_chunk_rows(weight.shape[0])
     logp, ent = _LinearLogprobs.apply(hidden.reshape(-1, hidden.shape[-1]), weight, labels.reshape(-1),
                                       float(temperature), int(chunk), bool(with_entropy), bool(entropy_grad),
-                                      bool(compile))
+                                      bool(compile), bool(dynamic))
     return logp.view(shape), ent.view(shape)
 
 
@@ -154,28 +160,31 @@ def fusable(model: nn.Module) -> bool:
 FUSED_METHOD = "kuberl_response_logprobs"
 
 
-def _response_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+def _response_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
                        position_ids: torch.Tensor, responses: torch.Tensor, temperature: float, chunk_size: int,
-                       with_entropy: bool, entropy_grad: bool, compile: bool) -> torch.Tensor:
+                       with_entropy: bool, entropy_grad: bool, compile: bool, source: torch.Tensor | None = None,
+                       attention: dict | None = None) -> torch.Tensor:
     """The fused-head forward of an HF causal LM: its trunk, then `linear_logprobs` on the R positions
     that predict the responses: [2, B, R] = (log p, entropy), one new tensor (not a view, so FSDP2's
     pre-backward hook on it holds). Runs as a forward method of the model (see `fused_head`), so
-    that FSDP2 gathers the root's parameters (embeddings, final norm, the tied head) for it."""
-    r = responses.shape[1]
-    hidden = model.base_model(input_ids=input_ids, attention_mask=attention_mask,
-                              position_ids=position_ids, use_cache=False).last_hidden_state
+    that FSDP2 gathers the root's parameters (embeddings, final norm, the tied head) for it.
+    A packed row (`kuberl.training.packing`): input_ids [1, N], `source` [M] the positions that predict
+    `responses` [M], `attention` the sequence bounds -> [2, M]."""
+    hidden = model.base_model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                              use_cache=False, **(attention or {})).last_hidden_state
+    rows = hidden[0, source] if source is not None else hidden[:, -responses.shape[1] - 1 : -1]
     head = model.get_output_embeddings()
-    return torch.stack(linear_logprobs(hidden[:, -r - 1 : -1], head.weight, responses, temperature, chunk_size,
-                                       with_entropy, entropy_grad, compile))
+    return torch.stack(linear_logprobs(rows, head.weight, responses, temperature, chunk_size, with_entropy,
+                                       entropy_grad, compile, dynamic=source is not None))
 
 
 def fused_head(model: nn.Module) -> Callable[..., torch.Tensor]:
     """`model`'s fused-head forward method, added on first use: `model.kuberl_response_logprobs(input_ids,
-    attention_mask, position_ids, responses, temperature, chunk_size, with_entropy, entropy_grad, compile)` ->
-    [2, B, R] = (log p, entropy). Under FSDP2 it is registered with `register_fsdp_forward_method`,
-    FSDP2's supported way to run a method other than `forward` with gathered parameters (and their
-    gradients reduced in backward); without FSDP it is a plain method. The model's own `forward` is
-    left as it is."""
+    attention_mask, position_ids, responses, temperature, chunk_size, with_entropy, entropy_grad, compile[, source,
+    attention])` -> [2, B, R] = (log p, entropy), or for a packed row (`source`, `attention`) [2, M]. Under FSDP2
+    it is registered with `register_fsdp_forward_method`, FSDP2's supported way to run a method other than
+    `forward` with gathered parameters (and their gradients reduced in backward); without FSDP it is a plain
+    method. The model's own `forward` is left as it is."""
     method = getattr(model, FUSED_METHOD, None)
     if method is None:
         setattr(model, FUSED_METHOD, types.MethodType(_response_logprobs, model))
