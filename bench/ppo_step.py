@@ -4,6 +4,7 @@
     PYTHONPATH=runtime python bench/ppo_step.py --model qwen2-1.5b
     PYTHONPATH=runtime python bench/ppo_step.py --model qwen2-0.5b --engine vllm [--no-sleep]   # vLLM rollout
     PYTHONPATH=runtime python bench/ppo_step.py --model qwen2-0.5b --asynchronous   # rollout.asynchronous
+    PYTHONPATH=runtime python bench/ppo_step.py --model qwen2-0.5b --async-staleness 2   # rollout.async
     PYTHONPATH=runtime python bench/ppo_step.py --model tiny --device cpu --steps 2 --batch 8 --prompt-len 16 \
         --response-len 16   # smoke
 
@@ -84,12 +85,14 @@ def build_spec(args, data_file: Path, checkpoint_interval: int = 10_000) -> JobS
         "rollout": {"engine": args.engine, "maxNewTokens": args.response_len, "temperature": 1.0, "topP": 1.0,
                     "fixedLength": True, "compile": args.device == "cuda" and not args.no_fast_rollout,
                     "gpuMemoryUtilization": args.gpu_memory_utilization, "sleepMode": not args.no_sleep,
-                    "asynchronous": getattr(args, "asynchronous", False)},
+                    "asynchronous": getattr(args, "asynchronous", False),
+                    **({"async": {"maxStaleness": k}} if (k := getattr(args, "async_staleness", 0)) else {})},
         "trainer": {"steps": args.steps, "ppoEpochs": 1, "miniBatchSize": args.mini or args.batch,
                     "microBatchSize": args.micro, "seed": 0,
                     "checkpoint": {"interval": checkpoint_interval}},
         "roles": {"actor": {"gpus": gpus, "optim": {"lr": 1e-6}}, "critic": {"gpus": gpus, "optim": {"lr": 1e-5}},
-                  "ref": {"gpus": gpus}, "reward": {"gpus": 0}},
+                  "ref": {"gpus": gpus}, "reward": {"gpus": 0},
+                  **({"rollout": {"gpus": gpus}} if getattr(args, "async_staleness", 0) else {})},
         "resilience": {"snapshots": getattr(args, "snapshots", "auto")},
     })
 
@@ -207,6 +210,9 @@ def main() -> None:  # noqa: C901 -- the bench's flags and its report, one branc
     ap.add_argument("--no-sleep", action="store_true", help="vllm: keep the engine's memory during training")
     ap.add_argument("--asynchronous", action="store_true",
                     help="rollout.asynchronous: in-process the calls still run one at a time (docs/performance.md)")
+    ap.add_argument("--async-staleness", type=int, default=0,
+                    help="rollout.async with this maxStaleness: the rollout role on a thread of its own, in-process on "
+                         "the same device (transformers generate)")
     ap.add_argument("--checkpoint-interval", type=int, default=10_000,
                     help="steps between periodic checkpoints (the last step always saves)")
     ap.add_argument("--snapshots", default="auto", choices=["auto", "on", "off"], help="spec.resilience.snapshots")

@@ -13,7 +13,7 @@ import json
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from kuberl.spec import RLTrainingJob
+from kuberl.spec import ROLES, RLTrainingJob
 
 CONTROL_PLANE = "node-role.kubernetes.io/control-plane"
 SYSTEM_PATHS = ("/bin", "/boot", "/dev", "/etc", "/home", "/kuberl", "/lib", "/lib64", "/opt", "/proc", "/root", "/run",
@@ -58,7 +58,7 @@ def violations(job: RLTrainingJob, policy: JobPolicy) -> list[str]:
     """One line per rule the job breaks, naming the field and the value of the policy that forbids it."""
     spec, out = job.spec, []
     ckpt = spec.trainer.checkpoint
-    roles = [spec.roles.get(r) for r in ("actor", "critic", "ref", "reward")] + list(spec.roles.extra.values())
+    roles = [spec.roles.get(r) for r in ROLES] + list(spec.roles.extra.values())
     if policy.allowedImages and spec.image is not None and not spec.image.startswith(policy.allowedImages):
         out.append(f"spec.image must start with one of {', '.join(policy.allowedImages)} (the chart's "
                    f"jobPolicy.allowedImages)")

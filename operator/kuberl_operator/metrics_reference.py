@@ -25,7 +25,8 @@ LABELS: dict[str, tuple[str, str]] = {
     "namespace": ("the RLTrainingJob's namespace", "one per job"),
     "role": (", ".join(ROLES), "the roles of a job's spec"),
     "phase": ("a driver phase (rollout, reward, ref, values, advantage, update_critic, update_actor, weight_sync, "
-              "eval, checkpoint, step) or, on the operator, a job phase (" + ", ".join(operator.PHASES) + ")",
+              "old_logprobs, weight_push, eval, checkpoint, step) or, on the operator, a job phase ("
+              + ", ".join(operator.PHASES) + ")",
               "fixed by the code"),
     "part": ("detect, ready, replay, total", "fixed by the code"),
     "kind": ("gpu_peak, rss_peak", "fixed by the code"),

@@ -68,6 +68,8 @@ def test_hub_model_does_not_get_builtin_default() -> None:
          "needs several responses per prompt"),
         ({"algorithm": {"name": "grpo", "groupSize": 4, "dynamicSampling": {"maxRounds": 2}},
           "rollout": {"asynchronous": True}}, "spec.algorithm.dynamicSampling", "not supported with rollout.asynch"),
+        ({"algorithm": {"name": "grpo", "groupSize": 4, "dynamicSampling": {"maxRounds": 2}},
+          "rollout": {"async": {}}}, "spec.algorithm.dynamicSampling", "not supported with rollout.async ("),
         ({"roles": {"actor": {"resources": {"cpu": "2 cores"}}}}, "spec.roles.actor.resources.cpu",
          "not a Kubernetes quantity"),
         ({"data": {"task": "repeat-letter", "batchSize": 3}, "roles": {"actor": {"gpus": 2}}},

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from typing import Any, Concatenate, Generic, ParamSpec, Protocol, TypeVar, overload
 
 from kuberl import logs
-from kuberl.workers import ActorWorker, CriticWorker, RefWorker, RewardWorker, Worker
+from kuberl.workers import ActorWorker, CriticWorker, RefWorker, RewardWorker, RolloutWorker, Worker
 from kuberl.workers.dispatch import Dispatch, method_info
 from kuberl.workers.groups import GroupCall, LinkBroken, RoleError, WorkerFailure, WorkerGroup
 
@@ -213,6 +213,8 @@ class ActorProxy(RoleProxy):
     update = remote(ActorWorker.update)  # policy-loss epochs -> stats
     sync_weights = remote_all(ActorWorker.sync_weights)  # policy -> rollout engine; seconds per rank
     evaluate = remote(ActorWorker.evaluate)  # held-out prompts -> greedy responses (kuberl.controller.evaluation)
+    compute_logprobs = remote(ActorWorker.compute_logprobs)  # the trained policy's log-probs (spec.rollout.async)
+    policy_weights = remote_all(ActorWorker.policy_weights)  # full weights (rank 0's), pushed to the rollout role
 
 
 class CriticProxy(RoleProxy):
@@ -228,5 +230,11 @@ class RewardProxy(RoleProxy):
     compute_scores = remote(RewardWorker.compute_scores)
 
 
+class RolloutProxy(RoleProxy):
+    submit = remote(RolloutWorker.submit)  # prompts -> queued as a ticket
+    collect = remote_all(RolloutWorker.collect)  # a ticket's rollout per rank (None: lost with a dead worker)
+    push_weights = remote_all(RolloutWorker.push_weights)  # the actor's weights and their version
+
+
 PROXIES: dict[str, type[RoleProxy]] = {"actor": ActorProxy, "critic": CriticProxy, "ref": RefProxy,
-                                       "reward": RewardProxy}
+                                       "reward": RewardProxy, "rollout": RolloutProxy}

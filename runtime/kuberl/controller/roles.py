@@ -41,7 +41,15 @@ from typing import Any, TypeVar
 
 from kuberl import logs
 from kuberl.controller.job_errors import CheckpointUntrusted, JobFailed, PlacementDegraded
-from kuberl.controller.proxies import PROXIES, ActorProxy, CriticProxy, RefProxy, RewardProxy, RoleProxy
+from kuberl.controller.proxies import (
+    PROXIES,
+    ActorProxy,
+    CriticProxy,
+    RefProxy,
+    RewardProxy,
+    RoleProxy,
+    RolloutProxy,
+)
 from kuberl.controller.role_state import HOST_MEMORY, PendingCheckpoint, RoleState
 from kuberl.data.prompts import Prompts
 from kuberl.metrics.record import Recovery, RoleStep
@@ -170,6 +178,11 @@ class Roles:
     @property
     def reward(self) -> RewardProxy:
         return self.proxy("reward", RewardProxy)
+
+    @property
+    def rollout(self) -> RolloutProxy | None:
+        """The rollout role of spec.rollout.async, else None."""
+        return self.proxy("rollout", RolloutProxy) if "rollout" in self.proxies else None
 
     def proxy(self, role: str, cls: type[T] = RoleProxy) -> T:  # type: ignore[assignment]
         """Role `role` behind proxy class `cls` (an extra role's own `RoleProxy` subclass)."""

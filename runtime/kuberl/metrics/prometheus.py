@@ -29,7 +29,8 @@ PROM_FAMILIES: dict[str, tuple[str, tuple[str, ...]]] = {
     "kuberl_train_tokens_per_second": ("Actor training tokens per second of update time.", ()),
     "kuberl_mfu_ratio": ("Actor update model-FLOPs utilisation (6·N·tokens / measured peak).", ()),
     "kuberl_rollout_staleness_steps": ("Updates between the weights that generated the last step's batch and the "
-                                       "weights it updated: 0 on-policy, 1 with spec.rollout.asynchronous.", ()),
+                                       "weights it updated: 0 on-policy, 1 with spec.rollout.asynchronous, the "
+                                       "largest of its samples' with spec.rollout.async.", ()),
     "kuberl_phase_seconds": ("Seconds spent in a phase of the last step.", ("phase",)),
     "kuberl_role_group_restarts_total": ("Restarts of a role's WorkerGroup since the job began.", ("role",)),
     "kuberl_recovery_seconds": ("Seconds of a role's recoveries in the last step that had one, by part "

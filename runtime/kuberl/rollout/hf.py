@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -85,16 +86,22 @@ class HFRollout:
 
     @torch.no_grad()
     def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, seed: int,
-                 greedy: bool = False) -> torch.Tensor:
-        """Left-padded prompts [B, P] -> responses [B, max_new_tokens]; torch's global RNG is not touched."""
+                 greedy: bool = False, every_token: Callable[[], None] | None = None) -> torch.Tensor:
+        """Left-padded prompts [B, P] -> responses [B, max_new_tokens]; torch's global RNG is not touched.
+        `every_token` (transformers generate only): called after each decode step's draw, before the next step's
+        forward (spec.rollout.async tags each token's version there, and may swap the weights)."""
         r = self.spec.rollout
         self._logprobs = None
+        if every_token is not None and self.fast is not None:
+            raise ValueError("every_token needs the transformers generate path (hf rollout without compile)")
         if self.fast is not None:
             out = self._fast_generate(input_ids, attention_mask, seed, greedy)
             self._logprobs = self.fast.last_logprobs  # on the device: the actor masks it there, no round trip
             return out
         draw = [] if greedy else [OwnDraw(r.temperature, r.top_p, torch.Generator(self.device).manual_seed(seed))]
-        out = self._transformers_generate(input_ids, attention_mask, draw, r.max_new_tokens if r.fixed_length else 0)
+        after = [EveryToken(every_token)] if every_token is not None else []
+        out = self._transformers_generate(input_ids, attention_mask, [*draw, *after],
+                                          r.max_new_tokens if r.fixed_length else 0)
         if draw:  # generate draws for the rows that have ended too: theirs are left out
             steps = torch.stack(draw[0].logprobs, dim=1).cpu() if draw[0].logprobs else torch.zeros(len(out), 0)
             ended = response_mask(out.cpu(), None if r.fixed_length else self.tok.eos_token_id)
@@ -180,3 +187,14 @@ class OwnDraw(LogitsProcessor):
         # generate's own processors ran before this one: a min_new_tokens EOS ban is in `raw` already
         self.logprobs.append(rollout_logprobs(raw, token[:, 0], self.temperature))
         return torch.full_like(scores, -math.inf).scatter_(1, token, 0.0)
+
+
+class EveryToken(LogitsProcessor):
+    """A callback once per decode step, after that step's token is drawn (the last processor); scores pass."""
+
+    def __init__(self, fn: Callable[[], None]):
+        self.fn = fn
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        self.fn()
+        return scores

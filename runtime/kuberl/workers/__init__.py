@@ -7,9 +7,10 @@ from .base import Worker
 from .critic import CriticWorker
 from .ref import RefWorker
 from .reward import RewardWorker
+from .rollout import RolloutWorker
 
 WORKERS: dict[str, type[Worker]] = {"actor": ActorWorker, "critic": CriticWorker, "ref": RefWorker,
-                                    "reward": RewardWorker}
+                                    "reward": RewardWorker, "rollout": RolloutWorker}
 
 
 def worker_class(spec: JobSpec, role: str) -> type[Worker]:
@@ -27,4 +28,5 @@ def worker_class(spec: JobSpec, role: str) -> type[Worker]:
     return cls
 
 
-__all__ = ["WORKERS", "ActorWorker", "CriticWorker", "RefWorker", "RewardWorker", "Worker", "worker_class"]
+__all__ = ["WORKERS", "ActorWorker", "CriticWorker", "RefWorker", "RewardWorker", "RolloutWorker", "Worker",
+           "worker_class"]

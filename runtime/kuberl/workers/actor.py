@@ -74,6 +74,21 @@ class ActorWorker(Worker):
 
     @register(Dispatch.SPLIT, repeatable=True)
     @torch.no_grad()
+    def compute_logprobs(self, batch: Batch) -> Batch:
+        """old_logprobs [B, R] of the trained model (spec.rollout.async: the proximal policy of decoupled PPO; the
+        rollout's own log-probs are the behaviour policy's)."""
+        return Batch({"old_logprobs": self._logprobs(batch, self.trainer.model).cpu()})
+
+    @register(Dispatch.ALL, repeatable=True)
+    def policy_weights(self) -> dict[str, torch.Tensor]:
+        """The full (unsharded) policy weights on the CPU, for the rollout role (spec.rollout.async): gathering them
+        takes every rank (a collective under FSDP); rank 0 returns them, the others nothing."""
+        state = self.trainer.full_state_dict()
+        # a copy even on the CPU: the rollout applies it later, when the live parameters may have moved on
+        return {k: v.detach().to("cpu", copy=True) for k, v in state.items()} if self.rank == 0 else {}
+
+    @register(Dispatch.SPLIT, repeatable=True)
+    @torch.no_grad()
     def evaluate(self, batch: Batch) -> Batch:
         """Held-out prompts (kuberl.controller.evaluation) -> the engine's greedy answers: responses, response_mask [B,
         R] (up to EOS, whatever rollout.fixedLength says), input_ids, attention_mask [B, P+R]; CPU tensors."""
