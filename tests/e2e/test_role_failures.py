@@ -143,7 +143,10 @@ CASES = (
     Case("actor pod deleted", "actor", True, delete_pod),
 )
 FIRST_AT, EVERY = 8, 12  # a case starts at step FIRST_AT, the next once its recovery is EVERY steps behind
-STEPS = 500  # 0.2 to 0.3 s a step here; cases were seen to start as late as step 290 (status lags, pods start)
+# 0.2 to 0.3 s a step here (status lags, pods start meanwhile): under Kubernetes' 30 s grace period the last case
+# was seen to start as late as step 290; with the role pods' 5 s (WORKER_GRACE_S) at step 116 (2026-12-06)
+STEPS = 300
+TRAINS_ON = 10  # steps the standby job runs after its take-over before the test deletes it
 
 
 def uids(k: Kubectl) -> dict[str, str]:
@@ -393,8 +396,13 @@ def test_a_running_standby_pod_takes_a_deleted_critic_pods_place(installed: Kube
     assert (rec["role"], rec["standby"], rec["steps_lost"], rec["attempts"]) == ("critic", True, 0, 1), rec
     assert set(rec["hosts"]) <= spares, (spares, rec)  # a pod Running before the delete took over
     assert others == [], (seen, others)
-    wait_for(lambda: status(k, name).get("phase") in ("Succeeded", "Failed"), 900, "the job to end",
-             lambda: describe(k, name), interval=5)
-    assert status(k, name)["phase"] == "Succeeded", status(k, name)
+    # Training goes on with the standby as the critic. The job is not run to its end: completing after a deleted
+    # critic pod is the failures job's claim, and the ~120 s of steps left cost CI time for nothing new.
+    wait_for(lambda: (status(k, name).get("step") or 0) >= rec["step"] + TRAINS_ON, 300,
+             f"{TRAINS_ON} steps past the take-over", lambda: describe(k, name), interval=1)
+    # (its phase may still say Restarting: the operator makes the critic a new standby pod meanwhile)
+    assert status(k, name)["phase"] in ("Running", "Restarting"), status(k, name)
+    assert recoveries(metrics)[len(seen) + 1:] == [], recoveries(metrics)
+    k.delete("rltj", name, wait=True)  # its pods go with it (owner references); the next job waits for that
     print(f"critic pod deleted with a standby, in step {rec['step']}: that step done {seconds:.1f}s after (the "
           f"runtime's recovery {rec['total_s']:.1f}s, restored from {rec['restored_from']})")
