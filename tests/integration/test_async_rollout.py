@@ -53,6 +53,7 @@ def test_a_killed_rollout_worker_loses_only_its_in_flight_samples(ray_session, t
     assert records[2].staleness == 0  # the batch after the loss: generated with the weights pushed again
     (rec,) = driver.history["rollout"].recoveries
     assert rec.step == 3 and rec.restored_from == "model path"
+    assert driver.stream.next_ticket == 6 + 2 and not driver.stream.pending  # one a step, the 2 lost made good
     assert after["rollout"] != pids["rollout"]
     assert all(after[r] == pids[r] and not driver.history[r].recoveries for r in pids if r != "rollout")
 
@@ -92,6 +93,7 @@ def test_async_resume_draws_the_queued_prompts_again(netns, tmp_path):
     uninterrupted run trained on, and metrics.jsonl has steps 1..6 once."""
     spec = load_example("quickstart.yaml", **{**ASYNC, "trainer.steps": 6, "trainer.checkpoint.interval": 2}).spec
     whole = run_local(spec, tmp_path / "whole", driver_cls=Trained)
+    assert whole.stream.next_ticket == 6 and not whole.stream.pending  # a ticket per step, none past the last
     run_local(spec, tmp_path / "split", Trained, stops=True, stop_after=3)
     assert checkpoint.latest(tmp_path / "split" / "checkpoints") == 2
     resumed = run_local(spec, tmp_path / "split", driver_cls=Trained)

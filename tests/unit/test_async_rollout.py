@@ -175,7 +175,28 @@ def test_the_rollout_role_is_refused_gpus_it_would_share():
                            "spec": {"data": {"task": "repeat-letter"}, "reward": {"function": "repeat-letter"},
                                     "rollout": {"async": {}}, "roles": roles}})
     (err,) = [str(e) for e in info.value.errors]
-    assert err.startswith("spec.roles.rollout: generates all the time (rollout.async), but shares its GPUs with actor")
+    assert err.startswith("spec.roles.rollout.colocateWith: puts the rollout role on the GPUs of actor, but the "
+                          "rollout role generates all the time"), err
+    assert err.endswith("(fix: remove spec.roles.rollout.colocateWith: give the rollout role GPUs of its own)"), err
+    roles = {"rollout": {"gpus": 1}, "ref": {"gpus": 1, "colocateWith": "rollout"}}
+    with pytest.raises(SpecInvalid) as info:
+        validate_manifest({"apiVersion": "kuberl.io/v1alpha1", "kind": "RLTrainingJob", "metadata": {"name": "x"},
+                           "spec": {"data": {"task": "repeat-letter"}, "reward": {"function": "repeat-letter"},
+                                    "rollout": {"async": {}}, "roles": roles}})
+    (err,) = [str(e) for e in info.value.errors]
+    assert err.startswith("spec.roles.ref.colocateWith: puts ref on the GPUs of rollout"), err
+
+
+def test_async_refuses_tis_off_the_only_correction_for_its_stale_tokens():
+    spec = {"data": {"task": "repeat-letter"}, "reward": {"function": "repeat-letter"}, "rollout": {"async": {}},
+            "algorithm": {"tis": "off"}}
+    with pytest.raises(SpecInvalid) as info:
+        validate_manifest({"apiVersion": "kuberl.io/v1alpha1", "kind": "RLTrainingJob", "metadata": {"name": "x"},
+                           "spec": spec})
+    (err,) = [str(e) for e in info.value.errors]
+    assert err.startswith("spec.algorithm.tis: is off, but rollout.async needs it") and "\n" not in err, err
+    assert err.endswith("(fix: set spec.algorithm.tis: auto or on, or remove spec.rollout.async)"), err
+    assert job(**{"async": {}}).tis_enabled  # auto is on
 
 
 def test_the_generating_thread_ends_with_its_worker():

@@ -46,7 +46,7 @@ class AsyncRollout:
         """Push the actor's weights (version `trained`) and fill the queue; tickets are numbered from there."""
         self.next_ticket = trained
         self.push(trained)
-        self._fill()
+        self._fill(self.spec.trainer.steps - trained)
 
     def push(self, version: int) -> None:
         """The actor's weights after update `version`, to every rollout rank (applied as partial says)."""
@@ -60,10 +60,14 @@ class AsyncRollout:
 
     def take(self, trained: int) -> Batch:
         """The oldest queued ticket fresh enough for a trainer at version `trained`: its prompts with its rollout
-        (responses, masks, rollout_logprobs, token_versions); the queue refilled before each wait."""
+        (responses, masks, rollout_logprobs, token_versions); the queue refilled before each wait, for the steps
+        after this one only."""
+        steps = self.spec.trainer.steps
         while True:
+            if not self.pending:  # every queued ticket was lost or dropped: this step still needs one
+                self._fill(steps - trained)
             ticket = self.pending.popleft()
-            self._fill()
+            self._fill(steps - trained - 1)
             parts = self.roles.rollout.collect(ticket.number)
             if any(p is None for p in parts):  # its worker died with it (the new one got the weights on restart)
                 self.gate.count_lost(len(ticket.prompts))
@@ -76,10 +80,9 @@ class AsyncRollout:
         """The data position before the oldest queued prompts (a resume draws them again); `otherwise()` if none."""
         return self.pending[0].data_before if self.pending else otherwise()
 
-    def _fill(self) -> None:
-        """Queue tickets up to the depth, none for a step past the run's last unless the queue is empty (a ticket
-        lost or dropped near the end is made good)."""
-        while len(self.pending) < self.depth and (self.next_ticket < self.spec.trainer.steps or not self.pending):
+    def _fill(self, needed: int) -> None:
+        """Queue tickets up to the depth, and no more than the `needed` steps still to take one."""
+        while len(self.pending) < min(self.depth, needed):
             data_before = self.prompts.state_dict()
             batch = self.prompts.next_batch()
             number, self.next_ticket = self.next_ticket, self.next_ticket + 1

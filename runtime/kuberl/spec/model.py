@@ -887,11 +887,25 @@ Problem = tuple[str, str, str]
 def cross_field_problems(spec: JobSpec) -> list[Problem]:
     """Rules that span sections, one function per section, in a fixed order. Returns (field path under spec,
     message, fix) triples."""
-    rules = (_algorithm_problems, _tensor_parallel_problems, _eval_problems, _engine_problems, _batch_problems,
-             memory_problems, colocation_problems, _builtin_context_problems, _estimator_problems,
+    rules = (_algorithm_problems, _tis_problems, _tensor_parallel_problems, _eval_problems, _engine_problems,
+             _batch_problems, memory_problems, colocation_problems, _builtin_context_problems, _estimator_problems,
              needed_role_problems, _role_enabled_problems, _placement_problems, _checkpoint_problems,
              _fault_problems, _optim_alias_problems)
     return [problem for rule in rules for problem in rule(spec)]
+
+
+def _tis_problems(spec: JobSpec) -> list[Problem]:
+    """spec.algorithm.tis: on under rollout.async, whose only correction it is; temperature 1 with vLLM."""
+    out = []
+    if spec.algorithm.tis == "off" and spec.rollout.async_ is not None:
+        out.append(("algorithm.tis", "is off, but rollout.async needs it: its old log-probs are the trained "
+                                     "policy's, so only TIS weighs each token by the policy that drew it, up to "
+                                     "maxStaleness updates older",
+                    "set spec.algorithm.tis: auto or on, or remove spec.rollout.async"))
+    if spec.tis_enabled and spec.rollout.engine == "vllm" and spec.rollout.temperature != 1.0:
+        out.append(("algorithm.tis", "needs rollout.temperature 1 with engine vllm (vLLM's log-probs are the raw "
+                                     "logits', at temperature 1)", "set spec.algorithm.tis: off, or temperature 1"))
+    return out
 
 
 def _algorithm_problems(spec: JobSpec) -> list[Problem]:
@@ -920,9 +934,6 @@ def _algorithm_problems(spec: JobSpec) -> list[Problem]:
         out.append(("algorithm.dynamicSampling", f"is not supported with {mode} (a refill would mix the batch's "
                                                  "staleness)",
                     f"remove spec.algorithm.dynamicSampling, or spec.{mode}"))
-    if spec.tis_enabled and spec.rollout.engine == "vllm" and spec.rollout.temperature != 1.0:
-        out.append(("algorithm.tis", "needs rollout.temperature 1 with engine vllm (vLLM's log-probs are the raw "
-                                     "logits', at temperature 1)", "set spec.algorithm.tis: off, or temperature 1"))
     overlong, limit = spec.reward.overlong, spec.rollout.max_new_tokens
     if overlong is not None and spec.rollout.fixed_length:
         out.append(("reward.overlong", "penalises every response of rollout.fixedLength alike (each is maxNewTokens "
@@ -1204,10 +1215,11 @@ def _shared_gpu_problems(spec: JobSpec, running: list[str]) -> list[Problem]:
                                             f"phases run one after another",
                     "set spec.rollout.asynchronous to false, or remove colocateWith"))
     sharing_gpus = sorted({r for g in guests for r in (g, roles.get(g).colocate_with) if r in running})
-    if "rollout" in sharing_gpus:
-        out.append(("roles.rollout", f"generates all the time (rollout.async), but shares its GPUs with "
-                                     f"{', '.join(r for r in sharing_gpus if r != 'rollout')}, whose phases take "
-                                     f"turns with it", "give spec.roles.rollout GPUs of its own (remove colocateWith)"))
+    if with_rollout := [g for g in guests if "rollout" in (g, roles.get(g).colocate_with)]:
+        field, other = f"{roles.path(with_rollout[0])}.colocateWith", roles.get(with_rollout[0]).colocate_with
+        out.append((field, f"puts {with_rollout[0] if other == 'rollout' else 'the rollout role'} on the GPUs of "
+                           f"{other}, but the rollout role generates all the time (rollout.async), and roles that "
+                           f"share GPUs take turns", f"remove spec.{field}: give the rollout role GPUs of its own"))
     if standing := [r for r in sharing_gpus if spec.standby(r)]:
         field = "resilience.standby" if spec.resilience.standby else f"{roles.path(standing[0])}.standby"
         out.append((field, f"a warm standby would need a second share of the GPUs that colocated roles "

@@ -108,6 +108,10 @@ class RolloutWorker(Worker):
 def generate_forever(ref: weakref.ref[RolloutWorker], work: queue.Queue[tuple[int, Batch, int]]) -> None:
     """A worker's generating thread: its tickets in order; it ends once the worker is gone (an in-process group
     dropped it), holding it only while it generates."""
+    worker = ref()
+    if worker is not None and worker.device.type == "cuda":
+        torch.cuda.set_device(worker.device)  # the current device is per thread: this rank's GPU, not cuda:0
+    del worker
     while True:
         try:
             item = work.get(timeout=1.0)
