@@ -1,7 +1,7 @@
 """Padded against packed training: the actor's update (`ActorWorker.update`, FSDP2, world size 1) on one mini-batch
 whose responses are spread over a range of lengths, as a rollout leaves them.
 
-    PYTHONPATH=runtime python bench/packing.py --model qwen2-0.5b            # the H200 figure (issue 31)
+    PYTHONPATH=runtime python bench/packing.py --model qwen2-0.5b            # the GPU figure (issue 31)
     PYTHONPATH=runtime python bench/packing.py --quick                        # tiny model on the CPU (the test's)
 
 The mini-batch: --batch sequences of --prompt-len prompt tokens and a response of a length drawn uniformly from

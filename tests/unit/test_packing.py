@@ -121,6 +121,20 @@ def test_a_sliding_window_model_is_refused_at_setup_not_at_its_first_packed_forw
     model = Qwen2ForCausalLM(builtin_config("tiny", use_sliding_window=True, sliding_window=4, max_window_layers=0))
     with pytest.raises(ValueError, match="sliding-window attention layers.*spec.trainer.packing false"):
         use_varlen(model)
+    # Mistral's window has no switch: a sliding_window set is one in use
+    from transformers import MistralConfig, MistralForCausalLM
+
+    mistral = MistralForCausalLM(MistralConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                               num_attention_heads=4, num_key_value_heads=2, sliding_window=4))
+    with pytest.raises(ValueError, match="mistral has sliding-window attention layers"):
+        use_varlen(mistral)
+
+
+def test_a_row_with_no_prompt_token_is_refused_naming_the_field_and_the_fix():
+    b = rows(2)
+    b["attention_mask"][0, : b["attention_mask"].shape[1] - b["responses"].shape[1]] = 0  # row 0: no prompt token
+    with pytest.raises(ValueError, match="^spec.trainer.packing: .*drop empty prompts from the dataset"):
+        pack(b["input_ids"], b["attention_mask"], b["response_mask"])
 
 
 def test_a_packed_micro_batch_with_nothing_to_predict_gives_zeros_and_still_backpropagates():

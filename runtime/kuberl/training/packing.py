@@ -64,8 +64,10 @@ def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor, response_mask: t
     packed_at = keep.flatten().long().cumsum(0).view_as(keep) - 1  # [B, P+R]: a kept token's packed position
     trained = response_mask.bool()
     if bool((trained & ~keep[:, p:]).any() | (~keep[:, :p]).all(1).any()):  # one host sync
-        raise ValueError("packing needs a real prompt token in every row and the response mask inside the "
-                         "attention mask")
+        raise ValueError("spec.trainer.packing: packed sequences need a real prompt token in every row (an empty "
+                         "prompt under a tokenizer with no BOS token has none) and the response mask inside the "
+                         "attention mask: drop empty prompts from the dataset, or set spec.trainer.packing false and "
+                         "remove spec.trainer.maxTokensPerMicroBatch")
     positions = (attention_mask.long().cumsum(-1) - 1)[keep]
     return Packed(input_ids=input_ids[keep][None], position_ids=positions[None],
                   cu_seqlens=F.pad(lengths.cumsum(0), (1, 0)).to(torch.int32), max_len=bucket(int(lengths.max())),
@@ -130,13 +132,15 @@ def _varlen_mask(**kwargs) -> torch.Tensor | None:
 def use_varlen(model: nn.Module) -> None:
     """Register `VARLEN` with transformers (once) and make it `model`'s attention implementation (an HF
     PreTrainedModel: a causal LM, or a critic's trunk). Padded batches still run SDPA through it. Refuses a model
-    with sliding-window layers, or one that keeps its own attention (transformers only warns): either would attend
+    with sliding-window layers (a `sliding_window` it does not turn off, as Mistral's), or one that keeps its own
+    attention (transformers only warns): either would attend
     across the packed sequences."""
     from transformers import AttentionInterface
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
 
     cfg, fix = model.config, "set spec.trainer.packing false and remove spec.trainer.maxTokensPerMicroBatch"
-    if getattr(cfg, "use_sliding_window", False) or "sliding_attention" in (getattr(cfg, "layer_types", None) or ()):
+    windowed = getattr(cfg, "sliding_window", None) is not None and getattr(cfg, "use_sliding_window", True)
+    if windowed or "sliding_attention" in (getattr(cfg, "layer_types", None) or ()):
         raise ValueError(f"{cfg.model_type} has sliding-window attention layers, which packing does not support: {fix}")
     AttentionInterface.register(VARLEN, varlen_attention)
     ALL_MASK_ATTENTION_FUNCTIONS.register(VARLEN, _varlen_mask)
