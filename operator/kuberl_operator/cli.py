@@ -41,7 +41,8 @@ def cmd_render(args: argparse.Namespace) -> int:
         return 1
     namespace = args.namespace or job.metadata.namespace or "default"
     opts = builders.BuildOptions(namespace=namespace, image=args.image, head=args.head_resources,
-                                 driver=args.driver_resources, cpu_limits=args.cpu_limits, scratch=args.scratch)
+                                 driver=args.driver_resources, cpu_limits=args.cpu_limits, scratch=args.scratch,
+                                 network_policy=args.network_policy, metrics_namespaces=tuple(args.metrics_from))
     raw_spec = parse_yaml(Path(args.job).read_text())["spec"]
     objects = builders.all_objects(job, raw_spec, None, opts)  # the operator makes the Ray token; render shows none
     sys.stdout.write(yaml.safe_dump_all(objects, sort_keys=False))
@@ -75,7 +76,8 @@ def cmd_operator(args: argparse.Namespace) -> int:
     config = OperatorConfig(image=args.image, metrics_port=args.metrics_port, metrics_address=args.metrics_address,
                             max_gpus_per_node=args.max_gpus_per_node, head=args.head_resources,
                             driver=args.driver_resources, cpu_limits=args.cpu_limits, scratch=args.scratch,
-                            job_policy=args.job_policy, concurrent_passes=args.concurrent_passes)
+                            job_policy=args.job_policy, concurrent_passes=args.concurrent_passes,
+                            network_policy=args.network_policy, metrics_namespaces=tuple(args.metrics_from))
     kopf.run(
         standalone=True,
         namespaces=args.namespace,
@@ -161,6 +163,12 @@ def job_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-cpu-limits", dest="cpu_limits", action="store_false",
                    help="give every pod CPU requests but no CPU limit (Burstable: pods may use a node's idle "
                         "cores; a small or shared CPU node). Default: limits equal requests (Guaranteed)")
+    p.add_argument("--no-network-policy", dest="network_policy", action="store_false",
+                   help="make no NetworkPolicy for a job. Default: each job's pods admit connections from its own "
+                        "pods only, and on their `metrics` ports from the --metrics-from namespaces")
+    p.add_argument("--metrics-from", action="append", default=[], metavar="NAMESPACE",
+                   help="a namespace where Prometheus runs: its pods may reach the job pods' metrics ports "
+                        "(repeatable; the chart's networkPolicy.metricsNamespaces)")
     p.add_argument("--job-policy", type=policy, default=job_policy.JobPolicy(), metavar="JSON",
                    help="what a job's author may choose, as the chart's jobPolicy in JSON (allowedImages, "
                         "allowedVolumeClaims, forbiddenMountPaths, allowed*Classes, allowWildcardTolerations); a job "

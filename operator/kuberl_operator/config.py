@@ -40,6 +40,8 @@ class OperatorConfig:
     job_policy: JobPolicy = field(default_factory=JobPolicy)  # what a job's author may choose (the chart's jobPolicy)
     secret_probe_seconds: float = field(default_factory=secret_probe_seconds)
     concurrent_passes: int = CONCURRENT_PASSES  # passes over jobs running at once (`reconcile.Context.turn`)
+    network_policy: bool = True  # each job gets a NetworkPolicy (`network`)
+    metrics_namespaces: tuple[str, ...] = ()  # where Prometheus runs: they may reach the job pods' metrics ports
 
     @classmethod
     def from_env(cls) -> OperatorConfig:

@@ -41,6 +41,7 @@ ROLES = Resource("rbac.authorization.k8s.io", "v1", "roles")
 ROLEBINDINGS = Resource("rbac.authorization.k8s.io", "v1", "rolebindings")
 RAYCLUSTERS = Resource("ray.io", "v1", "rayclusters")
 RESOURCECLAIMTEMPLATES = Resource("resource.k8s.io", "v1", "resourceclaimtemplates")
+NETWORKPOLICIES = Resource("networking.k8s.io", "v1", "networkpolicies")
 RLTRAININGJOBS = Resource("kuberl.io", "v1alpha1", "rltrainingjobs")
 
 BY_KIND = {
@@ -49,6 +50,7 @@ BY_KIND = {
     ("batch/v1", "Job"): JOBS, ("rbac.authorization.k8s.io/v1", "Role"): ROLES,
     ("rbac.authorization.k8s.io/v1", "RoleBinding"): ROLEBINDINGS, ("ray.io/v1", "RayCluster"): RAYCLUSTERS,
     ("resource.k8s.io/v1", "ResourceClaimTemplate"): RESOURCECLAIMTEMPLATES,
+    ("networking.k8s.io/v1", "NetworkPolicy"): NETWORKPOLICIES,
 }
 
 

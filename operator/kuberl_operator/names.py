@@ -77,6 +77,10 @@ def auth_secret(job: str) -> str:
     return f"{job}-ray-auth"
 
 
+def network_policy(job: str) -> str:
+    return f"{job}-network"
+
+
 def claim_template(job: str, role: str) -> str:
     """The ResourceClaimTemplate of a role's GPUs (spec.placement.mode dra)."""
     return f"{job}-{role}-gpus"

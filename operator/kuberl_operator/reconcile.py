@@ -8,7 +8,8 @@
 
 Every read comes from the watch-backed cache (``cache.py``), never a GET: a pass over a job whose world matches
 its spec and status sends nothing. The one object the operator may not read, the Ray token's Secret, is created
-(409 while it exists) on the passes the spec's events drive and at most every ``secret_probe_seconds`` otherwise.
+(409 while it exists) on the passes the spec's events drive and at most every ``secret_probe_seconds`` otherwise;
+so is the job's NetworkPolicy, which never changes.
 Every pass over one job holds that job's lock, so within the process there is one writer per job, and one of the
 process's ``config.concurrent_passes`` slots (``turn``), so that a burst of jobs does not put every job's requests in
 the API server's queue at once: each pass then waits its turn here, where the wait is measured apart.
@@ -38,6 +39,7 @@ from .config import OperatorConfig
 from .kube import (
     CONFIGMAPS,
     JOBS,
+    NETWORKPOLICIES,
     PODS,
     RAYCLUSTERS,
     RESOURCECLAIMTEMPLATES,
@@ -71,7 +73,9 @@ from .status import (
 log = logging.getLogger(__name__)
 STATUS_ATTEMPTS = 5
 CATCH_UP_S = 2.0  # after a lost status race (409), how long to wait for the watch to bring the newer job
-CREATE_ONLY = frozenset({SECRETS})  # what the operator only creates (`create_once`): it may not read Secrets
+# What the operator only creates (`create_once`), probed with the Ray token's Secret: it may not read Secrets, and
+# a job's NetworkPolicy (`network`) never changes, so it needs no watch (a deleted one is made again at the probe).
+CREATE_ONLY = frozenset({SECRETS, NETWORKPOLICIES})
 # A pass creates a job's children in waves, each wave's at once: a kind not named here goes in the first wave. A
 # RoleBinding needs its Role (the API server checks a binding against the rules of the Role it names), and the
 # RayCluster and driver Job need the rest (their pods' ServiceAccount, token Secret, ConfigMaps and claims). One
@@ -109,9 +113,9 @@ class Context:
         return self.written.read(res.plural, namespace, name, first(index.get((namespace, name))))
 
     def probe_secret(self, key: ray_token.Key, forced: bool) -> bool:
-        """Whether this pass creates the job's token Secret again (to learn whether it still exists): when
-        ``forced`` (an event-driven pass), or once the job's turn in each ``config.secret_probe_seconds`` has come
-        since the last time (`probe_due`)."""
+        """Whether this pass creates the job's token Secret and NetworkPolicy again (to learn whether they still
+        exist): when ``forced`` (an event-driven pass), or once the job's turn in each
+        ``config.secret_probe_seconds`` has come since the last time (`probe_due`)."""
         now_s = time.monotonic()
         last = self.secret_probes.get(key)
         if forced or last is None or now_s >= probe_due(last, key, self.config.secret_probe_seconds):
@@ -150,6 +154,8 @@ class Context:
             driver=self.config.driver,
             cpu_limits=self.config.cpu_limits,
             scratch=self.config.scratch,
+            network_policy=self.config.network_policy,
+            metrics_namespaces=self.config.metrics_namespaces,
         )
 
 
@@ -395,6 +401,8 @@ async def apply_spec(ctx: Context, indices: Indices, body: kopf.Body, patch: kop
         if key[0] not in CREATE_ONLY:
             return await ensure(ctx, indices, body, obj, sync=("data",) if key == spec_configmap else ())
         made = await create_once(ctx, body, obj)
+        if key[0] is not SECRETS:
+            return made
         event = ray_token.created(ctx.tokens, token_key, token, key[1], body.status.get("rayClusterUID") is not None,
                                   made)
         if event is not None:

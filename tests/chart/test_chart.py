@@ -40,8 +40,8 @@ def test_every_rendered_object_validates(helm: Helm, name: str, k8s_version: str
 def test_default_objects(helm: Helm) -> None:
     kinds = sorted(o["kind"] for o in helm.render())
     assert kinds == sorted(["CustomResourceDefinition", "ServiceAccount", "ClusterRole", "ClusterRoleBinding",
-                            "Deployment", "Service", "ConfigMap", *["ValidatingAdmissionPolicy"] * 7,
-                            *["ValidatingAdmissionPolicyBinding"] * 7])
+                            "Deployment", "Service", "ConfigMap", *["ValidatingAdmissionPolicy"] * 8,
+                            *["ValidatingAdmissionPolicyBinding"] * 8])
 
 
 def test_minimal_renders_only_the_operator(helm: Helm) -> None:
@@ -105,6 +105,9 @@ def test_operator_accepts_the_chart_args(helm: Helm, name: str) -> None:
     from kuberl_operator.builders import SCRATCH
 
     assert args.scratch == {**SCRATCH, **values.get("jobPods", {}).get("scratch", {})}  # the emptyDirs' sizeLimits
+    network = {"enabled": True, "metricsNamespaces": ["monitoring"], **values.get("networkPolicy", {})}
+    assert args.network_policy == network["enabled"]
+    assert args.metrics_from == (network["metricsNamespaces"] if network["enabled"] else [])
 
 
 def test_default_runtime_image_is_the_operators_default(helm: Helm) -> None:

@@ -1,9 +1,9 @@
 """Attacks with the operator's own token, on the real API server: what a compromised operator could do.
 
-The chart's RBAC lets the operator create Jobs, RayClusters, Roles, RoleBindings, ConfigMaps and Secrets in
-every namespace; its ValidatingAdmissionPolicies (charts/kuberl/templates/operator-policy.yaml) hold each write
-to the objects of one RLTrainingJob. Every attack here is a request the RBAC alone would allow (or, for the
-Secret reads, that the RBAC no longer allows), made with the chart's ServiceAccount token against the real
+The chart's RBAC lets the operator create Jobs, RayClusters, Roles, RoleBindings, ConfigMaps, Secrets and
+NetworkPolicies in every namespace; its ValidatingAdmissionPolicies (charts/kuberl/templates/operator-policy.yaml)
+hold each write to the objects of one RLTrainingJob. Every attack here is a request the RBAC alone would allow (or,
+for the Secret reads, that the RBAC no longer allows), made with the chart's ServiceAccount token against the real
 kube-apiserver, and each must be refused. That the operator still does its work under the policies is what
 the rest of tests/cluster shows: it runs there with this same token.
 """
@@ -14,7 +14,7 @@ import copy
 from typing import Any
 
 import pytest
-from localkube.api import CONFIGMAPS, JOBS, RLTJ, ROLEBINDINGS, ROLES, SECRETS, Api, ApiError
+from localkube.api import CONFIGMAPS, JOBS, NETWORKPOLICIES, RLTJ, ROLEBINDINGS, ROLES, SECRETS, Api, ApiError
 from localkube.stack import Cluster
 
 from kuberl_operator import builders
@@ -108,6 +108,22 @@ def test_the_operator_cannot_run_a_job_as_another_service_account(ns: Api, as_op
     assert "owned by the RLTrainingJob" in refused(op.create, JOBS, driver_job("unowned", unowned))
     # The job's own driver, as the operator makes it, passes: its reporter's API token included.
     op.create(JOBS, driver_job("fine", owned, volumes=[token]))
+
+
+def test_the_operator_cannot_fence_off_pods_of_others_with_a_network_policy(ns: Api, as_operator: Api,
+                                                                           owned: dict[str, Any]) -> None:
+    """A NetworkPolicy that selects a pod makes it refuse what the policy does not admit: one of the operator's
+    selects its own job's pods only, so it cannot cut off another job's or anyone's pods in the namespace."""
+    op = as_operator.in_namespace(ns.namespace)
+    job = owned["labels"]["kuberl.io/job"]
+
+    def policy(name: str, selector: dict[str, Any]) -> dict[str, Any]:
+        return {"metadata": {"name": name, **owned}, "spec": {"podSelector": selector, "policyTypes": ["Ingress"]}}
+
+    for name, selector in (("everyone", {}), ("other-job", {"matchLabels": {"kuberl.io/job": "other"}}),
+                           ("by-expression", {"matchExpressions": [{"key": "app", "operator": "Exists"}]})):
+        assert "selects the pods of its own job only" in refused(op.create, NETWORKPOLICIES, policy(name, selector))
+    op.create(NETWORKPOLICIES, policy(f"{job}-network", {"matchLabels": {"kuberl.io/job": job}}))
 
 
 def test_the_operator_cannot_patch_a_configmap_it_does_not_own(ns: Api, admin: Api, as_operator: Api,

@@ -27,6 +27,7 @@ CORE_KINDS = {
     ("v1", "ConfigMap"), ("v1", "Secret"), ("v1", "ServiceAccount"), ("v1", "Pod"), ("v1", "Event"),
     ("v1", "Namespace"), ("batch/v1", "Job"),
     ("rbac.authorization.k8s.io/v1", "Role"), ("rbac.authorization.k8s.io/v1", "RoleBinding"),
+    ("networking.k8s.io/v1", "NetworkPolicy"),
 }
 
 

@@ -50,8 +50,8 @@ def test_every_object_passes_its_schema(example: str, validator) -> None:
     raw = yaml.safe_load((EXAMPLES / example).read_text())["spec"]
     objs = builders.all_objects(manifest, raw, "token", OPTS)
     claims = ["ResourceClaimTemplate"] * 3 if manifest.spec.placement.mode == "dra" else []  # actor, critic, ref
-    assert [o["kind"] for o in objs] == ["ServiceAccount", "Role", "RoleBinding", "Secret", "ConfigMap",
-                                         "ConfigMap", *claims, "RayCluster", "Job"]
+    assert [o["kind"] for o in objs] == ["ServiceAccount", "Role", "RoleBinding", "NetworkPolicy", "Secret",
+                                         "ConfigMap", "ConfigMap", *claims, "RayCluster", "Job"]
     for obj in objs:
         assert validator(obj) == [], (obj["kind"], validator(obj))
         assert obj["metadata"]["namespace"] == "ml"
@@ -120,6 +120,33 @@ def test_head_does_no_work_and_everything_shares_the_ray_token() -> None:
         # a file, never an environment variable that child processes and crash reports would carry
         assert env["RAY_AUTH_TOKEN_PATH"]["value"] == f"{mount['mountPath']}/{volume['secret']['items'][0]['path']}"
         assert "RAY_AUTH_TOKEN" not in env
+
+
+def test_the_network_policy_admits_the_jobs_own_pods_and_prometheus_on_the_metrics_ports() -> None:
+    """Every pod of the job is selected (they all carry its label); its own pods reach every port, the Prometheus
+    namespaces only the ports named `metrics` (the driver's and KubeRay's); nothing else is admitted."""
+    opts = builders.BuildOptions(namespace="ml", metrics_namespaces=("monitoring", "obs", "monitoring"))
+    objs = builders.all_objects(job(), {}, "token", opts)
+    policy = by_kind(objs)["NetworkPolicy"]
+    selected = {names.LABEL_JOB: "j"}
+    assert policy["metadata"]["name"] == "j-network" and policy["spec"]["podSelector"] == {"matchLabels": selected}
+    assert policy["spec"]["policyTypes"] == ["Ingress"]  # egress stays open: storage, hubs, the API
+    own, scrape = policy["spec"]["ingress"]
+    assert own == {"from": [{"podSelector": {"matchLabels": selected}}]}  # no ports: every port
+    assert scrape["from"] == [{"namespaceSelector": {"matchExpressions": [
+        {"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["monitoring", "obs"]}]}}]
+    assert scrape["ports"] == [{"protocol": "TCP", "port": "metrics"}]
+    pods = [objs[-2]["spec"]["headGroupSpec"]["template"], objs[-1]["spec"]["template"],
+            *(g["template"] for g in objs[-2]["spec"]["workerGroupSpecs"])]
+    for pod in pods:
+        assert pod["metadata"]["labels"][names.LABEL_JOB] == "j"
+    driver = objs[-1]["spec"]["template"]["spec"]["containers"][0]
+    assert {"name": "metrics", "containerPort": names.DRIVER_METRICS_PORT} in driver["ports"]
+    # no Prometheus namespace: the metrics ports too are the job's own; off: no policy at all
+    closed = by_kind(builders.all_objects(job(), {}, None, builders.BuildOptions(namespace="ml")))["NetworkPolicy"]
+    assert closed["spec"]["ingress"] == [own]
+    off = builders.BuildOptions(namespace="ml", network_policy=False)
+    assert "NetworkPolicy" not in by_kind(builders.all_objects(job(), {}, None, off))
 
 
 def test_render_prints_no_secret() -> None:

@@ -19,15 +19,24 @@ DRA_EXAMPLE = EXAMPLE.with_name("ppo-gpu-dra.yaml")
 def test_render_prints_a_valid_yaml_stream(capsys: pytest.CaptureFixture[str], validator) -> None:
     assert main(["render", str(EXAMPLE), "--namespace", "ml", "--image", "runtime:2"]) == 0
     objs = list(yaml.safe_load_all(capsys.readouterr().out))
-    assert [o["kind"] for o in objs] == ["ServiceAccount", "Role", "RoleBinding", "ConfigMap", "ConfigMap",
-                                         "RayCluster", "Job"]
+    assert [o["kind"] for o in objs] == ["ServiceAccount", "Role", "RoleBinding", "NetworkPolicy", "ConfigMap",
+                                         "ConfigMap", "RayCluster", "Job"]
     for obj in objs:
         assert validator(obj) == [], obj["kind"]
         assert obj["metadata"]["namespace"] == "ml"
-    cluster = objs[5]
+    cluster = objs[-2]
     assert [g["groupName"] for g in cluster["spec"]["workerGroupSpecs"]] == ["actor", "critic", "ref", "reward"]
     assert cluster["spec"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]["image"] == "runtime:2"
     assert capsys.readouterr().err == ""
+
+
+def test_render_takes_the_operators_network_policy_flags(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["render", str(EXAMPLE), "--metrics-from", "monitoring"]) == 0
+    (policy,) = [o for o in yaml.safe_load_all(capsys.readouterr().out) if o["kind"] == "NetworkPolicy"]
+    assert policy["spec"]["ingress"][1]["from"][0]["namespaceSelector"]["matchExpressions"][0]["values"] == [
+        "monitoring"]
+    assert main(["render", str(EXAMPLE), "--no-network-policy"]) == 0
+    assert "NetworkPolicy" not in [o["kind"] for o in yaml.safe_load_all(capsys.readouterr().out)]
 
 
 def test_render_says_when_checkpoints_do_not_survive_a_restart(capsys: pytest.CaptureFixture[str]) -> None:
@@ -116,8 +125,8 @@ def test_head_and_driver_pod_sizes_are_operator_settings(capsys: pytest.CaptureF
     assert main(["render", str(EXAMPLE), "--head-resources", "cpu=200m,memory=2Gi",
                  "--driver-resources", "cpu=250m,memory=1Gi"]) == 0
     objs = list(yaml.safe_load_all(capsys.readouterr().out))
-    head = objs[5]["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0]["resources"]
-    driver = objs[6]["spec"]["template"]["spec"]["containers"][0]["resources"]
+    head = objs[-2]["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0]["resources"]
+    driver = objs[-1]["spec"]["template"]["spec"]["containers"][0]["resources"]
     for pod, (cpu, memory) in ((head, ("200m", "2Gi")), (driver, ("250m", "1Gi"))):
         for quantities in (pod["requests"], pod["limits"]):
             assert (quantities["cpu"], quantities["memory"]) == (cpu, memory) and len(quantities) == 3
@@ -143,7 +152,7 @@ def test_the_liveness_url_takes_the_pods_ip_as_the_downward_api_gives_it() -> No
 def test_scratch_sizes_are_an_operator_setting(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["render", str(EXAMPLE), "--scratch", "cache=100Gi"]) == 0
     objs = list(yaml.safe_load_all(capsys.readouterr().out))
-    head = objs[5]["spec"]["headGroupSpec"]["template"]["spec"]
+    head = objs[-2]["spec"]["headGroupSpec"]["template"]["spec"]
     assert {v["name"]: v["emptyDir"]["sizeLimit"] for v in head["volumes"] if "emptyDir" in v} == {
         "tmp": "16Gi", "cache": "100Gi"}  # the rest at their defaults
     assert head["containers"][0]["resources"]["limits"]["ephemeral-storage"] == "117Gi"  # 16 + 100 + 1 (logs)
