@@ -122,7 +122,7 @@ def test_the_operator_cannot_fence_off_pods_of_others_with_a_network_policy(ns: 
 
     for name, selector in (("everyone", {}), ("other-job", {"matchLabels": {"kuberl.io/job": "other"}}),
                            ("by-expression", {"matchExpressions": [{"key": "app", "operator": "Exists"}]})):
-        assert "selects the pods of its own job only" in refused(op.create, NETWORKPOLICIES, policy(name, selector))
+        assert "selects only the pods of its own job" in refused(op.create, NETWORKPOLICIES, policy(name, selector))
     op.create(NETWORKPOLICIES, policy(f"{job}-network", {"matchLabels": {"kuberl.io/job": job}}))
 
 
