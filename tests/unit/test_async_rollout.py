@@ -168,32 +168,27 @@ def test_the_rollout_returns_its_own_log_probs_for_every_token():
     assert torch.isfinite(out["rollout_logprobs"]).all() and (out["rollout_logprobs"] < 0).all()
 
 
-def test_the_rollout_role_is_refused_gpus_it_would_share():
-    roles = {"actor": {"gpus": 1}, "rollout": {"gpus": 1, "colocateWith": "actor"}}
+def refusal(**spec) -> str:
+    """The one error of an async job with `spec` (a section each) over the repeat-letter task."""
+    base = {"data": {"task": "repeat-letter"}, "reward": {"function": "repeat-letter"}, "rollout": {"async": {}}}
     with pytest.raises(SpecInvalid) as info:
         validate_manifest({"apiVersion": "kuberl.io/v1alpha1", "kind": "RLTrainingJob", "metadata": {"name": "x"},
-                           "spec": {"data": {"task": "repeat-letter"}, "reward": {"function": "repeat-letter"},
-                                    "rollout": {"async": {}}, "roles": roles}})
+                           "spec": {**base, **spec}})
     (err,) = [str(e) for e in info.value.errors]
+    return err
+
+
+def test_the_rollout_role_is_refused_gpus_it_would_share():
+    err = refusal(roles={"actor": {"gpus": 1}, "rollout": {"gpus": 1, "colocateWith": "actor"}})
     assert err.startswith("spec.roles.rollout.colocateWith: puts the rollout role on the GPUs of actor, but the "
                           "rollout role generates all the time"), err
     assert err.endswith("(fix: remove spec.roles.rollout.colocateWith: give the rollout role GPUs of its own)"), err
-    roles = {"rollout": {"gpus": 1}, "ref": {"gpus": 1, "colocateWith": "rollout"}}
-    with pytest.raises(SpecInvalid) as info:
-        validate_manifest({"apiVersion": "kuberl.io/v1alpha1", "kind": "RLTrainingJob", "metadata": {"name": "x"},
-                           "spec": {"data": {"task": "repeat-letter"}, "reward": {"function": "repeat-letter"},
-                                    "rollout": {"async": {}}, "roles": roles}})
-    (err,) = [str(e) for e in info.value.errors]
+    err = refusal(roles={"rollout": {"gpus": 1}, "ref": {"gpus": 1, "colocateWith": "rollout"}})
     assert err.startswith("spec.roles.ref.colocateWith: puts ref on the GPUs of rollout"), err
 
 
 def test_async_refuses_tis_off_the_only_correction_for_its_stale_tokens():
-    spec = {"data": {"task": "repeat-letter"}, "reward": {"function": "repeat-letter"}, "rollout": {"async": {}},
-            "algorithm": {"tis": "off"}}
-    with pytest.raises(SpecInvalid) as info:
-        validate_manifest({"apiVersion": "kuberl.io/v1alpha1", "kind": "RLTrainingJob", "metadata": {"name": "x"},
-                           "spec": spec})
-    (err,) = [str(e) for e in info.value.errors]
+    err = refusal(algorithm={"tis": "off"})
     assert err.startswith("spec.algorithm.tis: is off, but rollout.async needs it") and "\n" not in err, err
     assert err.endswith("(fix: set spec.algorithm.tis: auto or on, or remove spec.rollout.async)"), err
     assert job(**{"async": {}}).tis_enabled  # auto is on
