@@ -114,14 +114,16 @@ class Context:
 
     def probe_secret(self, key: ray_token.Key, forced: bool) -> bool:
         """Whether this pass creates the job's token Secret and NetworkPolicy again (to learn whether they still
-        exist): when ``forced`` (an event-driven pass), or once the job's turn in each
-        ``config.secret_probe_seconds`` has come since the last time (`probe_due`)."""
-        now_s = time.monotonic()
+        exist): when ``forced`` (an event-driven pass), until a probe has answered (`probed`), and once the job's
+        turn in each ``config.secret_probe_seconds`` has come since the last answer (`probe_due`)."""
         last = self.secret_probes.get(key)
-        if forced or last is None or now_s >= probe_due(last, key, self.config.secret_probe_seconds):
-            self.secret_probes[key] = now_s
-            return True
-        return False
+        return forced or last is None or time.monotonic() >= probe_due(last, key, self.config.secret_probe_seconds)
+
+    def probed(self, key: ray_token.Key) -> None:
+        """The job's Secret and NetworkPolicy were created or found: the next probe may wait its turn. Until then
+        every pass probes, so that a failed create (a 5xx, a Role without the verb) never lets a resync make the
+        pods without them."""
+        self.secret_probes[key] = time.monotonic()
 
     def lock(self, namespace: str, name: str) -> asyncio.Lock:
         """One status writer per job at a time inside this process."""
@@ -155,7 +157,7 @@ class Context:
             cpu_limits=self.config.cpu_limits,
             scratch=self.config.scratch,
             network_policy=self.config.network_policy,
-            metrics_namespaces=self.config.metrics_namespaces,
+            scrapers=self.config.scrapers,
         )
 
 
@@ -412,7 +414,7 @@ async def apply_spec(ctx: Context, indices: Indices, body: kopf.Body, patch: kop
     wanted = [obj for obj in builders.all_objects(job, body["spec"], token.value, ctx.options(namespace))
               if not (job.spec.suspend and (resource_of(obj), obj["metadata"]["name"]) in runtime)
               and (probe or resource_of(obj) not in CREATE_ONLY)]
-    if created := await create_in_waves(wanted, make):
+    if created := await create_probing(ctx, token_key if probe else None, wanted, make):
         kopf.event(body, type="Normal", reason="Created", message=f"created {', '.join(created)}")
     await ask_driver(ctx, indices, namespace, job)
     if job.spec.suspend:
@@ -425,6 +427,16 @@ async def apply_spec(ctx: Context, indices: Indices, body: kopf.Body, patch: kop
         kopf.event(body, type="Normal", reason="SpecChangePending",
                    message=f"{', '.join(changes)} changed: the running RayCluster and driver keep the spec they "
                            f"started with; suspend and resume the job to apply it")
+
+
+async def create_probing(ctx: Context, probe: ray_token.Key | None, wanted: Sequence[MutableMapping[str, Any]],
+                         make: Callable[[MutableMapping[str, Any]], Awaitable[bool]]) -> list[str]:
+    """`create_in_waves`, then, for a pass that probed the job's create-only children (`probe`: its key), the probe
+    recorded: only once every create answered (one that raised ends the pass, and the next probes again)."""
+    created = await create_in_waves(wanted, make)
+    if probe is not None:
+        ctx.probed(probe)
+    return created
 
 
 async def create_in_waves(wanted: Sequence[MutableMapping[str, Any]],

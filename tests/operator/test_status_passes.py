@@ -81,3 +81,15 @@ def test_secret_probes_of_jobs_made_in_one_burst_are_spread_over_the_interval() 
     for late in (0.0, 29.0):  # then one interval apart, the pass that probes on time or a resync late
         again = [reconcile.probe_due(due[k] + late, k, interval) - due[k] for k in keys]
         assert all(abs(gap - interval) < 1e-6 for gap in again)
+
+
+def test_a_probe_that_never_answered_is_made_again_on_the_next_pass() -> None:
+    """The Secret and NetworkPolicy creates of a pass that failed are tried again by the next resync, not a probe
+    interval later: a resync that skipped them would make the RayCluster and its pods without their policy."""
+    ctx = reconcile.Context(kube=None, config=OperatorConfig(secret_probe_seconds=900.0), metrics=Metrics())
+    key = ("ns", "job", "uid")
+    assert ctx.probe_secret(key, forced=False)  # never probed
+    assert ctx.probe_secret(key, forced=False)  # asked again, the first pass having failed: still due
+    ctx.probed(key)
+    assert not ctx.probe_secret(key, forced=False)  # answered: the next waits its turn
+    assert ctx.probe_secret(key, forced=True)  # an event of the job probes whatever the turn
