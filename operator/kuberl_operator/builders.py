@@ -22,7 +22,7 @@ from kuberl.spec.model import node_resource
 from kuberl.spec.quantity import format_quantity, parse_quantity
 
 from . import names
-from .network import network_policy
+from .network import Scrapers, network_policy
 from .scheduling import pod_scheduling
 from .spec_changes import applied_annotation
 
@@ -67,7 +67,7 @@ class BuildOptions:
     cpu_limits: bool = True  # False: CPU requests only (Burstable pods that may use a node's idle cores)
     scratch: Mapping[str, str] = field(default_factory=lambda: dict(SCRATCH))  # emptyDir sizeLimits (SCRATCH)
     network_policy: bool = True  # each job gets a NetworkPolicy (`network`)
-    metrics_namespaces: tuple[str, ...] = ()  # where Prometheus runs: they may reach the pods' metrics ports
+    scrapers: Scrapers = Scrapers()  # who may reach the pods' metrics ports (Prometheus)
 
 
 def image_of(job: RLTrainingJob, opts: BuildOptions) -> str:
@@ -599,7 +599,7 @@ def all_objects(job: RLTrainingJob, raw_spec: Mapping[str, Any], token: str | No
     (what `kuberl render` prints) no Secret: the operator makes it, with a token of its own."""
     return [
         *driver_rbac(job, opts),
-        *([network_policy(job, opts.namespace, opts.metrics_namespaces)] if opts.network_policy else []),
+        *([network_policy(job, opts.namespace, opts.scrapers)] if opts.network_policy else []),
         *([auth_secret(job, token, opts)] if token is not None else []),
         spec_configmap(job, raw_spec, opts),
         progress_configmap(job, opts),

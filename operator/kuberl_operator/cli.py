@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import logging
 import sys
 from pathlib import Path
@@ -18,6 +19,7 @@ from kuberl.spec.quantity import parse_quantity
 
 from . import builders, job_policy, names, placement
 from .config import CONCURRENT_PASSES, DEFAULT_MAX_GPUS_PER_NODE, OperatorConfig
+from .network import Scrapers
 
 EPHEMERAL_CHECKPOINTS = ("note: spec.trainer.checkpoint.volumeClaim is not set: checkpoints are written inside the "
                          "pods and do not survive a pod restart, so a restarted role or driver cannot restore from "
@@ -42,7 +44,7 @@ def cmd_render(args: argparse.Namespace) -> int:
     namespace = args.namespace or job.metadata.namespace or "default"
     opts = builders.BuildOptions(namespace=namespace, image=args.image, head=args.head_resources,
                                  driver=args.driver_resources, cpu_limits=args.cpu_limits, scratch=args.scratch,
-                                 network_policy=args.network_policy, metrics_namespaces=tuple(args.metrics_from))
+                                 network_policy=args.network_policy, scrapers=scrapers(args))
     raw_spec = parse_yaml(Path(args.job).read_text())["spec"]
     objects = builders.all_objects(job, raw_spec, None, opts)  # the operator makes the Ray token; render shows none
     sys.stdout.write(yaml.safe_dump_all(objects, sort_keys=False))
@@ -54,6 +56,17 @@ def cmd_render(args: argparse.Namespace) -> int:
               f"{names.claim_folder(job.metadata.name)} of the checkpoint volume "
               f"({job.spec.trainer.checkpoint.volume_claim})", file=sys.stderr)
     return 0
+
+
+def scrapers(args: argparse.Namespace) -> Scrapers:
+    return Scrapers(tuple(args.metrics_from), tuple(args.metrics_from_cidr))
+
+
+def cidr(text: str) -> str:
+    try:
+        return str(ipaddress.ip_network(text, strict=True))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{exc}: give an address block such as 10.0.0.0/24") from None
 
 
 def positive(text: str) -> int:
@@ -77,7 +90,7 @@ def cmd_operator(args: argparse.Namespace) -> int:
                             max_gpus_per_node=args.max_gpus_per_node, head=args.head_resources,
                             driver=args.driver_resources, cpu_limits=args.cpu_limits, scratch=args.scratch,
                             job_policy=args.job_policy, concurrent_passes=args.concurrent_passes,
-                            network_policy=args.network_policy, metrics_namespaces=tuple(args.metrics_from))
+                            network_policy=args.network_policy, scrapers=scrapers(args))
     kopf.run(
         standalone=True,
         namespaces=args.namespace,
@@ -165,10 +178,14 @@ def job_options(p: argparse.ArgumentParser) -> None:
                         "cores; a small or shared CPU node). Default: limits equal requests (Guaranteed)")
     p.add_argument("--no-network-policy", dest="network_policy", action="store_false",
                    help="make no NetworkPolicy for a job. Default: each job's pods admit connections from its own "
-                        "pods only, and on their `metrics` ports from the --metrics-from namespaces")
+                        "pods only, and on their `metrics` ports from the --metrics-from namespaces and address "
+                        "blocks")
     p.add_argument("--metrics-from", action="append", default=[], metavar="NAMESPACE",
                    help="a namespace where Prometheus runs: its pods may reach the job pods' metrics ports "
                         "(repeatable; the chart's networkPolicy.metricsNamespaces)")
+    p.add_argument("--metrics-from-cidr", action="append", type=cidr, default=[], metavar="CIDR",
+                   help="an address block that may reach the job pods' metrics ports: a Prometheus outside the "
+                        "cluster or on a node's host network (repeatable; the chart's networkPolicy.metricsCIDRs)")
     p.add_argument("--job-policy", type=policy, default=job_policy.JobPolicy(), metavar="JSON",
                    help="what a job's author may choose, as the chart's jobPolicy in JSON (allowedImages, "
                         "allowedVolumeClaims, forbiddenMountPaths, allowed*Classes, allowWildcardTolerations); a job "

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from .builders import DEFAULT_IMAGE, DRIVER_RESOURCES, HEAD_RESOURCES, SCRATCH
 from .job_policy import JobPolicy
+from .network import Scrapers
 
 DEFAULT_MAX_GPUS_PER_NODE = 8
 # Seconds between two creates of a job's Ray token Secret outside its own events (the operator may not read
@@ -41,7 +42,7 @@ class OperatorConfig:
     secret_probe_seconds: float = field(default_factory=secret_probe_seconds)
     concurrent_passes: int = CONCURRENT_PASSES  # passes over jobs running at once (`reconcile.Context.turn`)
     network_policy: bool = True  # each job gets a NetworkPolicy (`network`)
-    metrics_namespaces: tuple[str, ...] = ()  # where Prometheus runs: they may reach the job pods' metrics ports
+    scrapers: Scrapers = Scrapers()  # who may reach the job pods' metrics ports (Prometheus)
 
     @classmethod
     def from_env(cls) -> OperatorConfig:

@@ -4,8 +4,9 @@ Every pod of a job (the Ray head, each role's workers, the driver) carries ``kub
 selects those pods and admits, on ingress:
 - the job's own pods, on every port: Ray's GCS, raylet, object manager, dashboard and job API, the workers' own
   ports, the collectives between a role's ranks;
-- pods in the namespaces named for Prometheus (the chart's ``networkPolicy.metricsNamespaces``), on the port named
-  ``metrics`` only: the driver's /metrics and the one KubeRay gives the head and the workers.
+- pods in the namespaces named for Prometheus (the chart's ``networkPolicy.metricsNamespaces``), and the address
+  blocks named for a Prometheus outside the cluster or on a node's host network (``networkPolicy.metricsCIDRs``),
+  on the port named ``metrics`` only: the driver's /metrics and the one KubeRay gives the head and the workers.
 
 Nothing else reaches them: a pod of another job in the same namespace, or any pod of another namespace, cannot
 open Ray's ports, where a Ray token alone would stand in its way. Egress is left open (checkpoint storage, a
@@ -15,7 +16,7 @@ NetworkPolicy (docs/security.md).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from kuberl.spec import RLTrainingJob
@@ -26,16 +27,29 @@ METRICS_PORT_NAME = "metrics"  # the driver's container port and KubeRay's on th
 NAMESPACE_NAME = "kubernetes.io/metadata.name"  # the label the API server puts on every namespace
 
 
-def network_policy(job: RLTrainingJob, namespace: str, metrics_namespaces: Sequence[str]) -> dict[str, Any]:
-    """The networking.k8s.io/v1 NetworkPolicy ``<job>-network`` of `job` in `namespace`; `metrics_namespaces`: where
-    Prometheus runs (none: the metrics ports are closed to all but the job's own pods)."""
+@dataclass(frozen=True)
+class Scrapers:
+    """Who may reach the job pods' metrics ports besides the job's own pods (none of either: nobody)."""
+
+    namespaces: tuple[str, ...] = ()  # pods of these namespaces (where Prometheus runs)
+    cidrs: tuple[str, ...] = ()  # these address blocks: a Prometheus outside the cluster, or on a host network
+
+    def peers(self) -> list[dict[str, Any]]:
+        """The policy's `from` peers for the metrics ports."""
+        peers: list[dict[str, Any]] = [{"ipBlock": {"cidr": cidr}} for cidr in sorted(set(self.cidrs))]
+        if self.namespaces:
+            peers.insert(0, {"namespaceSelector": {"matchExpressions": [
+                {"key": NAMESPACE_NAME, "operator": "In", "values": sorted(set(self.namespaces))}]}})
+        return peers
+
+
+def network_policy(job: RLTrainingJob, namespace: str, scrapers: Scrapers) -> dict[str, Any]:
+    """The networking.k8s.io/v1 NetworkPolicy ``<job>-network`` of `job` in `namespace`."""
     name = job.metadata.name
     own = {"podSelector": {"matchLabels": {names.LABEL_JOB: name}}}
     ingress: list[dict[str, Any]] = [{"from": [own]}]
-    if metrics_namespaces:
-        scrapers = {"namespaceSelector": {"matchExpressions": [
-            {"key": NAMESPACE_NAME, "operator": "In", "values": sorted(set(metrics_namespaces))}]}}
-        ingress.append({"from": [scrapers], "ports": [{"protocol": "TCP", "port": METRICS_PORT_NAME}]})
+    if peers := scrapers.peers():
+        ingress.append({"from": peers, "ports": [{"protocol": "TCP", "port": METRICS_PORT_NAME}]})
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",

@@ -105,9 +105,11 @@ def test_operator_accepts_the_chart_args(helm: Helm, name: str) -> None:
     from kuberl_operator.builders import SCRATCH
 
     assert args.scratch == {**SCRATCH, **values.get("jobPods", {}).get("scratch", {})}  # the emptyDirs' sizeLimits
-    network = {"enabled": True, "metricsNamespaces": ["monitoring"], **values.get("networkPolicy", {})}
+    network = {"enabled": True, "metricsNamespaces": ["monitoring"], "metricsCIDRs": [],
+               **values.get("networkPolicy", {})}
     assert args.network_policy == network["enabled"]
     assert args.metrics_from == (network["metricsNamespaces"] if network["enabled"] else [])
+    assert args.metrics_from_cidr == (network["metricsCIDRs"] if network["enabled"] else [])
 
 
 def test_default_runtime_image_is_the_operators_default(helm: Helm) -> None:

@@ -15,6 +15,7 @@ import yaml
 from kuberl.spec import load_manifest, validate_manifest
 from kuberl.spec.quantity import parse_quantity
 from kuberl_operator import builders, names
+from kuberl_operator.network import Scrapers
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 OPTS = builders.BuildOptions(namespace="ml", image="runtime:1")
@@ -125,7 +126,8 @@ def test_head_does_no_work_and_everything_shares_the_ray_token() -> None:
 def test_the_network_policy_admits_the_jobs_own_pods_and_prometheus_on_the_metrics_ports() -> None:
     """Every pod of the job is selected (they all carry its label); its own pods reach every port, the Prometheus
     namespaces only the ports named `metrics` (the driver's and KubeRay's); nothing else is admitted."""
-    opts = builders.BuildOptions(namespace="ml", metrics_namespaces=("monitoring", "obs", "monitoring"))
+    scrapers = Scrapers(("monitoring", "obs", "monitoring"), ("192.0.2.0/24",))
+    opts = builders.BuildOptions(namespace="ml", scrapers=scrapers)
     objs = builders.all_objects(job(), {}, "token", opts)
     policy = by_kind(objs)["NetworkPolicy"]
     selected = {names.LABEL_JOB: "j"}
@@ -134,7 +136,8 @@ def test_the_network_policy_admits_the_jobs_own_pods_and_prometheus_on_the_metri
     own, scrape = policy["spec"]["ingress"]
     assert own == {"from": [{"podSelector": {"matchLabels": selected}}]}  # no ports: every port
     assert scrape["from"] == [{"namespaceSelector": {"matchExpressions": [
-        {"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["monitoring", "obs"]}]}}]
+        {"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["monitoring", "obs"]}]}},
+        {"ipBlock": {"cidr": "192.0.2.0/24"}}]
     assert scrape["ports"] == [{"protocol": "TCP", "port": "metrics"}]
     pods = [objs[-2]["spec"]["headGroupSpec"]["template"], objs[-1]["spec"]["template"],
             *(g["template"] for g in objs[-2]["spec"]["workerGroupSpecs"])]

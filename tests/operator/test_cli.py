@@ -37,6 +37,13 @@ def test_render_takes_the_operators_network_policy_flags(capsys: pytest.CaptureF
         "monitoring"]
     assert main(["render", str(EXAMPLE), "--no-network-policy"]) == 0
     assert "NetworkPolicy" not in [o["kind"] for o in yaml.safe_load_all(capsys.readouterr().out)]
+    assert main(["render", str(EXAMPLE), "--metrics-from-cidr", "10.89.0.1/32"]) == 0
+    (policy,) = [o for o in yaml.safe_load_all(capsys.readouterr().out) if o["kind"] == "NetworkPolicy"]
+    assert policy["spec"]["ingress"][1]["from"] == [{"ipBlock": {"cidr": "10.89.0.1/32"}}]
+    with pytest.raises(SystemExit):  # a host address with a prefix, or none at all: one line naming the flag
+        main(["render", str(EXAMPLE), "--metrics-from-cidr", "10.89.0.1/24"])
+    err = capsys.readouterr().err
+    assert "--metrics-from-cidr" in err and "such as 10.0.0.0/24" in err and "Traceback" not in err
 
 
 def test_render_says_when_checkpoints_do_not_survive_a_restart(capsys: pytest.CaptureFixture[str]) -> None:
