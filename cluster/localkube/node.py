@@ -1,5 +1,6 @@
 """A real node beside the kwok ones: containerd, runc, the CNI bridge, kubelet, kube-proxy and CoreDNS; hostPath
-volumes for checkpoint claims (volumes.py) and a fake-GPU DRA driver (dra.py).
+volumes for checkpoint claims (volumes.py), a fake-GPU DRA driver (dra.py) and NetworkPolicy enforcement
+(netpol.py).
 
 Everything of the node lives in a network namespace of its own, held by one process (``netns``), so
 pod traffic never leaves it: the namespace has its loopback, the pods' bridge (``10.88.0.0/24``)
@@ -35,7 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from . import api as kapi
-from . import dra, pins, pki, procs, volumes
+from . import dra, netpol, pins, pki, procs, volumes
 from .images import load
 
 if TYPE_CHECKING:
@@ -52,6 +53,7 @@ PAUSE_IMAGE = "localhost/kuberl/pause:3.10"
 CGROUP_BASE = Path("/sys/fs/cgroup")
 NEEDS = ("runc", "nsenter", "unshare", "ip", "socat", "nft", "iptables")  # Debian: runc util-linux iproute2 ...
 MNT_DETACH = 2
+GAP_FILE = "network-policies.txt"  # why the node enforces no NetworkPolicy, when it does not
 
 
 class NodeError(RuntimeError):
@@ -421,7 +423,7 @@ def teardown(state: Path, st: NodeState | None = None) -> None:
     (Path(st.dir) / "node.json").unlink(missing_ok=True)
 
 
-NODE_PROCS = ("netns", "relay", "containerd", "kubelet", "kube-proxy", "coredns", "fake-gpu")
+NODE_PROCS = ("netns", "relay", "containerd", "kubelet", "kube-proxy", "coredns", "fake-gpu", "network-policies")
 
 
 def new_state(state: Path) -> NodeState:
@@ -559,12 +561,46 @@ def start(cluster: Cluster, images: list[Path], timeout: float = 90) -> NodeStat
     cluster._wait(proxy, lambda: http_ok(f"http://{pki.NODE_LINK_NODE}:10256/healthz"), 30, "see the log")
     dns = cluster._start("coredns", [cluster.bin("coredns"), "-conf", str(files["coredns"])], prefix=inside)
     cluster._wait(dns, lambda: http_ok(f"http://{DNS_IP}:8181/ready"), 30, "see the log")
-    fake_gpu = cluster.bin(pins.own_name(pins.OWN[0]))
+    fake_gpu = cluster.bin(pins.own_name(pins.FAKE_GPU))
     if Path(fake_gpu).is_file():
         gpus = cluster._start("fake-gpu", dra.argv(fake_gpu, str(files["fake-gpu.kubeconfig"]), pki.NODE_NAME,
                                                    str(Path(st.dir) / "kubelet")), prefix=inside)
         cluster._wait(gpus, lambda: _published(admin), 30, "see the log")
+    enforcer = cluster.bin(pins.own_name(pins.NETWORK_POLICIES))
+    gap = Path(st.dir) / GAP_FILE
+    gap.unlink(missing_ok=True)
+    if not Path(enforcer).is_file():
+        gap.write_text(f"NetworkPolicy is not enforced on this node: {enforcer} is not built (`make cluster-build`)")
+    elif not queue_supported(holder.pid):
+        gap.write_text(netpol.UNENFORCED)
+    else:
+        creds = netpol.credentials(admin, cluster.pki / "ca.crt", Path(st.dir) / "netpol")
+        policies = cluster._start("network-policies", netpol.argv(enforcer, pki.NODE_NAME),
+                                  env=netpol.env(pki.NODE_LINK_HOST, RELAY_PORT, creds),
+                                  prefix=(*inside, *netpol.PREFIX))
+        cluster._wait(policies, lambda: enforcing(holder.pid), 60, "see the log")
     return st
+
+
+def queue_supported(holder: int) -> bool:
+    """Whether the kernel runs the nftables queue expression (checked in the node's namespace, nothing applied)."""
+    cmd = [*procs.netns(holder), "nft", "-c", "-f", "-"]
+    return subprocess.run(cmd, input=netpol.QUEUE_CHECK, capture_output=True, text=True).returncode == 0
+
+
+def enforcement_gap(state: Path) -> str | None:
+    """Why the real node of the cluster in `state` enforces no NetworkPolicy; None when it does."""
+    gap = state / "node" / GAP_FILE
+    return gap.read_text() if gap.is_file() else None
+
+
+def enforcing(holder: int) -> bool:
+    """Whether kube-network-policies keeps its nftables table in the node's namespace (its caches are in sync)."""
+    try:
+        run("nft", "list", "table", *netpol.TABLE, netns_of=holder)
+    except NodeError:
+        return False
+    return True
 
 
 def tool_path(cluster: Cluster) -> dict[str, str]:

@@ -57,9 +57,12 @@ BINARIES = (
     Binary("buildctl", "buildkit", "github.com/moby/buildkit/cmd/buildctl"),
 )
 
-# Our own commands (their source in the build module): kept out of the cache key, so that a change of theirs does
-# not rebuild the pinned set; each binary's file name carries a hash of its module folder instead (own_name).
-OWN = (Binary("kuberl-fake-gpu", "fakegpu", "kuberl.io/cluster/fakegpu", static=True),)
+# Kept out of the cache key, so that adding or changing one does not rebuild the pinned set: each binary's file name
+# carries a hash of its build module's folder instead (own_name). Our fake-GPU DRA driver (its source in the build
+# module), and SIG Network's NetworkPolicy enforcement for the real node (pinned like the rest, added after them).
+FAKE_GPU = Binary("kuberl-fake-gpu", "fakegpu", "kuberl.io/cluster/fakegpu", static=True)
+NETWORK_POLICIES = Binary("kube-network-policies", "netpol", "sigs.k8s.io/kube-network-policies/cmd", static=True)
+OWN = (FAKE_GPU, NETWORK_POLICIES)
 
 KUBERAY_MODULE = "github.com/ray-project/kuberay/ray-operator"  # its CRDs: config/crd/bases in the module
 
@@ -147,7 +150,7 @@ def find_cached() -> Path | None:
 
 
 def own_name(binary: Binary) -> str:
-    """The file name of one of our own commands: its name and a hash of its build module's files."""
+    """The file name of a binary of OWN: its name and a hash of its build module's files."""
     digest = hashlib.sha256()
     for path in sorted((GOMOD / binary.module).iterdir()):
         digest.update(path.name.encode() + path.read_bytes())

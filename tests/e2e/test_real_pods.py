@@ -1,7 +1,9 @@
 """A job applied with kubectl trains inside pods that a real kubelet runs (tests/e2e/conftest.py's cluster).
 
 The operator is a pod of the local image, installed by the chart with the local values; the quickstart is
-applied unchanged; the head, one pod per role and the driver run the runtime's CPU image under runc.
+applied unchanged; the head, one pod per role and the driver run the runtime's CPU image under runc. The node
+enforces NetworkPolicy (kube-network-policies, cluster/localkube/netpol.py), so the job's own policy is tested
+by connections from pods around it.
 """
 
 from __future__ import annotations
@@ -9,16 +11,23 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from localkube.node import PAUSE_IMAGE, enforcement_gap
+from localkube.stack import Cluster
 
 from kuberl_operator import names
 from tests.cluster.waits import wait_for
 from tests.conftest import REPO
 
+from . import chaos
 from .conftest import Kubectl
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
@@ -78,6 +87,8 @@ class Run:
     name: str
     pods: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # role -> pods, when all first ran
     inside: dict[str, dict[str, subprocess.CompletedProcess]] = field(default_factory=dict)  # role -> check -> out
+    reach: dict[tuple[str, str], str] = field(default_factory=dict)  # (from, head port) -> open, refused, dropped
+    unenforced: str | None = None  # why the node enforces no NetworkPolicy (its kernel), when it does not
     steps: list[tuple[int, float]] = field(default_factory=list)  # (step, tokens/s) as the status showed them
     final: dict[str, Any] = field(default_factory=dict)
 
@@ -91,18 +102,75 @@ def all_running(k: Kubectl, name: str) -> dict[str, list[dict[str, Any]]] | None
     return pods if all(role in pods and all(map(running, pods[role])) for role in ("head", *ROLES)) else None
 
 
+# Who tries the head's ports while the quickstart runs: a pod of the job (its actor), a pod labelled for another job
+# in the job's namespace, a pod of another namespace, a pod of `monitoring` (the chart's metricsNamespaces), and the
+# host, where Prometheus runs in these tests (10.89.0.1: cluster/values-local.yaml's metricsCIDRs).
+STRANGERS = {"other-job": ("quickstart", {names.LABEL_JOB: "another-job"}), "other-namespace": ("elsewhere", {}),
+             "monitoring": ("monitoring", {})}
+REACH = {("actor", "gcs"): "open", ("actor", "dashboard"): "open", ("other-job", "gcs"): "dropped",
+         ("other-job", "dashboard"): "dropped", ("other-job", "metrics"): "dropped",
+         ("other-namespace", "gcs"): "dropped", ("other-namespace", "dashboard"): "dropped",
+         ("monitoring", "metrics"): "open", ("monitoring", "gcs"): "dropped", ("host", "metrics"): "open",
+         ("host", "gcs"): "dropped"}
+PROBE = ("import socket, sys\n"
+         "try:\n    socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=4).close(); print('open')\n"
+         "except ConnectionRefusedError:\n    print('refused')\n"
+         "except TimeoutError:\n    print('dropped')\n")
+
+
+def running_pod(k: Kubectl, name: str) -> dict[str, Any] | None:
+    pod = k.get("pod", name)
+    return pod if pod and running(pod) else None
+
+
+def start_strangers(k: Kubectl) -> None:
+    """One pause pod per STRANGERS entry (its namespace made if missing)."""
+    for name, (namespace, labels) in STRANGERS.items():
+        if namespace != k.namespace:
+            k("create", "namespace", namespace)
+        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": labels},
+               "spec": {"terminationGracePeriodSeconds": 0,
+                        "containers": [{"name": "pause", "image": PAUSE_IMAGE, "imagePullPolicy": "Never"}]}}
+        k.in_namespace(namespace).apply(pod)
+
+
+def try_head(k: Kubectl, state: Path, head: dict[str, Any], actor: dict[str, Any]) -> dict[tuple[str, str], str]:
+    """REACH's connections to the head's named ports, made at once from each source's network namespace."""
+    ports = {p["name"]: p["containerPort"] for c in head["spec"]["containers"] for p in c.get("ports", [])}
+    pods = {"actor": actor}
+    for name, (namespace, _) in STRANGERS.items():
+        pods[name] = wait_for(partial(running_pod, k.in_namespace(namespace), name), 120, f"pod {name} Running")
+
+    def connect(source: str, port: str) -> str:
+        cmd = (sys.executable, "-c", PROBE, head["status"]["podIP"], str(ports[port]))
+        if source == "host":
+            return subprocess.run(cmd, capture_output=True, text=True, timeout=30).stdout.strip()
+        return chaos.in_netns(chaos.pod_pids(state, pods[source]["metadata"]["uid"])[0], *cmd).strip()
+
+    with ThreadPoolExecutor(len(REACH)) as pool:
+        found = dict(zip(REACH, pool.map(lambda pair: connect(*pair), REACH)))
+    for name, (namespace, _) in STRANGERS.items():
+        k.in_namespace(namespace).delete("pod", name)
+    return found
+
+
 @pytest.fixture(scope="module")
-def quickstart(installed: Kubectl) -> Run:
+def quickstart(installed: Kubectl, real_cluster: Cluster) -> Run:
     """examples/quickstart.yaml, unchanged, in a namespace of its own, watched until it ends."""
     k = installed.in_namespace("quickstart")
     k("create", "namespace", "quickstart")
+    run = Run(k, yaml.safe_load(QUICKSTART.read_text())["metadata"]["name"], unenforced=enforcement_gap(
+        real_cluster.state))
+    if not run.unenforced:
+        start_strangers(k)
     k.apply(QUICKSTART.read_text())
-    run = Run(k, yaml.safe_load(QUICKSTART.read_text())["metadata"]["name"])
     run.pods = wait_for(lambda: all_running(k, run.name), 420, "the head and one pod per role Running",
                         lambda: describe(k, run.name), interval=1)
     for role in ("head", "actor"):  # the containers, from inside, while they run
         pod = run.pods[role][0]["metadata"]["name"]
         run.inside[role] = {check: k.exec(pod, *cmd) for check, cmd in INSIDE.items()}
+    if not run.unenforced:
+        run.reach = try_head(k, real_cluster.state, run.pods["head"][0], run.pods["actor"][0])
 
     def ended() -> bool:
         st = status(k, run.name)
@@ -121,6 +189,15 @@ def test_ray_pods_are_what_render_claims_from_inside(quickstart: Run) -> None:
         assert out["uid"].returncode == 0 and out["uid"].stdout.strip() == "1000", (role, out["uid"].stderr)
         assert out["write"].returncode != 0 and "Read-only file system" in out["write"].stderr, role
         assert out["token"].returncode != 0, (role, out["token"].stdout)
+
+
+def test_the_jobs_network_policy_holds_on_the_node(quickstart: Run) -> None:
+    """Ray's GCS and dashboard (the job API) answer the job's own pods only: a pod of another job in the same
+    namespace, and one of another namespace, get no answer at all (the enforcer drops their first packet); the
+    metrics port answers the Prometheus namespace and address block too, and nobody else."""
+    if quickstart.unenforced:
+        pytest.skip(quickstart.unenforced)  # the policy object itself: tests/cluster/test_provision.py
+    assert quickstart.reach == REACH
 
 
 def test_the_quickstart_trains_in_pods(quickstart: Run) -> None:
