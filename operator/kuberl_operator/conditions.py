@@ -6,6 +6,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 READY = "Ready"
+ADMITTED = "Admitted"  # may run: spec.suspend false (a queue's admission) and the spec accepted
+PROGRESSING = "Progressing"  # on its way to an end: Provisioning, Running or Restarting
 SUSPENDED = "Suspended"
 SUCCEEDED = "Succeeded"
 FAILED = "Failed"

@@ -11,6 +11,8 @@ from typing import Any
 
 import kopf
 
+from kuberl.spec.model import MANAGED_BY_KUBERL
+
 from . import api_traffic, names, reconcile
 from .cache import kept
 from .config import OperatorConfig
@@ -25,6 +27,12 @@ HEADS = {names.LABEL_JOB: kopf.PRESENT, names.LABEL_COMPONENT: "head"}
 PROGRESS = {names.LABEL_JOB: kopf.PRESENT, names.LABEL_COMPONENT: "progress"}
 DRIVER = {names.LABEL_JOB: kopf.PRESENT, names.LABEL_COMPONENT: "driver"}
 RESYNC_SECONDS = float(os.environ.get("KUBERL_RESYNC_SECONDS", "30"))
+
+
+def ours(spec: kopf.Spec, **_: Any) -> bool:
+    """spec.managedBy unset or kuberl's: a job another controller manages (MultiKueue's copy on its manager
+    cluster) gets no handler, no finalizer and no status from this operator."""
+    return spec.get("managedBy") in (None, MANAGED_BY_KUBERL)
 
 
 @kopf.on.startup()
@@ -134,21 +142,21 @@ for _res in reconcile.CACHED[1:]:
                   labels={names.LABEL_JOB: kopf.PRESENT}, when=deleted)(owned_deleted)
 
 
-@kopf.on.create(*JOB)
-@kopf.on.resume(*JOB)
-@kopf.on.update(*JOB, field="spec")
+@kopf.on.create(*JOB, when=ours)
+@kopf.on.resume(*JOB, when=ours)
+@kopf.on.update(*JOB, field="spec", when=ours)
 async def apply_spec(body: kopf.Body, patch: kopf.Patch, diff: kopf.Diff, memo: kopf.Memo, **kwargs: Any) -> None:
     """Validate, then create (or, when suspended, stop) what the job needs; then refresh status."""
     await reconcile.reconcile_job(memo.ctx, body, patch, diff, memo.ctx.indices(kwargs))
 
 
-@kopf.timer(*JOB, interval=RESYNC_SECONDS, initial_delay=RESYNC_SECONDS)
+@kopf.timer(*JOB, interval=RESYNC_SECONDS, initial_delay=RESYNC_SECONDS, when=ours)
 async def resync(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **kwargs: Any) -> None:
     """A periodic level-triggered pass: missed events, children deleted by hand."""
     await reconcile.resync(memo.ctx, body.meta.namespace, body.meta.name, patch, memo.ctx.indices(kwargs))
 
 
-@kopf.on.delete(*JOB)
+@kopf.on.delete(*JOB, when=ours)
 async def delete_children(body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> None:
     """Delete what the job owns; kopf then removes our finalizer."""
     ctx: reconcile.Context = memo.ctx

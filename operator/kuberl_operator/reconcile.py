@@ -68,6 +68,7 @@ from .status import (
     invalid_spec_status,
     merge_diff,
     policy_denied_status,
+    ttl_expired,
 )
 
 log = logging.getLogger(__name__)
@@ -546,6 +547,8 @@ async def reconcile_once(ctx: Context, namespace: str, name: str, indices: Indic
         if cluster_uid is not None:
             await ctx.kube.delete(RAYCLUSTERS, namespace, names.cluster(name))
         ctx.metrics.observe(namespace, name, old)
+        if ttl_expired(body.get("spec") or {}, old, now()):  # the delete handler then removes its children
+            await ctx.kube.delete(RLTRAININGJOBS, namespace, name)
         return True
     try:
         job = validate_manifest(body)

@@ -18,7 +18,7 @@ from typing import Any, get_args
 from kuberl.spec import RLTrainingJob, enabled_roles
 from kuberl.spec.colocation import host_of
 from kuberl.spec.contract import Reason, restart_budget_spent
-from kuberl.spec.status import HeadStatus, JobPhase, JobStatus, RoleStatus
+from kuberl.spec.status import HeadStatus, JobPhase, JobStatus, RoleStatus, TrainerStatus
 
 from . import conditions as cond
 from . import names, resize
@@ -35,9 +35,11 @@ POLICY_DENIED = "PolicyDenied"  # the job breaks the platform's job policy (job_
 IMAGE_PULL_FAILED = "ImagePullFailed"  # a role's container cannot start from its image (not loaded, wrong name)
 RESTART_TIMED_OUT = "RestartTimedOut"  # Restarting past spec.resilience.restartTimeoutSeconds
 PROVISIONING_TIMED_OUT = "ProvisioningTimedOut"  # Provisioning past spec.resilience.startTimeoutSeconds
+DEADLINE_EXCEEDED = "DeadlineExceeded"  # active past spec.activeDeadlineSeconds
 TIME_FORMAT = "%Y-%m-%dT%H:%M:%SZ"  # every time in status (reconcile.now)
 PLACEMENT_DEGRADED = Reason.PLACEMENT_DEGRADED.value  # the driver refused GPUs linked below spec.placement.minLink
-REWRITTEN = ("rayCluster", "rayClusterUID", "pendingChanges")  # kept from the old status only if written again
+REWRITTEN = ("rayCluster", "rayClusterUID", "pendingChanges", "startTime")  # kept from the old status only if
+# written again
 # A role's new report, Event per change of its value: (RoleStatus field, Event reason, message with {role}, {why}).
 NEWS = (("driver_failure", ROLE_FAILED, "role {role} (reported by the driver): {why}"),
         ("image_waiting", IMAGE_PULL_FAILED, "role {role}: {why}"),
@@ -266,6 +268,45 @@ def overdue(job: RLTrainingJob, active: PhaseNote, roles: Mapping[str, RoleOutco
                             f"not ready: {', '.join(waiting) or 'none'}")
 
 
+def past_deadline(job: RLTrainingJob, old: Mapping[str, Any], now: str) -> PhaseNote | None:
+    """(Failed, DeadlineExceeded, message) when the job has been active for spec.activeDeadlineSeconds since
+    status.startTime (its start or its last resume)."""
+    bound, since = job.spec.active_deadline_seconds, active_since(old)
+    if bound is None or since is None:
+        return None
+    active = (parse_time(now) - parse_time(since)).total_seconds()
+    if active < bound:
+        return None
+    return FAILED, DEADLINE_EXCEEDED, (f"active since {since} ({active:.0f}s), past spec.activeDeadlineSeconds "
+                                       f"({bound}s)")
+
+
+def active_since(old: Mapping[str, Any]) -> str | None:
+    """The old status's startTime while the job was active (a suspend ends its active time)."""
+    return old.get("startTime") if old.get("phase") != SUSPENDED else None
+
+
+def ttl_expired(spec: Mapping[str, Any], old: Mapping[str, Any], now: str) -> bool:
+    """Whether a finished job's spec.ttlSecondsAfterFinished has passed since status.completionTime (the raw spec:
+    a job refused as InvalidSpec has its TTL too)."""
+    ttl, done = spec.get("ttlSecondsAfterFinished"), old.get("completionTime")
+    if not isinstance(ttl, int) or isinstance(ttl, bool) or ttl < 0 or not done:
+        return False
+    return (parse_time(now) - parse_time(done)).total_seconds() >= ttl
+
+
+def trainer_status(progress: Progress, old: Mapping[str, Any], now: str) -> TrainerStatus | None:
+    """status.trainerStatus from the driver's report; None before its first step (the old one is kept)."""
+    if not progress.step or not progress.total_steps:
+        return None
+    left = max(progress.total_steps - progress.step, 0)
+    seen = (old.get("trainerStatus") or {}).get("lastUpdatedTime") if old.get("step") == progress.step else None
+    eta = round(left * progress.step_seconds) if progress.step_seconds is not None else None
+    return TrainerStatus(progress_percentage=min(100, progress.step * 100 // progress.total_steps),
+                         estimated_remaining_seconds=eta, metrics=dict(progress.metrics or {}) or None,
+                         last_updated_time=seen or now)
+
+
 def waiting_for_node(pods: Sequence[PodView]) -> str | None:
     """Why a role's pods wait for a node, in the scheduler's words ("1 pod unschedulable: 0/6 nodes are
     available: ..."), the message of the first such pod by name; None when none waits."""
@@ -433,7 +474,8 @@ def ended_step(conds: list[dict[str, Any]], ended: PhaseNote, generation: int, n
     and an Event."""
     phase, reason, message = ended
     degraded = [(PLACEMENT_DEGRADED, True, reason, message)] if reason == PLACEMENT_DEGRADED else []
-    changes = [(phase, True, reason, message), *degraded, (cond.READY, False, f"Job{phase}", message)]
+    changes = [(phase, True, reason, message), *degraded, (cond.READY, False, f"Job{phase}", message),
+               (cond.PROGRESSING, False, f"Job{phase}", message)]
     event = Event("Normal" if phase == SUCCEEDED else "Warning", reason, message)
     return PhaseStep(phase, message, cond.set_conditions(conds, changes, generation, now), (event,), ended=True)
 
@@ -441,7 +483,9 @@ def ended_step(conds: list[dict[str, Any]], ended: PhaseNote, generation: int, n
 def suspended_step(conds: list[dict[str, Any]], generation: int, now: str) -> PhaseStep:
     """A suspended job: conditions Suspended True and Ready False."""
     message = "spec.suspend is true: the RayCluster and the driver are stopped"
-    changes = [(cond.SUSPENDED, True, "Suspended", message), (cond.READY, False, "Suspended", message)]
+    changes = [(cond.SUSPENDED, True, "Suspended", message), (cond.READY, False, "Suspended", message),
+               (cond.ADMITTED, False, "Suspended", f"{message}; a queue (or a person) admits it by setting it false"),
+               (cond.PROGRESSING, False, "Suspended", message)]
     return PhaseStep(SUSPENDED, message, cond.set_conditions(conds, changes, generation, now))
 
 
@@ -453,7 +497,9 @@ def active_step(conds: list[dict[str, Any]], active: PhaseNote, old: Mapping[str
     running = phase == RUNNING
     was_suspended = cond.find(conds, cond.SUSPENDED) is not None
     resumed = [(cond.SUSPENDED, False, "Resumed", "spec.suspend is false")] if was_suspended else []
-    conds = cond.set_conditions(conds, [*resumed, (cond.READY, running, reason, message)], generation, now)
+    admitted = (cond.ADMITTED, True, "Admitted", "spec.suspend is false: the job's RayCluster and driver are made")
+    changes = [*resumed, admitted, (cond.READY, running, reason, message), (cond.PROGRESSING, True, phase, message)]
+    conds = cond.set_conditions(conds, changes, generation, now)
     events = (Event("Normal", "Running", message),) if running and old.get("phase") != RUNNING else ()
     return PhaseStep(phase, seen.progress.message if running and seen.progress.message else message, conds, events)
 
@@ -467,7 +513,7 @@ def phase_rule(job: RLTrainingJob, generation: int, old: Mapping[str, Any], seen
         return suspended_step(conds, generation, now)
     if ended is None:
         active = active_phase(job, roles, seen, cond.find(conds, cond.READY) or {}, head)
-        ended = overdue(job, active, roles, head, old, now)
+        ended = overdue(job, active, roles, head, old, now) or past_deadline(job, old, now)
         if ended is None:
             return active_step(conds, active, old, seen, generation, now)
     return ended_step(conds, ended, generation, now)
@@ -488,6 +534,9 @@ def assemble_status(job: RLTrainingJob, generation: int, old: Mapping[str, Any],
         ray_cluster=names.cluster(job.metadata.name) if live else None, ray_cluster_uid=seen.cluster_uid,
         step=progress.step, total_steps=progress.total_steps, tokens_per_sec=progress.tokens_per_sec,
         resumed_from=progress.resumed_from, steps_lost=progress.steps_lost,
+        start_time=None if step.phase == SUSPENDED else active_since(old) or now,
+        completion_time=(old.get("completionTime") or now) if step.ended else None,
+        trainer_status=trainer_status(progress, old, now),
     )
     return {**{k: v for k, v in old.items() if k not in REWRITTEN}, **new.to_status()}
 
@@ -532,8 +581,11 @@ def live_pending(job: RLTrainingJob, seen: Observed) -> list[str]:
 def failed_status(old: Mapping[str, Any], generation: int, message: str, now: str,
                   changes: Sequence[cond.Change]) -> dict[str, Any]:
     """Status of a job that failed before anything was made: phase Failed, with the conditions ``changes`` set."""
+    changes = [*changes, (cond.ADMITTED, False, changes[-1][2], message),
+               (cond.PROGRESSING, False, "JobFailed", message)]
     conds = cond.set_conditions(old.get("conditions", []), changes, generation, now)
-    return JobStatus(phase=FAILED, message=message, conditions=conds, observed_generation=generation).to_status()
+    return JobStatus(phase=FAILED, message=message, conditions=conds, observed_generation=generation,
+                     completion_time=old.get("completionTime") or now).to_status()
 
 
 def refused_status(old: Mapping[str, Any], generation: int, reason: str, message: str, now: str) -> dict[str, Any]:

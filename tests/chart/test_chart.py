@@ -40,8 +40,8 @@ def test_every_rendered_object_validates(helm: Helm, name: str, k8s_version: str
 def test_default_objects(helm: Helm) -> None:
     kinds = sorted(o["kind"] for o in helm.render())
     assert kinds == sorted(["CustomResourceDefinition", "ServiceAccount", "ClusterRole", "ClusterRoleBinding",
-                            "Deployment", "Service", "ConfigMap", *["ValidatingAdmissionPolicy"] * 8,
-                            *["ValidatingAdmissionPolicyBinding"] * 8])
+                            "Deployment", "Service", "ConfigMap", *["ValidatingAdmissionPolicy"] * 9,
+                            *["ValidatingAdmissionPolicyBinding"] * 9])
 
 
 def test_minimal_renders_only_the_operator(helm: Helm) -> None:

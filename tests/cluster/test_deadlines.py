@@ -1,11 +1,18 @@
 """A job that can never start, or whose role restart never completes, does not wait forever: past
 spec.resilience.startTimeoutSeconds in Provisioning, or restartTimeoutSeconds in Restarting, it fails with
-reason ProvisioningTimedOut or RestartTimedOut, an Event says which role waited for what, and its RayCluster goes."""
+reason ProvisioningTimedOut or RestartTimedOut, an Event says which role waited for what, and its RayCluster goes.
+The lifecycle fields of a batch Job hold too: spec.activeDeadlineSeconds, spec.ttlSecondsAfterFinished, and
+spec.managedBy naming another controller."""
 
 from __future__ import annotations
 
+import time
+from typing import Any
+
 import pytest
-from localkube.api import NODES, RAYCLUSTERS, RLTJ, Api
+from localkube.api import CONFIGMAPS, NODES, RAYCLUSTERS, RLTJ, Api, ApiError
+
+from kuberl_operator.status import parse_time
 
 from .faults import fail_pod
 from .jobs import condition, describe, events, manifest, pods_of, status
@@ -54,3 +61,37 @@ def test_a_role_restart_that_never_completes_fails_past_its_restart_timeout(
     finally:
         admin.patch(NODES, "gpu-3", {"metadata": {"labels": {label_key: None for label_key in label}}},
                     namespace=None)
+
+
+def test_a_job_past_its_active_deadline_fails_and_is_deleted_once_its_ttl_passed(
+    ns: Api, operator: OperatorProcess, job_name: str
+) -> None:
+    ns.create(RLTJ, manifest(job_name, activeDeadlineSeconds=5, ttlSecondsAfterFinished=4), strict=True)
+    ctx = lambda: describe(ns, job_name) + operator.tail(30)  # noqa: E731
+
+    def failed() -> dict[str, Any] | None:
+        st = status(ns, job_name)
+        return st if any(c["type"] == "Failed" and c["status"] == "True" for c in st.get("conditions", [])) else None
+
+    st = wait_for(failed, 60, "the job failed", ctx, interval=0.2)
+    reason = next(c for c in st["conditions"] if c["type"] == "Failed")
+    assert reason["reason"] == "DeadlineExceeded" and "spec.activeDeadlineSeconds (5s)" in reason["message"], st
+    assert (parse_time(st["completionTime"]) - parse_time(st["startTime"])).total_seconds() >= 5
+    wait_for(lambda: ns.get(RLTJ, job_name) is None, 60, "the job deleted after its TTL", ctx, interval=0.2)
+    assert time.time() - parse_time(st["completionTime"]).timestamp() >= 4 - 1  # completionTime is to the second
+    wait_for(lambda: not ns.list(RAYCLUSTERS, f"kuberl.io/job={job_name}"), 60, "the RayCluster deleted", ctx)
+
+
+def test_a_job_another_controller_manages_is_left_alone(ns: Api, operator: OperatorProcess, job_name: str) -> None:
+    """spec.managedBy names MultiKueue (whose manager cluster keeps a copy of the job): the operator makes
+    nothing, writes no status and puts no finalizer on it; and the field cannot be changed afterwards."""
+    ns.create(RLTJ, manifest(job_name, managedBy="kueue.x-k8s.io/multikueue"), strict=True)
+    time.sleep(3 * operator.resync_seconds + 3)  # several passes' worth: the operator would have acted by now
+    job = ns.get(RLTJ, job_name)
+    assert not job.get("status") and not job["metadata"].get("finalizers"), job
+    made = f"kuberl.io/job={job_name}"
+    assert not ns.list(RAYCLUSTERS, made) and not ns.list(CONFIGMAPS, made)
+    with pytest.raises(ApiError) as err:
+        ns.patch(RLTJ, job_name, {"spec": {"managedBy": "kuberl.io/operator"}})
+    assert err.value.status == 422 and "spec.managedBy is immutable" in err.value.message
+    ns.delete(RLTJ, job_name)

@@ -157,8 +157,8 @@ def test_a_real_driver_reports_progress_that_the_status_mirrors(
     cluster: Cluster, ns: Api, admin: Api, operator: OperatorProcess, kubectl, tmp_path: Path
 ) -> None:
     """`kuberl run` on this machine, with the environment its Job's pod would have and the pod's reporter
-    sidecar (the one with the ServiceAccount token), patches `<job>-progress`; the operator mirrors step, tokens/s
-    and restarts."""
+    sidecar (the one with the ServiceAccount token), patches `<job>-progress`; the operator mirrors step, tokens/s,
+    restarts and the trainer status."""
     name = "quickstart"
     kubectl(
         "apply",
@@ -187,6 +187,9 @@ def test_a_real_driver_reports_progress_that_the_status_mirrors(
             driver.kill()
     st = wait_for(lambda: (s := status(ns, name)).get("step") == steps and s, 30, "the last step mirrored", ctx)
     assert st["totalSteps"] == steps and st["tokensPerSec"] > 0
+    trainer = st["trainerStatus"]  # Kubeflow Trainer's block: how far, how long still, the last step's figures
+    assert trainer["progressPercentage"] == 100 and trainer["estimatedRemainingSeconds"] == 0, trainer
+    assert set(trainer["metrics"]) >= {"rewardMean", "responseLengthMean"} and trainer["lastUpdatedTime"], trainer
     assert st["roles"]["critic"]["restarts"] == 1 and st["restarts"] >= 1  # the driver's own count of the killed critic
     assert len({s for s in seen_status if s}) >= 2, seen_status  # it moved while the driver ran
     assert len(seen_table - {""}) >= 2, seen_table

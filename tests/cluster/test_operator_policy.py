@@ -2,7 +2,8 @@
 
 The chart's RBAC lets the operator create Jobs, RayClusters, Roles, RoleBindings, ConfigMaps, Secrets and
 NetworkPolicies in every namespace; its ValidatingAdmissionPolicies (charts/kuberl/templates/operator-policy.yaml)
-hold each write to the objects of one RLTrainingJob. Every attack here is a request the RBAC alone would allow (or,
+hold each write to the objects of one RLTrainingJob, and its deletes of RLTrainingJobs to finished ones that set
+spec.ttlSecondsAfterFinished. Every attack here is a request the RBAC alone would allow (or,
 for the Secret reads, that the RBAC no longer allows), made with the chart's ServiceAccount token against the real
 kube-apiserver, and each must be refused. That the operator still does its work under the policies is what
 the rest of tests/cluster shows: it runs there with this same token.
@@ -126,6 +127,15 @@ def test_the_operator_cannot_fence_off_pods_of_others_with_a_network_policy(ns: 
     # One that selects its own job's pods passes (named apart from the `<job>-network` the operator itself
     # makes for the suspended job, which may already exist).
     op.create(NETWORKPOLICIES, policy(f"{job}-own", {"matchLabels": {"kuberl.io/job": job}}))
+
+
+def test_the_operator_cannot_delete_a_job_unless_it_finished_with_a_ttl(ns: Api, as_operator: Api,
+                                                                       owned: dict[str, Any]) -> None:
+    """Its RBAC lets it delete RLTrainingJobs (spec.ttlSecondsAfterFinished); the admission policy holds that to
+    finished jobs that asked for it: a running (here suspended) job without a TTL stays."""
+    job = owned["labels"]["kuberl.io/job"]
+    assert "ttlSecondsAfterFinished" in refused(as_operator.in_namespace(ns.namespace).delete, RLTJ, job)
+    assert ns.get(RLTJ, job) is not None
 
 
 def test_the_operator_cannot_patch_a_configmap_it_does_not_own(ns: Api, admin: Api, as_operator: Api,

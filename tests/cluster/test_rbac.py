@@ -93,6 +93,9 @@ def test_the_chart_grants_exactly_what_the_operator_uses(
     for name in ("adopted", "dra"):
         ns.delete(RLTJ, name)
     wait_for(lambda: not ns.list(RLTJ), 60, "both jobs gone", ctx)
+    # 4. A job that finished (past its spec.activeDeadlineSeconds) and whose TTL passed: the operator deletes it.
+    ns.create(RLTJ, manifest("expiring", activeDeadlineSeconds=2, ttlSecondsAfterFinished=0))
+    wait_for(lambda: ns.get(RLTJ, "expiring") is None, 60, "the expired job deleted by the operator", ctx)
 
     events = audit_events(cluster.audit_log, OPERATOR_USER)
     assert events, f"no audit events for {OPERATOR_USER} in {cluster.audit_log}"

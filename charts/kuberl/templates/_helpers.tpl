@@ -79,6 +79,7 @@ The namespaced permissions of the operator: exactly the verbs its code uses (tes
 derives them from operator/kuberl_operator and fails on any difference).
   - rltrainingjobs: kopf lists/watches them and patches finalizers and its annotations; the
     operator writes status through the status subresource (patch). It never GETs: it reads from its cache.
+    It deletes a finished job past its spec.ttlSecondsAfterFinished (an admission policy holds it to those).
   - pods: kopf indexes and watches them (list, watch, label-selected); worker pods of a failed role are
     deleted so the role restarts as a gang.
   - what a job owns (ServiceAccount, Role, RoleBinding, ConfigMaps, RayCluster, Job, claim templates):
@@ -93,7 +94,7 @@ the one verb it holds only to grant it is configmaps get.
 {{- define "kuberl.namespacedRules" -}}
 - apiGroups: [kuberl.io]
   resources: [rltrainingjobs]
-  verbs: [list, watch, patch]
+  verbs: [list, watch, patch, delete]
 - apiGroups: [kuberl.io]
   resources: [rltrainingjobs/status]
   verbs: [patch]

@@ -225,4 +225,18 @@ def progress_of(rec: StepRecord | None, total_steps: int, phase: str = "Running"
     return ProgressDocument(step=rec.step if rec else 0, total_steps=total_steps,
                             tokens_per_sec=round(rate or 0.0, 1), phase=phase, message=message[:MESSAGE_MAX],
                             reason=str(reason) if reason else None, roles=roles,
-                            resumed_from=resumed[0] if resumed else None, steps_lost=resumed[1] if resumed else None)
+                            resumed_from=resumed[0] if resumed else None, steps_lost=resumed[1] if resumed else None,
+                            step_seconds=finite(rec.step_s) if rec else None, metrics=step_metrics(rec) or None)
+
+
+REPORTED = {"rewardMean": "reward_mean", "rewardStd": "reward_std", "responseLengthMean": "response_length_mean"}
+
+
+def finite(value: float | None) -> float | None:
+    return round(value, 4) if value is not None and math.isfinite(value) else None
+
+
+def step_metrics(rec: StepRecord | None) -> dict[str, float]:
+    """The figures of a step the operator shows in status.trainerStatus.metrics (REPORTED), the finite ones."""
+    found = {name: finite(getattr(rec, field)) for name, field in REPORTED.items()} if rec is not None else {}
+    return {name: value for name, value in found.items() if value is not None}

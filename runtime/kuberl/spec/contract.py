@@ -83,6 +83,11 @@ class _Doc(BaseModel):
     model_config = ConfigDict(populate_by_name=True, frozen=True, extra="ignore")
 
 
+METRICS_MAX = 8  # figures of a step in the progress report
+MetricName = Annotated[str, Field(pattern=r"^[a-zA-Z][a-zA-Z0-9]{0,63}$")]
+MetricValue = Annotated[float, Field(ge=-1e15, le=1e15, allow_inf_nan=False)]
+
+
 class RoleProgress(_Doc):
     restarts: int | None = Field(None, ge=0, le=COUNT_MAX, description="Restarts of the role's WorkerGroup the driver "
                                                                        "made.")
@@ -124,6 +129,11 @@ class ProgressDocument(_Doc):
     steps_lost: int | None = Field(None, alias="stepsLost", ge=0, le=COUNT_MAX,
                                    description="Steps the driver before this one completed past that checkpoint: "
                                                "trained again.")
+    step_seconds: float | None = Field(None, alias="stepSeconds", ge=0, le=1e9, allow_inf_nan=False,
+                                       description="Wall time of the last step (s).")
+    metrics: dict[MetricName, MetricValue] | None = Field(
+        None, max_length=METRICS_MAX,
+        description="The last step's figures by camelCase name: rewardMean, rewardStd, responseLengthMean.")
     refused: tuple[str, ...] = Field((), exclude=True, description="What the reader dropped (field paths), not sent.")
 
     def restarts_of(self, role: str) -> int:

@@ -66,6 +66,9 @@ MAX_ROWS = 1 << 24  # prompts read from files
 MAX_REPLICAS = 1024  # replicas of a role
 MAX_GPUS = 64  # GPUs per replica (one pod: one node's GPUs)
 MAX_SECONDS = 7 * 24 * 3600.0  # timeouts: a week
+MAX_DEADLINE_SECONDS = 365 * 24 * 3600.0  # a job's own deadline and TTL: a year
+MANAGED_BY_KUBERL = "kuberl.io/operator"  # spec.managedBy of the jobs kuberl's operator reconciles (or none)
+MANAGED_BY_PATTERN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?(/[a-z0-9]([-a-z0-9.]*[a-z0-9])?)?$"  # domain/name, as Job's
 RESTART_RESTORE_SECONDS = 600.0  # past startTimeoutSeconds, what a restarted role may take to load and restore
 BUILTIN_MAX_POSITIONS = 4096
 """The built-in models' context (max_position_embeddings, kuberl.training.models): data.maxPromptLength +
@@ -770,6 +773,25 @@ class JobSpec(Section):
         description="Kubernetes: runtime image of the Ray pods and the driver; defaults to the operator's --image.",
     )
     suspend: bool = Field(False, description="Stop the job's pods and keep its state; false resumes.")
+    active_deadline_seconds: int | None = Field(
+        None, ge=1, le=int(MAX_DEADLINE_SECONDS),
+        description="Kubernetes: how long the job may be active (Provisioning, Running or Restarting), counted from "
+                    "status.startTime (its start, or its last resume), before it fails with reason DeadlineExceeded "
+                    "and its pods are stopped; as a batch Job's. Unset: no bound.",
+    )
+    ttl_seconds_after_finished: int | None = Field(
+        None, ge=0, le=int(MAX_DEADLINE_SECONDS),
+        description="Kubernetes: delete the job, and everything it owns, this long after it succeeded or failed "
+                    "(status.completionTime); as a batch Job's. Unset: kept until deleted.",
+    )
+    managed_by: str | None = Field(
+        None, min_length=1, max_length=63, pattern=MANAGED_BY_PATTERN,
+        json_schema_extra={"x-kubernetes-validations": [{"rule": "self == oldSelf",
+                                                         "message": "spec.managedBy is immutable"}]},
+        description=f"Kubernetes: the controller that reconciles this job. Unset or {MANAGED_BY_KUBERL!r}: kuberl's "
+                    "operator; any other value (kueue.x-k8s.io/multikueue, for one) and the operator leaves the job "
+                    "alone: it makes nothing and writes no status. Immutable.",
+    )
 
     def standby(self, role: str) -> bool:
         """Whether `role` keeps a warm standby: its own roles.<role>.standby, else spec.resilience.standby."""

@@ -83,6 +83,19 @@ class RoleStatus(StatusModel):
     handled_uids: list[str] = Field(alias="handledUIDs", description="Pods whose failure is already counted.")
 
 
+class TrainerStatus(StatusModel):
+    """How far training is, as Kubeflow Trainer's status.trainerStatus has it, from the driver's last report."""
+
+    progress_percentage: int | None = Field(None, description="step of totalSteps, in percent (rounded down).")
+    estimated_remaining_seconds: int | None = Field(
+        None, description="(totalSteps - step) x the driver's last step time: a step's checkpoint or a restart "
+                          "makes it jump.")
+    metrics: dict[str, float] | None = Field(None, description="The last step's metrics as the driver reported "
+                                                               "them: rewardMean, rewardStd, responseLengthMean.")
+    last_updated_time: str | None = Field(None, json_schema_extra={"format": "date-time"},
+                                          description="When the step these figures describe was first seen.")
+
+
 class JobStatus(StatusModel):
     """`.status` of an RLTrainingJob: written by the operator only."""
 
@@ -104,6 +117,14 @@ class JobStatus(StatusModel):
                                         description="UID of the live RayCluster: pods of another cluster never count.")
     observed_generation: int
     message: str
+    start_time: str | None = Field(
+        None, json_schema_extra={"format": "date-time"},
+        description="When the job last became active: its start, or its last resume (spec.activeDeadlineSeconds "
+                    "counts from here); none while suspended.")
+    completion_time: str | None = Field(
+        None, json_schema_extra={"format": "date-time"},
+        description="When it succeeded or failed (spec.ttlSecondsAfterFinished counts from here).")
+    trainer_status: TrainerStatus | None = None
     pending_changes: list[str] | None = Field(
         None, description="Spec fields changed since the running RayCluster and driver were made: applied by a "
                           "suspend and resume.")
