@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -18,7 +19,7 @@ from kuberl.spec import SpecInvalid, load_manifest, parse_yaml
 from kuberl.spec.quantity import parse_quantity
 
 from . import builders, job_policy, names, placement
-from .config import CONCURRENT_PASSES, DEFAULT_MAX_GPUS_PER_NODE, OperatorConfig
+from .config import CONCURRENT_PASSES, DEFAULT_LEASE_SECONDS, DEFAULT_MAX_GPUS_PER_NODE, LEASE_NAME, OperatorConfig
 from .network import Scrapers
 
 EPHEMERAL_CHECKPOINTS = ("note: spec.trainer.checkpoint.volumeClaim is not set: checkpoints are written inside the "
@@ -69,6 +70,13 @@ def cidr(text: str) -> str:
         raise argparse.ArgumentTypeError(f"{exc}: give an address block such as 10.0.0.0/24") from None
 
 
+def lease_seconds(text: str) -> int:
+    value = int(text)
+    if not 3 <= value <= 300:
+        raise argparse.ArgumentTypeError(f"must be 3 to 300 seconds, got {value}")
+    return value
+
+
 def positive(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -83,7 +91,11 @@ def cmd_operator(args: argparse.Namespace) -> int:
         return 2
     import kopf
 
-    from . import handlers  # noqa: F401  (registers the handlers)
+    from . import (
+        handlers,  # noqa: F401  (registers the handlers)
+        leader,
+    )
+    from .metrics import Metrics
 
     kopf_logging("debug" if args.verbose else args.log_level, args.log_format)
     config = OperatorConfig(image=args.image, metrics_port=args.metrics_port, metrics_address=args.metrics_address,
@@ -91,13 +103,29 @@ def cmd_operator(args: argparse.Namespace) -> int:
                             driver=args.driver_resources, cpu_limits=args.cpu_limits, scratch=args.scratch,
                             job_policy=args.job_policy, concurrent_passes=args.concurrent_passes,
                             network_policy=args.network_policy, scrapers=scrapers(args))
-    kopf.run(
-        standalone=True,
-        namespaces=args.namespace,
-        clusterwide=args.all_namespaces or not args.namespace,
-        liveness_endpoint=args.liveness,
-        memo=kopf.Memo(config=config),
-    )
+    metrics = Metrics()
+    server = metrics.serve(config.metrics_port, config.metrics_address) if config.metrics_port is not None else None
+    elector = None
+    if args.leader_elect:
+        metrics.leading = False
+        elector = leader.Elector(leader.Terms(args.leader_elect_namespace, args.lease_name, leader.identity(),
+                                              args.lease_seconds))
+        elector.acquire(args.liveness)
+        metrics.leading = True
+    try:
+        kopf.run(
+            standalone=True,  # one replica acts: the Lease (--leader-elect), or the only one
+            namespaces=args.namespace,
+            clusterwide=args.all_namespaces or not args.namespace,
+            liveness_endpoint=args.liveness,
+            memo=kopf.Memo(config=config, metrics=metrics),
+        )
+    finally:
+        if elector is not None:
+            elector.release()
+        if server is not None:
+            server.shutdown()
+            server.server_close()
     return 0
 
 
@@ -217,6 +245,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="passes over jobs that run at once, each one job's requests in a row (default "
                         f"{CONCURRENT_PASSES}, or $KUBERL_CONCURRENT_PASSES): more only lengthen the API server's "
                         "queue")
+    p.add_argument("--leader-elect", action="store_true",
+                   help="run as one of several replicas: act only while holding the Lease --lease-name (a "
+                        "standby serves its liveness and metrics and takes over when the leader stops renewing)")
+    p.add_argument("--lease-name", default=LEASE_NAME,
+                   help=f"the leader Lease's name (default {LEASE_NAME}; the chart gives its release's full name)")
+    p.add_argument("--leader-elect-namespace", default=os.environ.get("POD_NAMESPACE") or "default",
+                   help="namespace of the Lease (default $POD_NAMESPACE, the chart's release namespace, else default)")
+    p.add_argument("--lease-seconds", type=lease_seconds, default=DEFAULT_LEASE_SECONDS,
+                   help="the Lease's duration: a dead leader is replaced after at most this and a retry period "
+                        f"(duration/7.5); the leader renews every third of it (default {DEFAULT_LEASE_SECONDS})")
     job_options(p)
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging (as --log-level debug)")
     p.set_defaults(func=cmd_operator)

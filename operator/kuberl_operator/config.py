@@ -22,6 +22,10 @@ SECRET_PROBE_SECONDS = 900.0
 # ones the operator has in flight: more passes at once only lengthen every pass, not the burst (docs/performance.md,
 # "1,000 jobs at once"). KUBERL_CONCURRENT_PASSES or --concurrent-passes override it.
 CONCURRENT_PASSES = 4
+# The leader election's Lease (--leader-elect, leader.py): its name in the operator's namespace, and its duration in
+# seconds (a dead leader is replaced after at most this and a retry period).
+LEASE_NAME = "kuberl-operator"
+DEFAULT_LEASE_SECONDS = 15
 
 
 def secret_probe_seconds() -> float:

@@ -51,12 +51,12 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     for res in (*reconcile.CACHED[1:], reconcile.PODS):
         settings.watching.label_selectors[res.group or "v1", res.plural] = names.LABEL_JOB
     config = memo.get("config") or OperatorConfig.from_env()
-    metrics = Metrics()
+    metrics = memo.get("metrics") or Metrics()  # `kuberl operator` serves it from before the leader election
     api_traffic.count_kopf_requests(metrics.request)
     memo.ctx = reconcile.Context(kube=Kube(settings, trace=api_traffic.trace_config(metrics.request)),
                                  config=config, metrics=metrics)
     metrics.cache_sizes = lambda: {plural: len(index) for plural, index in memo.ctx.cache.items()}
-    if config.metrics_port is not None:
+    if config.metrics_port is not None and memo.get("metrics") is None:
         memo.metrics_server = memo.ctx.metrics.serve(config.metrics_port, config.metrics_address)
 
 

@@ -56,6 +56,8 @@ FAMILIES: dict[str, tuple[str, str, tuple[str, ...]]] = {
                                            ("resource",)),
     "kuberl_operator_cache_objects": ("gauge", "Objects held in the operator's watch-backed cache, by resource.",
                                       ("resource",)),
+    "kuberl_operator_leader": ("gauge", "1 in the replica that holds the leader Lease and acts on jobs (or runs "
+                               "without leader election), 0 in a standby waiting to take over.", ()),
 }
 # Seconds: past prometheus_client's default 10 s, since a pass's requests may queue at a busy API server; 2 s is the
 # burst's goal for a pass (docs/performance.md), so the share within it is exact, not interpolated. A burst of new jobs
@@ -103,6 +105,7 @@ class Metrics:
         self.watches = Counter("kuberl_operator_watch_starts", FAMILIES["kuberl_operator_watch_starts_total"][1],
                                FAMILIES["kuberl_operator_watch_starts_total"][2], registry=self.registry)
         self.cache_sizes: Callable[[], Mapping[str, int]] = dict  # resource -> objects cached (set by the handlers)
+        self.leading = True  # False while a standby waits for the leader Lease (leader.py)
         self._lock = threading.Lock()
         self._phases: dict[tuple[str, str], str] = {}
         self._roles: dict[tuple[str, str, str], Mapping[str, Any]] = {}  # status.roles.R as written
@@ -148,6 +151,9 @@ class Metrics:
         for resource, count in sorted(self.cache_sizes().items()):
             cached.add_metric([resource], float(count))
         yield cached
+        leader = _family("kuberl_operator_leader")
+        leader.add_metric([], 1.0 if self.leading else 0.0)
+        yield leader
 
     def request(self, verb: str, resource: str, code: int) -> None:
         """Count one API request (`api_traffic.trace_config`'s callback); a watch also counts as a watch start."""

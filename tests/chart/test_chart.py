@@ -40,6 +40,7 @@ def test_every_rendered_object_validates(helm: Helm, name: str, k8s_version: str
 def test_default_objects(helm: Helm) -> None:
     kinds = sorted(o["kind"] for o in helm.render())
     assert kinds == sorted(["CustomResourceDefinition", "ServiceAccount", "ClusterRole", "ClusterRoleBinding",
+                            "Role", "RoleBinding", "PodDisruptionBudget",  # the leader Lease's; a standby kept
                             "Deployment", "Service", "ConfigMap", *["ValidatingAdmissionPolicy"] * 9,
                             *["ValidatingAdmissionPolicyBinding"] * 9])
 
@@ -62,7 +63,9 @@ def operator_container(objects: list[dict]) -> dict:
 def test_deployment_is_hardened(helm: Helm, name: str) -> None:
     deploy = one(helm.render(VALUE_SETS[name]), "Deployment")
     spec = deploy["spec"]
-    assert spec["replicas"] == 1 and spec["strategy"]["type"] == "Recreate", "kopf runs standalone: never two operators"
+    assert spec["replicas"] == VALUE_SETS[name].get("operator", {}).get("replicas", 2)
+    assert spec["strategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
+    assert "--leader-elect" in spec["template"]["spec"]["containers"][0]["args"], "replicas act only as the leader"
     pod = spec["template"]["spec"]
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["securityContext"]["runAsUser"] > 0
@@ -235,9 +238,9 @@ def test_examples_validate_against_the_rendered_crd(helm: Helm) -> None:
 
 def test_watch_namespaces_gives_roles_not_cluster_wide_rights(helm: Helm) -> None:
     objects = helm.render(NON_DEFAULT)
-    roles = by_kind(objects, "Role")
+    roles = [r for r in by_kind(objects, "Role") if not r["metadata"]["name"].endswith("-leader")]
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
-    bindings = by_kind(objects, "RoleBinding")
+    bindings = [b for b in by_kind(objects, "RoleBinding") if not b["metadata"]["name"].endswith("-leader")]
     assert sorted(b["metadata"]["namespace"] for b in bindings) == ["team-a", "team-b"]
     for binding in bindings:
         assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "kuberl-op", "namespace": NAMESPACE}]

@@ -156,16 +156,41 @@ def namespaced_needs() -> Needs:
     return merge(kopf_needs(), api_calls())
 
 
+def job_roles(objects: list[dict]) -> list[dict]:
+    """The Roles for the watched namespaces (not the leader election's)."""
+    return [r for r in by_kind(objects, "Role") if not r["metadata"]["name"].endswith("-leader")]
+
+
 def test_cluster_wide_rbac_is_exactly_what_the_operator_uses(helm: Helm, namespaced_needs: Needs) -> None:
     objects = helm.render()
-    assert not by_kind(objects, "Role")
+    assert not job_roles(objects)
     problems = compare(granted(one(objects, "ClusterRole")["rules"]), merge(namespaced_needs, KOPF_CLUSTER))
     assert not problems, "\n".join(problems)
 
 
+def test_the_leader_election_may_touch_its_one_lease_only(helm: Helm) -> None:
+    """leader.py's requests: create the Lease, then get and update it by name; nothing else, in the release's
+    namespace only (create cannot be held to a name: the name is in the body)."""
+    from kuberl_operator.leader import LeaseApi
+
+    assert {"_call", "get", "write"} <= set(vars(LeaseApi))
+    objects = helm.render()
+    [role] = [r for r in by_kind(objects, "Role") if r["metadata"]["name"].endswith("-leader")]
+    deploy = one(objects, "Deployment")
+    lease = next(a for a in deploy["spec"]["template"]["spec"]["containers"][0]["args"] if a.startswith("--lease-name"))
+    assert role["metadata"]["namespace"] == deploy["metadata"]["namespace"]
+    assert role["rules"] == [
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "resourceNames": [lease.partition("=")[2]],
+         "verbs": ["get", "update"]},
+    ]
+    [binding] = [b for b in by_kind(objects, "RoleBinding") if b["metadata"]["name"].endswith("-leader")]
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+
+
 def test_namespaced_rbac_is_exactly_what_the_operator_uses(helm: Helm, namespaced_needs: Needs) -> None:
     objects = helm.render({"watchNamespaces": ["team-a", "team-b"]})
-    for role in by_kind(objects, "Role"):
+    for role in job_roles(objects):
         problems = compare(granted(role["rules"]), namespaced_needs)
         assert not problems, f"Role in {role['metadata']['namespace']}:\n" + "\n".join(problems)
     problems = compare(granted(one(objects, "ClusterRole")["rules"]), merge(KOPF_CLUSTER, KOPF_NAMESPACES))

@@ -15,7 +15,9 @@ NON_DEFAULT = {
                   "allowWildcardTolerations": True},
     "serviceAccount": {"create": True, "name": "kuberl-op",
                        "annotations": {"eks.amazonaws.com/role-arn": "arn:aws:iam::123456789012:role/kuberl"}},
-    "operator": {"verbose": True, "extraArgs": [], "extraEnv": [{"name": "TZ", "value": "UTC"}]},
+    "operator": {"replicas": 3, "leaseSeconds": 30, "verbose": True, "extraArgs": [],
+                 "extraEnv": [{"name": "TZ", "value": "UTC"}]},
+    "podDisruptionBudget": {"enabled": True, "minAvailable": 2},
     "metrics": {"enabled": True, "port": 9090},
     "health": {"port": 9091, "path": "/livez"},
     "livenessProbe": {"initialDelaySeconds": 20, "periodSeconds": 30, "timeoutSeconds": 3, "failureThreshold": 5},
@@ -46,6 +48,7 @@ MINIMAL = {
     "networkPolicy": {"enabled": False, "metricsNamespaces": [], "metricsCIDRs": []},
     "jobPolicy": {"enabled": False},
     "serviceAccount": {"create": False, "name": "preexisting"},
+    "podDisruptionBudget": {"enabled": False, "minAvailable": 1},
     "metrics": {"enabled": False, "port": 8080},
     "dashboard": {"enabled": False},
 }

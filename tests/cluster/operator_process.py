@@ -55,11 +55,13 @@ class OperatorProcess:
         via: str = "cli",
         secret_probe_seconds: float | None = None,
         verbose: bool = True,
+        extra: tuple[str, ...] = (),
     ):
         self.kubeconfig, self.log_dir, self.namespaces, self.image = kubeconfig, log_dir, namespaces, image
         self.resync_seconds, self.via = resync_seconds, via
         self.secret_probe_seconds = secret_probe_seconds  # None: at every resync (a Secret deleted is seen at once)
         self.verbose = verbose  # kopf's debug log (the tests read it); the chart's default is off
+        self.extra = extra  # more `kuberl operator` arguments (--leader-elect ...)
         self.liveness_port, self.metrics_port = free_port(), free_port()
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = log_dir / "operator-0.log"
@@ -104,6 +106,7 @@ class OperatorProcess:
             self.image,
             "--max-gpus-per-node",
             "8",
+            *self.extra,
         ]
 
     def start(self, timeout: float = 60) -> None:

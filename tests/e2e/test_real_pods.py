@@ -76,6 +76,8 @@ def test_the_operator_runs_as_a_pod_of_the_local_image(installed: Kubectl) -> No
     assert spec["nodeName"] == "node-0"  # the real node: kwok's are GPU nodes, tainted
     assert container["readinessProbe"] and container["livenessProbe"]
     assert all(c["ready"] for c in pod["status"]["containerStatuses"])
+    lease = installed.get("lease", "kuberl")  # the chart's leader election from inside the pod: its RBAC, namespace
+    assert lease["spec"]["holderIdentity"].startswith(pod["metadata"]["name"] + "_"), lease["spec"]
 
 
 @dataclass
