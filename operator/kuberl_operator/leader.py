@@ -15,15 +15,12 @@ Takeover after a leader dies: at most ``duration + retry`` seconds, then kopf's 
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import socket
 import ssl
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -31,12 +28,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import urlsplit
 
-import kopf
-
 from kuberl.version import version
 
+from . import sync_client
 from .config import DEFAULT_LEASE_SECONDS
-from .kube import login
 
 log = logging.getLogger("kuberl_operator.leader")
 VERSION_ANNOTATION = "kuberl.io/operator-version"
@@ -128,24 +123,13 @@ def lease_body(terms: Terms, lease: Mapping[str, Any] | None, now: datetime, hol
 
 
 class LeaseApi:
-    """get / create / replace of one Lease, with the credentials kopf would use (logged in again per call: a
-    service-account token rotates)."""
+    """get / create / replace of one Lease."""
 
     def __init__(self, terms: Terms):
         self.terms = terms
 
     def _call(self, method: str, path: str, body: Mapping[str, Any] | None = None) -> tuple[int, Any]:
-        conn = login(kopf.OperatorSettings())
-        context = conn.as_ssl_context() if conn.server.startswith("https") else None
-        req = urllib.request.Request(conn.server.rstrip("/") + path, method=method,
-                                     data=json.dumps(body).encode() if body is not None else None,
-                                     headers={**conn.as_http_headers(), "Content-Type": "application/json",
-                                              "User-Agent": "kuberl-operator/leader"})
-        try:
-            with urllib.request.urlopen(req, timeout=max(self.terms.retry_every_s, 2), context=context) as rsp:
-                return rsp.status, json.loads(rsp.read() or b"null")
-        except urllib.error.HTTPError as exc:
-            return exc.code, None
+        return sync_client.request(method, path, body, timeout=max(self.terms.retry_every_s, 2))
 
     def get(self) -> tuple[int, dict[str, Any] | None]:
         return self._call("GET", f"{self.terms.path}/{self.terms.name}")

@@ -39,6 +39,13 @@ def cmd_validate(args: argparse.Namespace) -> int:
         print(f"{args.job}: note: {note}", file=sys.stderr)
     print(f"{args.job}: valid {job.kind} {job.metadata.name!r} ({job.spec.algorithm.name}, "
           f"{job.spec.trainer.steps} steps; checked {checked})")
+    if args.cluster:
+        try:
+            from kuberl_operator.cluster_check import check
+        except ModuleNotFoundError:
+            print("error: --cluster needs the operator extra (pip install 'kuberl[operator]')", file=sys.stderr)
+            return 1
+        return check(job, manifest, args.namespace or job.metadata.namespace or "default", args.kubeconfig)
     return 0
 
 
@@ -116,6 +123,13 @@ def build_parser() -> argparse.ArgumentParser:
     add_set_argument(p)
     p.add_argument("--spec-only", action="store_true",
                    help="check the manifest only, not its data files, reward import or model (they live in the image)")
+    p.add_argument("--cluster", action="store_true",
+                   help="also ask the cluster whether it can run the job, creating nothing: CRD, operator, KubeRay, "
+                        "your right to create it, a node for every pod, the Kueue queue, DRA device class, PVC")
+    p.add_argument("--kubeconfig", help="with --cluster: this kubeconfig (default $KUBECONFIG, ~/.kube/config, or "
+                                        "the pod's ServiceAccount)")
+    p.add_argument("-n", "--namespace", help="with --cluster: the job's namespace (default metadata.namespace, "
+                                             "else default)")
     p.set_defaults(func=cmd_validate)
     p = sub.add_parser("export", help="write a run's trained policy as a Hugging Face model folder")
     p.add_argument("run_dir", metavar="RUN_DIR", help="a `kuberl run` output folder (or its checkpoint folder)")
