@@ -9,6 +9,7 @@ import argparse
 import ipaddress
 import logging
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -19,7 +20,14 @@ from kuberl.spec import SpecInvalid, load_manifest, parse_yaml
 from kuberl.spec.quantity import parse_quantity
 
 from . import builders, job_policy, names, placement
-from .config import CONCURRENT_PASSES, DEFAULT_LEASE_SECONDS, DEFAULT_MAX_GPUS_PER_NODE, LEASE_NAME, OperatorConfig
+from .config import (
+    CONCURRENT_PASSES,
+    DEFAULT_LEASE_SECONDS,
+    DEFAULT_MAX_GPUS_PER_NODE,
+    LEASE_NAME,
+    MIN_LEASE_SECONDS,
+    OperatorConfig,
+)
 from .network import Scrapers
 
 EPHEMERAL_CHECKPOINTS = ("note: spec.trainer.checkpoint.volumeClaim is not set: checkpoints are written inside the "
@@ -71,9 +79,10 @@ def cidr(text: str) -> str:
 
 
 def lease_seconds(text: str) -> int:
+    """--lease-seconds: MIN_LEASE_SECONDS to 300."""
     value = int(text)
-    if not 3 <= value <= 300:
-        raise argparse.ArgumentTypeError(f"must be 3 to 300 seconds, got {value}")
+    if not MIN_LEASE_SECONDS <= value <= 300:
+        raise argparse.ArgumentTypeError(f"must be {MIN_LEASE_SECONDS} to 300 seconds, got {value}")
     return value
 
 
@@ -105,22 +114,27 @@ def cmd_operator(args: argparse.Namespace) -> int:
                             network_policy=args.network_policy, scrapers=scrapers(args))
     metrics = Metrics()
     server = metrics.serve(config.metrics_port, config.metrics_address) if config.metrics_port is not None else None
-    elector = None
-    if args.leader_elect:
-        metrics.leading = False
-        elector = leader.Elector(leader.Terms(args.leader_elect_namespace, args.lease_name, leader.identity(),
-                                              args.lease_seconds))
-        elector.acquire(args.liveness)
-        metrics.leading = True
+    elector = standby = None
+    # Until kopf's own handlers take over, SIGTERM unwinds through `finally`: a Lease just taken is released.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     try:
+        if args.leader_elect:
+            metrics.leading = False
+            elector = leader.Elector(leader.Terms(args.leader_elect_namespace, args.lease_name, leader.identity(),
+                                                  args.lease_seconds))
+            standby = elector.acquire(args.liveness)  # serves liveness until kopf's startup handler closes it
+            metrics.leading = True
         kopf.run(
             standalone=True,  # one replica acts: the Lease (--leader-elect), or the only one
             namespaces=args.namespace,
             clusterwide=args.all_namespaces or not args.namespace,
             liveness_endpoint=args.liveness,
-            memo=kopf.Memo(config=config, metrics=metrics),
+            memo=kopf.Memo(config=config, metrics=metrics, standby=standby),
         )
     finally:
+        metrics.leading = False
+        if standby is not None:
+            standby.close()
         if elector is not None:
             elector.release()
         if server is not None:

@@ -26,6 +26,7 @@ CONCURRENT_PASSES = 4
 # seconds (a dead leader is replaced after at most this and a retry period).
 LEASE_NAME = "kuberl-operator"
 DEFAULT_LEASE_SECONDS = 15
+MIN_LEASE_SECONDS = 6  # a third of it, the leader's margin before a peer may take over, is at least 2 s
 
 
 def secret_probe_seconds() -> float:

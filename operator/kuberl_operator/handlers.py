@@ -58,6 +58,8 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     metrics.cache_sizes = lambda: {plural: len(index) for plural, index in memo.ctx.cache.items()}
     if config.metrics_port is not None and memo.get("metrics") is None:
         memo.metrics_server = memo.ctx.metrics.serve(config.metrics_port, config.metrics_address)
+    if memo.get("standby") is not None:  # a leader's health endpoint while it waited: kopf's takes the port next
+        memo.standby.close()
 
 
 @kopf.on.cleanup()

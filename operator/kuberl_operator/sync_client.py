@@ -30,7 +30,8 @@ def request(method: str, path: str, body: Mapping[str, Any] | None = None, timeo
         with urllib.request.urlopen(req, timeout=timeout, context=context) as rsp:
             return rsp.status, json.loads(rsp.read() or b"null")
     except urllib.error.HTTPError as exc:
-        try:
-            return exc.code, json.loads(exc.read() or b"null")
-        except ValueError:
-            return exc.code, None
+        with exc:
+            try:
+                return exc.code, json.loads(exc.read() or b"null")
+            except ValueError:
+                return exc.code, None

@@ -65,6 +65,8 @@ def test_deployment_is_hardened(helm: Helm, name: str) -> None:
     spec = deploy["spec"]
     assert spec["replicas"] == VALUE_SETS[name].get("operator", {}).get("replicas", 2)
     assert spec["strategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
+    spread = spec["template"]["spec"]["topologySpreadConstraints"]
+    assert [c["topologyKey"] for c in spread] == ["kubernetes.io/hostname"], "a standby on another node"
     assert "--leader-elect" in spec["template"]["spec"]["containers"][0]["args"], "replicas act only as the leader"
     pod = spec["template"]["spec"]
     assert pod["securityContext"]["runAsNonRoot"] is True
@@ -429,3 +431,14 @@ def test_the_local_clusters_values_fit_its_node(helm: Helm) -> None:
     args = operator_parser().parse_args(container["args"])
     assert container["imagePullPolicy"] == "Never" and args.image.endswith(":0.1.0-cpu")
     assert args.head_resources == {"cpu": "200m", "memory": "2Gi"} == args.driver_resources
+
+
+def test_one_operator_rolls_old_pod_first_and_a_pdb_never_blocks_drains(helm: Helm) -> None:
+    """One replica: no surge pod (a node with room for one operator is enough), no PDB, no spread; minAvailable
+    as high as the replicas is refused at render time."""
+    objects = helm.render({"operator": {"replicas": 1}})
+    spec = one(objects, "Deployment")["spec"]
+    assert spec["strategy"]["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 1}
+    assert "topologySpreadConstraints" not in spec["template"]["spec"] and not by_kind(objects, "PodDisruptionBudget")
+    with pytest.raises(HelmFailed, match="minAvailable must be below operator.replicas"):
+        helm.render({"podDisruptionBudget": {"enabled": True, "minAvailable": 2}})

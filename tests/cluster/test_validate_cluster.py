@@ -15,7 +15,7 @@ from localkube.stack import Cluster
 from .conftest import OPERATOR_NAMESPACE, RELEASE
 from .jobs import manifest
 from .operator_process import OperatorProcess, kuberl_command
-from .test_operator_ha import ELECTION, leading
+from .test_operator_ha import ELECTION, LEASES, leading
 from .waits import wait_for
 
 pytestmark = pytest.mark.netns
@@ -35,11 +35,12 @@ def errors(proc: subprocess.CompletedProcess) -> list[str]:
 
 
 def test_a_job_this_cluster_cannot_run_gets_every_reason(
-    ns: Api, cluster: Cluster, release: str, tmp_path: Path
+    ns: Api, admin: Api, cluster: Cluster, release: str, tmp_path: Path
 ) -> None:
     roles = {"actor": {"replicas": 1, "gpus": 16}, "critic": {"nodeSelector": {"pool": "nope"}}}
     job = manifest("cannot-run", roles=roles, trainer={"checkpoint": {"volumeClaim": "ckpt"}})
     job["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": "team-a"}
+    admin.delete(LEASES, RELEASE, namespace=OPERATOR_NAMESPACE)  # test_operator_ha's; the session's has none
     proc = validate(job, tmp_path, cluster.kubeconfig, "-n", ns.namespace)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     found = errors(proc)

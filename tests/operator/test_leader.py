@@ -3,12 +3,14 @@ replicas is tests/cluster/test_operator_ha.py."""
 
 from __future__ import annotations
 
+import threading
+import time
 from datetime import UTC, datetime
 
 import pytest
 
 from kuberl_operator.cli import lease_seconds
-from kuberl_operator.leader import VERSION_ANNOTATION, Observer, Terms, lease_body, micro_time
+from kuberl_operator.leader import VERSION_ANNOTATION, Elector, LeaseError, Observer, Terms, lease_body, micro_time
 
 ME = Terms("kuberl-system", "kuberl", "pod-a_1", duration_s=15)
 NOW = datetime(2026, 12, 6, 12, 0, 0, 123456, tzinfo=UTC)
@@ -76,12 +78,86 @@ def test_releasing_clears_the_holder() -> None:
     assert spec["holderIdentity"] is None and spec["leaseDurationSeconds"] == 1
 
 
-@pytest.mark.parametrize("text,ok", [("3", True), ("300", True), ("2", False), ("301", False)])
+@pytest.mark.parametrize("text,ok", [("6", True), ("300", True), ("5", False), ("301", False)])
 def test_lease_seconds_are_bounded(text: str, ok: bool) -> None:
     import argparse
 
     if ok:
         assert lease_seconds(text) == int(text)
     else:
-        with pytest.raises(argparse.ArgumentTypeError, match="3 to 300"):
+        with pytest.raises(argparse.ArgumentTypeError, match="6 to 300"):
             lease_seconds(text)
+
+
+def test_a_longer_lease_than_ours_is_waited_out_whole() -> None:
+    """A replica of a shorter --lease-seconds (mid-rollout) waits the Lease's own duration."""
+    observer = Observer()
+    observer.see({**lease("pod-b_2"), "spec": {**lease("pod-b_2")["spec"], "leaseDurationSeconds": 60}}, now=0.0)
+    assert not observer.may_take(ME, now=59.0) and observer.may_take(ME, now=60.0)
+
+
+class Renewals:
+    """The renewer's view of the API server: each get answers as ``answer`` says (the Lease code paths against a
+    real server are tests/cluster/test_operator_ha.py; here, the renewer's timing and its errors)."""
+
+    def __init__(self, terms: Terms, answer: str) -> None:
+        self.terms, self.answer, self.version = terms, answer, 0
+
+    def get(self, timeout: float) -> tuple[int, dict | None]:
+        if self.answer == "hang":  # a server that never answers: the request times out
+            time.sleep(timeout)
+            raise OSError("timed out")
+        if self.answer == "broken":
+            raise KeyError("metadata")  # not an OSError: a bug, a parse failure
+        if self.answer == "forbidden":
+            return 403, None
+        holder = self.terms.identity if self.answer == "ours" else "pod-b_2"
+        self.version += 1
+        return 200, lease(holder, rv=str(self.version))
+
+    def write(self, body: dict, exists: bool, timeout: float) -> int:
+        return 200
+
+
+def held(answer: str, duration_s: float = 1.5) -> tuple[Elector, threading.Event, float]:
+    """An elector holding the Lease from now, its renewer running against ``answer``; (elector, lost, start)."""
+    terms = Terms("ns", "kuberl", "pod-a_1", duration_s=duration_s)  # type: ignore[arg-type]
+    lost = threading.Event()
+    elector = Elector(terms, Renewals(terms, answer), on_lost=lost.set)
+    start = time.monotonic()
+    elector.thread = threading.Thread(target=elector._hold, args=(start,), daemon=True)
+    elector.thread.start()
+    return elector, lost, start
+
+
+@pytest.mark.parametrize("answer", ["hang", "forbidden"])
+def test_the_leader_gives_up_by_its_deadline_when_renewals_fail(answer: str) -> None:
+    elector, lost, start = held(answer)
+    assert lost.wait(5)
+    took = time.monotonic() - start
+    assert elector.terms.give_up_after_s - 0.05 <= took <= elector.terms.give_up_after_s + 0.3, took
+    assert took < elector.terms.duration_s, "it stops before a peer may take the Lease"
+
+
+def test_an_error_in_the_renewer_is_a_lost_lease() -> None:
+    _, lost, start = held("broken")
+    assert lost.wait(5) and time.monotonic() - start < 1.0, "the first renewal's error ends the leadership"
+
+
+def test_a_peer_holding_the_lease_ends_the_leadership_at_the_next_renewal() -> None:
+    elector, lost, start = held("theirs")
+    assert lost.wait(5) and time.monotonic() - start <= elector.terms.renew_every_s + 0.3
+
+
+def test_renewing_holds_on_and_a_release_ends_without_a_loss() -> None:
+    elector, lost, _ = held("ours")
+    assert not lost.wait(2.5), "renewals that succeed keep the leadership past the deadline"
+    elector.release()
+    assert not elector.thread.is_alive() and not lost.is_set()
+
+
+def test_a_replica_the_lease_is_forbidden_to_exits_with_the_roles_name() -> None:
+    terms = Terms("kuberl-system", "kuberl", "pod-a_1", duration_s=1)  # type: ignore[arg-type]
+    with pytest.raises(SystemExit, match="403.*Role kuberl-leader in kuberl-system"):
+        Elector(terms, Renewals(terms, "forbidden")).acquire(None)
+    assert issubclass(LeaseError, OSError)
