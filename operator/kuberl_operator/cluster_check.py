@@ -149,7 +149,10 @@ def renewed_within(lease: Mapping[str, Any], now: datetime) -> bool:
     spec = lease.get("spec") or {}
     if not spec.get("holderIdentity") or not spec.get("renewTime"):
         return False
-    renewed = datetime.strptime(spec["renewTime"], "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
+    try:  # a MicroTime; tolerate one written without the fraction
+        renewed = datetime.fromisoformat(spec["renewTime"].replace("Z", "+00:00"))
+    except ValueError:
+        return False
     return (now - renewed).total_seconds() <= 2 * int(spec.get("leaseDurationSeconds") or 15)
 
 

@@ -80,6 +80,11 @@ def test_kuberay_absent_or_too_old() -> None:
 def test_an_operator_lease_counts_while_renewed_within_two_durations(age: timedelta, ok: bool) -> None:
     assert renewed_within(lease(NOW - age), NOW) is ok
     assert not renewed_within(lease(NOW, holder=""), NOW), "a released Lease: no operator"
+    seconds_only = lease(NOW)
+    seconds_only["spec"]["renewTime"] = "2026-12-06T12:00:00Z"
+    assert renewed_within(seconds_only, NOW)
+    seconds_only["spec"]["renewTime"] = "yesterday"
+    assert not renewed_within(seconds_only, NOW)
 
 
 def test_a_refused_read_is_a_note_not_a_problem() -> None:
