@@ -14,11 +14,12 @@ import yaml
 from localkube.api import RAYCLUSTERS, RESOURCECLAIMTEMPLATES, RLTJ, ROLES, Api
 from localkube.stack import Cluster
 
-from .conftest import OPERATOR_USER
+from .conftest import OPERATOR_NAMESPACE, OPERATOR_USER
 from .faults import fail_pod
 from .jobs import describe, manifest, pods_of, status
 from .operator_process import OperatorProcess, kuberl_command
 from .rbac import audit_events, forbidden, granted, rules_of, used
+from .test_operator_ha import ELECTION, LEASES, leading
 from .waits import wait_for
 
 pytestmark = pytest.mark.netns
@@ -54,7 +55,8 @@ def adopted(ns: Api, obj: dict, owner_uid: str) -> bool:
 
 
 def test_the_chart_grants_exactly_what_the_operator_uses(
-    cluster: Cluster, ns: Api, admin: Api, operator: OperatorProcess, release: str, kubectl, tmp_path: Path
+    cluster: Cluster, ns: Api, admin: Api, operator: OperatorProcess, release: str, kubectl, tmp_path: Path,
+    operator_kubeconfig: Path,
 ) -> None:
     # 1. Made beforehand, unowned (`kuberl render job.yaml | kubectl apply -f -`): the operator adopts each.
     rendered = manifest("adopted")
@@ -97,9 +99,20 @@ def test_the_chart_grants_exactly_what_the_operator_uses(
     ns.create(RLTJ, manifest("expiring", activeDeadlineSeconds=2, ttlSecondsAfterFinished=0))
     wait_for(lambda: ns.get(RLTJ, "expiring") is None, 60, "the expired job deleted by the operator", ctx)
 
+    # 5. The leader election of the chart's replicas: a replica creates its Lease, reads and renews it, and
+    # releases it as it stops (beside the session's operator, while no job is left for either to act on).
+    admin.delete(LEASES, release, namespace=OPERATOR_NAMESPACE)  # another test's, if any: the create is exercised
+    elected = OperatorProcess(operator_kubeconfig, tmp_path, extra=ELECTION)  # -A, as the chart's
+    elected.start()
+    try:
+        wait_for(lambda: leading(elected), 30, "the elected replica to lead", elected.tail)
+    finally:
+        elected.stop()
+
     events = audit_events(cluster.audit_log, OPERATOR_USER)
     assert events, f"no audit events for {OPERATOR_USER} in {cluster.audit_log}"
     assert forbidden(events) == [], "the chart's RBAC is missing what the operator asked for"
-    grants, uses = granted(admin, release), used(events) | delegated
+    lease_role = rules_of(admin.get(ROLES, f"{release}-leader", namespace=OPERATOR_NAMESPACE))
+    grants, uses = granted(admin, release) | lease_role, used(events) | delegated
     assert sorted(grants - uses) == [], "granted but never used"
     assert sorted(uses - grants) == []

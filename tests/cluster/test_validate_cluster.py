@@ -88,8 +88,8 @@ def test_a_user_without_rights_is_told_so_and_what_was_not_checked(
 def test_a_job_this_cluster_can_run_passes_with_the_versions_found(
     ns: Api, cluster: Cluster, operator_kubeconfig: Path, tmp_path: Path
 ) -> None:
-    elected = OperatorProcess(operator_kubeconfig, tmp_path, namespaces=("validate-idle",), extra=ELECTION)
-    elected.start()  # an operator with a Lease (watching a namespace of no jobs: the session's runs them)
+    elected = OperatorProcess(operator_kubeconfig, tmp_path, extra=ELECTION)  # -A, as the chart's
+    elected.start()  # an operator with a Lease, beside the session's: this test makes no job for either to act on
     try:
         wait_for(lambda: leading(elected), 30, "the elected operator to lead", elected.tail)
         proc = validate(manifest("can-run"), tmp_path, cluster.kubeconfig, "-n", ns.namespace)
