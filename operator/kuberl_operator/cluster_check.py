@@ -50,11 +50,14 @@ class Facts:
     now: datetime = field(default_factory=lambda: datetime.now(UTC))
 
 
+def rendered(job: RLTrainingJob, namespace: str, kind: str) -> list[dict[str, Any]]:
+    """The objects of ``kind`` the operator would make for the job (with the chart's default pod sizes)."""
+    return [o for o in builders.runtime_objects(job, builders.BuildOptions(namespace=namespace)) if o["kind"] == kind]
+
+
 def pods_of(job: RLTrainingJob, namespace: str) -> dict[str, dict[str, Any]]:
     """name -> pod spec of every pod kind the operator makes for the job: the head, one per role, the driver."""
-    objects = builders.runtime_objects(job, builders.BuildOptions(namespace=namespace))
-    cluster = next(o for o in objects if o["kind"] == "RayCluster")
-    driver = next(o for o in objects if o["kind"] == "Job")
+    [cluster], [driver] = rendered(job, namespace, "RayCluster"), rendered(job, namespace, "Job")
     pods = {"head": cluster["spec"]["headGroupSpec"]["template"]["spec"]}
     pods.update({f"roles.{g['groupName']}": g["template"]["spec"] for g in cluster["spec"]["workerGroupSpecs"]})
     pods["driver"] = driver["spec"]["template"]["spec"]
@@ -63,8 +66,7 @@ def pods_of(job: RLTrainingJob, namespace: str) -> dict[str, dict[str, Any]]:
 
 def device_classes(job: RLTrainingJob, namespace: str) -> set[str]:
     """The DeviceClasses the job's GPU claim templates ask for (placement.mode dra)."""
-    objects = builders.runtime_objects(job, builders.BuildOptions(namespace=namespace))
-    return {r["exactly"]["deviceClassName"] for o in objects if o["kind"] == "ResourceClaimTemplate"
+    return {r["exactly"]["deviceClassName"] for o in rendered(job, namespace, "ResourceClaimTemplate")
             for r in o["spec"]["spec"]["devices"]["requests"]}
 
 
@@ -99,9 +101,11 @@ def read(job: RLTrainingJob, manifest: Mapping[str, Any], namespace: str, call: 
                       params={"dryRun": "All", "fieldValidation": "Strict"})
     facts.dry_run = (code, (body or {}).get("message", "") if isinstance(body, dict) else "")
     if queue := (job.metadata.labels or {}).get(QUEUE_LABEL):
-        facts.kueue_installed = get("Kueue's CRDs", f"{CRD_PATH}/localqueues.kueue.x-k8s.io") is not None
-        if facts.kueue_installed:
-            facts.local_queue = get("the LocalQueue", f"/apis/kueue.x-k8s.io/v1beta1/namespaces/{namespace}/"
+        kueue = get("Kueue's CRDs", f"{CRD_PATH}/localqueues.kueue.x-k8s.io")
+        facts.kueue_installed = kueue is not None
+        if kueue is not None:  # at the version the installed Kueue serves
+            served = next(v["name"] for v in kueue["spec"]["versions"] if v.get("served"))
+            facts.local_queue = get("the LocalQueue", f"/apis/kueue.x-k8s.io/{served}/namespaces/{namespace}/"
                                                       f"localqueues/{queue}")
     for name in device_classes(job, namespace):
         facts.device_classes[name] = get(f"DeviceClass {name}", f"/apis/resource.k8s.io/v1/deviceclasses/{name}") \
@@ -185,8 +189,7 @@ def kuberay_problems(job: RLTrainingJob, facts: Facts) -> Iterator[str]:
         yield f"KubeRay's CRD serves no ray.io/v1: upgrade KubeRay to {KUBERAY_TESTED} or later"
         return
     known = version["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
-    cluster = next(o for o in builders.runtime_objects(job, builders.BuildOptions(namespace=facts.namespace))
-                   if o["kind"] == "RayCluster")
+    [cluster] = rendered(job, facts.namespace, "RayCluster")
     missing = sorted(set(cluster["spec"]) - set(known))
     groups = known.get("workerGroupSpecs", {}).get("items", {}).get("properties", {})
     missing += sorted(f"workerGroupSpecs[].{k}" for g in cluster["spec"]["workerGroupSpecs"] for k in g
