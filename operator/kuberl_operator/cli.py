@@ -267,8 +267,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--leader-elect-namespace", default=os.environ.get("POD_NAMESPACE") or "default",
                    help="namespace of the Lease (default $POD_NAMESPACE, the chart's release namespace, else default)")
     p.add_argument("--lease-seconds", type=lease_seconds, default=DEFAULT_LEASE_SECONDS,
-                   help="the Lease's duration: a dead leader is replaced after at most this and a retry period "
-                        f"(duration/7.5); the leader renews every third of it (default {DEFAULT_LEASE_SECONDS})")
+                   help=f"the Lease's duration, {MIN_LEASE_SECONDS} to 300: a dead leader is replaced after about "
+                        "this and two retry periods (duration/7.5 each); the leader renews every third of it "
+                        f"(default {DEFAULT_LEASE_SECONDS})")
     job_options(p)
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging (as --log-level debug)")
     p.set_defaults(func=cmd_operator)

@@ -38,8 +38,8 @@ PROVISIONING_TIMED_OUT = "ProvisioningTimedOut"  # Provisioning past spec.resili
 DEADLINE_EXCEEDED = "DeadlineExceeded"  # active past spec.activeDeadlineSeconds
 TIME_FORMAT = "%Y-%m-%dT%H:%M:%SZ"  # every time in status (reconcile.now)
 PLACEMENT_DEGRADED = Reason.PLACEMENT_DEGRADED.value  # the driver refused GPUs linked below spec.placement.minLink
-REWRITTEN = ("rayCluster", "rayClusterUID", "pendingChanges", "startTime")  # kept from the old status only if
-# written again
+# kept from the old status only if written again
+REWRITTEN = ("rayCluster", "rayClusterUID", "pendingChanges", "startTime")
 # A role's new report, Event per change of its value: (RoleStatus field, Event reason, message with {role}, {why}).
 NEWS = (("driver_failure", ROLE_FAILED, "role {role} (reported by the driver): {why}"),
         ("image_waiting", IMAGE_PULL_FAILED, "role {role}: {why}"),

@@ -67,6 +67,11 @@ def test_a_job_this_cluster_cannot_run_gets_every_reason(
                             cluster.kubeconfig, "-n", ns.namespace))
     assert any("ckpt is ReadWriteOnce" in line and "use a ReadWriteMany claim" in line for line in found), found
 
+    wild = manifest("wild", roles={"critic": {"tolerations": [{"operator": "Exists"}]}})  # the chart's job policy
+    found = errors(validate(wild, tmp_path, cluster.kubeconfig, "-n", ns.namespace))
+    assert any(line.startswith("the API server refuses the job (a dry run)") and "tolerates every taint" in line
+               for line in found), found
+
     found = errors(validate(manifest("nowhere"), tmp_path, cluster.kubeconfig, "-n", f"{ns.namespace}-not-there"))
     assert any(line.startswith(f"namespace {ns.namespace}-not-there does not exist") for line in found), found
 

@@ -233,6 +233,7 @@ REPORTED = {"rewardMean": "reward_mean", "rewardStd": "reward_std", "responseLen
 
 
 def finite(value: float | None) -> float | None:
+    """``value`` to 4 decimals, or None when missing, NaN or infinite (the report carries finite figures only)."""
     return round(value, 4) if value is not None and math.isfinite(value) else None
 
 
