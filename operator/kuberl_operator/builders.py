@@ -68,6 +68,12 @@ class BuildOptions:
     scratch: Mapping[str, str] = field(default_factory=lambda: dict(SCRATCH))  # emptyDir sizeLimits (SCRATCH)
     network_policy: bool = True  # each job gets a NetworkPolicy (`network`)
     scrapers: Scrapers = Scrapers()  # who may reach the pods' metrics ports (Prometheus)
+    gang_scheduling: bool = True  # every pod made gated, let through when the job's whole set fits (gang.py)
+
+
+def gates(opts: BuildOptions) -> dict[str, Any]:
+    """A pod spec's scheduling gate under gang scheduling: the scheduler leaves the pod until the operator lifts it."""
+    return {"schedulingGates": [{"name": names.GANG_GATE}]} if opts.gang_scheduling else {}
 
 
 def image_of(job: RLTrainingJob, opts: BuildOptions) -> str:
@@ -330,6 +336,7 @@ def worker_group(job: RLTrainingJob, role: str, opts: BuildOptions) -> dict[str,
         pod_spec["resourceClaims"] = [{"name": names.GPU_CLAIM,
                                        "resourceClaimTemplateName": names.claim_template(name, role)}]
     pod_spec.update(pod_scheduling(spec))
+    pod_spec.update(gates(opts))
     pods = group_size(job, role)
     return {
         "groupName": role,
@@ -352,6 +359,7 @@ def head_group(job: RLTrainingJob, opts: BuildOptions) -> dict[str, Any]:
             "spec": {
                 "automountServiceAccountToken": False,
                 "securityContext": pod_security(),
+                **gates(opts),
                 "volumes": volumes,
                 "containers": [{
                     "name": "ray-head",
@@ -484,6 +492,7 @@ def driver_job(job: RLTrainingJob, opts: BuildOptions) -> dict[str, Any]:
                     "automountServiceAccountToken": False,
                     "terminationGracePeriodSeconds": REPORTER_GRACE_S,
                     "securityContext": pod_security(),
+                    **gates(opts),
                     "initContainers": [*init, {
                         "name": "wait-for-ray",
                         "image": image,

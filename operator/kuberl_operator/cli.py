@@ -53,7 +53,8 @@ def cmd_render(args: argparse.Namespace) -> int:
     namespace = args.namespace or job.metadata.namespace or "default"
     opts = builders.BuildOptions(namespace=namespace, image=args.image, head=args.head_resources,
                                  driver=args.driver_resources, cpu_limits=args.cpu_limits, scratch=args.scratch,
-                                 network_policy=args.network_policy, scrapers=scrapers(args))
+                                 network_policy=args.network_policy, scrapers=scrapers(args),
+                                 gang_scheduling=args.gang_scheduling)
     raw_spec = parse_yaml(Path(args.job).read_text())["spec"]
     objects = builders.all_objects(job, raw_spec, None, opts)  # the operator makes the Ray token; render shows none
     sys.stdout.write(yaml.safe_dump_all(objects, sort_keys=False))
@@ -111,7 +112,8 @@ def cmd_operator(args: argparse.Namespace) -> int:
                             max_gpus_per_node=args.max_gpus_per_node, head=args.head_resources,
                             driver=args.driver_resources, cpu_limits=args.cpu_limits, scratch=args.scratch,
                             job_policy=args.job_policy, concurrent_passes=args.concurrent_passes,
-                            network_policy=args.network_policy, scrapers=scrapers(args))
+                            network_policy=args.network_policy, scrapers=scrapers(args),
+                            gang_scheduling=args.gang_scheduling)
     metrics = Metrics()
     server = metrics.serve(config.metrics_port, config.metrics_address) if config.metrics_port is not None else None
     elector = standby = None
@@ -222,6 +224,10 @@ def job_options(p: argparse.ArgumentParser) -> None:
                    help="make no NetworkPolicy for a job. Default: each job's pods admit connections from its own "
                         "pods only, and on their `metrics` ports from the --metrics-from namespaces and address "
                         "blocks")
+    p.add_argument("--no-gang-scheduling", dest="gang_scheduling", action="store_false",
+                   help="let each pod of a job through to the scheduler on its own. Default: a job's pods are made "
+                        "with a scheduling gate that the operator lifts from all of them at once, when the whole set "
+                        "fits the nodes' free capacity (no job holds part of its pods while it waits)")
     p.add_argument("--metrics-from", action="append", default=[], metavar="NAMESPACE",
                    help="a namespace where Prometheus runs: its pods may reach the job pods' metrics ports "
                         "(repeatable; the chart's networkPolicy.metricsNamespaces)")

@@ -48,11 +48,12 @@ class OperatorConfig:
     concurrent_passes: int = CONCURRENT_PASSES  # passes over jobs running at once (`reconcile.Context.turn`)
     network_policy: bool = True  # each job gets a NetworkPolicy (`network`)
     scrapers: Scrapers = Scrapers()  # who may reach the job pods' metrics ports (Prometheus)
+    gang_scheduling: bool = True  # a job's pods are let through to the scheduler together, when all fit (gang.py)
 
     @classmethod
     def from_env(cls) -> OperatorConfig:
         """KUBERL_RUNTIME_IMAGE, KUBERL_METRICS_PORT, KUBERL_METRICS_ADDRESS, KUBERL_MAX_GPUS_PER_NODE,
-        KUBERL_CONCURRENT_PASSES."""
+        KUBERL_CONCURRENT_PASSES, KUBERL_GANG_SCHEDULING (0: off)."""
         port = os.environ.get("KUBERL_METRICS_PORT")
         gpus = os.environ.get("KUBERL_MAX_GPUS_PER_NODE")
         passes = os.environ.get("KUBERL_CONCURRENT_PASSES")
@@ -62,4 +63,5 @@ class OperatorConfig:
             metrics_address=os.environ.get("KUBERL_METRICS_ADDRESS", cls.metrics_address),
             max_gpus_per_node=int(gpus) if gpus else DEFAULT_MAX_GPUS_PER_NODE,
             concurrent_passes=int(passes) if passes else CONCURRENT_PASSES,
+            gang_scheduling=os.environ.get("KUBERL_GANG_SCHEDULING", "1") != "0",
         )

@@ -13,7 +13,7 @@ import kopf
 
 from kuberl.spec.model import MANAGED_BY_KUBERL
 
-from . import api_traffic, names, reconcile
+from . import api_traffic, gang, names, reconcile
 from .cache import kept
 from .config import OperatorConfig
 from .health import pod_view
@@ -86,6 +86,12 @@ def head_pods(namespace: str, labels: kopf.Labels, body: kopf.Body, **_: Any) ->
     return {(namespace, labels[names.LABEL_JOB]): pod_view(body)}
 
 
+@kopf.index("pods", labels={names.LABEL_JOB: kopf.PRESENT})
+def gated_pods(namespace: str, labels: kopf.Labels, name: str, body: kopf.Body, **_: Any) -> dict:
+    """The job's pods that still carry the gang gate (gang.py): a status pass then weighs the gang."""
+    return {(namespace, labels[names.LABEL_JOB]): name} if gang.gated(body) and gang.live(body) else {}
+
+
 @kopf.index("configmaps", labels=PROGRESS)
 def progress_reports(namespace: str, name: str, labels: kopf.Labels, body: kopf.Body, **_: Any) -> dict:
     """A job's progress report, from its own ConfigMap only: the driver (user code) may patch its ConfigMap,
@@ -119,11 +125,17 @@ for _res in reconcile.CACHED:  # one index per kind, named reconcile.cache_index
 
 @kopf.on.event("pods", labels=WORKERS)
 @kopf.on.event("pods", labels=HEADS)
+@kopf.on.event("pods", labels=DRIVER)
 @kopf.on.event("configmaps", labels=PROGRESS)
 @kopf.on.event("batch", "jobs", labels=DRIVER)
-async def child_changed(namespace: str, labels: kopf.Labels, memo: kopf.Memo, **kwargs: Any) -> None:
-    """A worker or head pod, the progress report or the driver Job changed: refresh the job's status."""
-    await reconcile.reconcile_status(memo.ctx, namespace, labels[names.LABEL_JOB], memo.ctx.indices(kwargs))
+async def child_changed(namespace: str, labels: kopf.Labels, memo: kopf.Memo, resource: kopf.Resource,
+                        type: str | None = None, **kwargs: Any) -> None:
+    """A pod, the progress report or the driver Job changed: refresh the job's status. A pod gone frees room:
+    the gangs that wait are weighed again."""
+    indices, job = memo.ctx.indices(kwargs), labels[names.LABEL_JOB]
+    await reconcile.reconcile_status(memo.ctx, namespace, job, indices)
+    if type == "DELETED" and resource.plural == "pods" and memo.ctx.gang_waits:
+        await reconcile.retry_gangs(memo.ctx, indices, (namespace, job))
 
 
 async def owned_deleted(namespace: str, name: str, labels: kopf.Labels, resource: kopf.Resource,

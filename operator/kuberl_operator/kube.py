@@ -25,13 +25,15 @@ class Resource:
     def api_version(self) -> str:
         return f"{self.group}/{self.version}" if self.group else self.version
 
-    def path(self, namespace: str, name: str | None = None, sub: str | None = None) -> str:
+    def path(self, namespace: str | None, name: str | None = None, sub: str | None = None) -> str:
+        """The object's path; with ``namespace`` None, the kind's across the cluster (or a cluster-scoped kind's)."""
         base = f"/api/{self.version}" if not self.group else f"/apis/{self.group}/{self.version}"
-        return f"{base}/namespaces/{namespace}/{self.plural}" + (f"/{name}" if name else "") + (
-            f"/{sub}" if sub else "")
+        scope = f"{base}/namespaces/{namespace}" if namespace is not None else base
+        return f"{scope}/{self.plural}" + (f"/{name}" if name else "") + (f"/{sub}" if sub else "")
 
 
 PODS = Resource("", "v1", "pods")
+NODES = Resource("", "v1", "nodes")
 EVENTS = Resource("", "v1", "events")
 CONFIGMAPS = Resource("", "v1", "configmaps")
 SECRETS = Resource("", "v1", "secrets")
@@ -126,6 +128,11 @@ class Kube:
     async def create(self, obj: Mapping[str, Any]) -> dict[str, Any]:
         meta = obj["metadata"]
         return await self.request("POST", resource_of(obj).path(meta["namespace"]), dict(obj))
+
+    async def list(self, res: Resource, namespace: str | None, **params: str) -> list[dict[str, Any]]:
+        """The items of one LIST request (``params``: labelSelector, fieldSelector) in ``namespace``, or with None
+        across the cluster (a cluster-scoped kind's: None)."""
+        return (await self.request("GET", res.path(namespace), params=params) or {}).get("items") or []
 
     async def patch(self, res: Resource, namespace: str, name: str, patch: Mapping[str, Any],
                     sub: str | None = None) -> dict[str, Any]:

@@ -17,6 +17,7 @@ LABEL_ROLE = f"{GROUP}/role"
 LABEL_COMPONENT = "app.kubernetes.io/component"
 COMMON_LABELS = {"app.kubernetes.io/name": "kuberl", "app.kubernetes.io/managed-by": "kuberl-operator"}
 JOB_RESOURCE = (GROUP, VERSION, PLURAL)
+GANG_GATE = f"{GROUP}/gang"  # every pod's scheduling gate until its job's whole set fits (gang.py)
 
 SPEC_MOUNT = "/etc/kuberl"
 SPEC_FILE = "job.yaml"

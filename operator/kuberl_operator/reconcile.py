@@ -33,13 +33,14 @@ from kuberl.spec import ROLES as JOB_ROLES
 from kuberl.spec import RLTrainingJob, SpecInvalid, validate_manifest
 from kuberl.spec.contract import REPLICAS_KEY
 
-from . import builders, conditions, job_policy, names, placement, ray_token, resize
+from . import builders, conditions, gang, job_policy, names, placement, ray_token, resize
 from .cache import Written, first, version
 from .config import OperatorConfig
 from .kube import (
     CONFIGMAPS,
     JOBS,
     NETWORKPOLICIES,
+    NODES,
     PODS,
     RAYCLUSTERS,
     RESOURCECLAIMTEMPLATES,
@@ -99,6 +100,8 @@ class Context:
     secret_probes: dict[ray_token.Key, float] = field(default_factory=dict)  # job -> its last Secret create (monotonic)
     cache: Mapping[str, Any] = field(default_factory=dict)  # plural -> kopf's index of it (the size metric)
     slots: asyncio.Semaphore | None = None  # passes running at once (`turn`); made on first use, inside the loop
+    gang_waits: dict[tuple[str, str], str] = field(default_factory=dict)  # job -> why its gated pods wait (gang.py)
+    gang_lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # one gang decision at a time (`gang_pass`)
 
     def indices(self, kwargs: Mapping[str, Any]) -> Indices:
         """The indices kopf passed a handler; the first call keeps the cache's (kopf's indices live as long as the
@@ -159,6 +162,7 @@ class Context:
             scratch=self.config.scratch,
             network_policy=self.config.network_policy,
             scrapers=self.config.scrapers,
+            gang_scheduling=self.config.gang_scheduling,
         )
 
 
@@ -191,18 +195,20 @@ class Indices:
     drivers: Mapping[Any, Any]
     heads: Mapping[Any, Any] = field(default_factory=dict)
     cached: Mapping[str, Mapping[Any, Any]] = field(default_factory=dict)
+    gated: Mapping[Any, Any] = field(default_factory=dict)  # job -> names of its pods that still carry the gang gate
 
     @classmethod
     def of(cls, kwargs: Mapping[str, Any]) -> Indices:
         cached = {res.plural: kwargs[cache_index(res)] for res in CACHED if cache_index(res) in kwargs}
         return cls(kwargs["worker_pods"], kwargs["progress_reports"], kwargs["driver_jobs"], kwargs["head_pods"],
-                   cached)
+                   cached, kwargs.get("gated_pods", {}))
 
     def observed(self, namespace: str, name: str, cluster_uid: str | None,
                  applied: Mapping[str, Any] | None = None, groups: Mapping[str, int] | None = None,
-                 given_up: Mapping[str, tuple[str, ...]] | None = None) -> Observed:
+                 given_up: Mapping[str, tuple[str, ...]] | None = None, gang_wait: str | None = None) -> Observed:
         key = (namespace, name)
         return Observed(
+            gang_wait=gang_wait,
             cluster_uid=cluster_uid,
             applied_spec=applied,
             groups=dict(groups or {}),
@@ -556,8 +562,12 @@ async def reconcile_once(ctx: Context, namespace: str, name: str, indices: Indic
         return True  # the spec handler reports it
     if placement.static_problems(job, ctx.config.max_gpus_per_node):
         return True  # likewise
-    seen = indices.observed(namespace, name, cluster_uid, applied_spec(cluster) if live else None,
-                            worker_groups(cluster) if live else None, given_up(cluster) if live else None)
+    groups = worker_groups(cluster) if live else None
+    if ctx.config.gang_scheduling and groups is not None and (
+            indices.gated.get((namespace, name)) or (namespace, name) in ctx.gang_waits):
+        await gang_pass(ctx, namespace, name, groups)
+    seen = indices.observed(namespace, name, cluster_uid, applied_spec(cluster) if live else None, groups,
+                            given_up(cluster) if live else None, ctx.gang_waits.get((namespace, name)))
     decision = decide(job, body["metadata"].get("generation", 1), old, seen, now())
     written = await write_decided_status(ctx, indices, body, decision.status)
     if written is not None:
@@ -567,6 +577,41 @@ async def reconcile_once(ctx: Context, namespace: str, name: str, indices: Indic
     await post_events(ctx, body, decision.events)
     await act(ctx, body, cluster if live else None, decision, seen)
     return True
+
+
+async def gang_pass(ctx: Context, namespace: str, name: str, groups: Mapping[str, int]) -> None:
+    """Lift the gang gates of the job's pods when `gang` says so, or remember why they wait (for its status). One
+    decision at a time in the process, each on fresh lists: a gang let through is counted before the next is
+    weighed. The nodes and every pod of the cluster are listed only when a whole set waits to be weighed."""
+    key = (namespace, name)
+    async with ctx.gang_lock:
+        job_pods = await ctx.kube.list(PODS, namespace, labelSelector=f"{names.LABEL_JOB}={name}")
+        verdict = gang.quick(job_pods, gang.expected_pods(groups))
+        if verdict is None:
+            nodes = await ctx.kube.list(NODES, None)
+            every = await ctx.kube.list(PODS, None, fieldSelector="status.phase!=Succeeded,status.phase!=Failed")
+            verdict = gang.fit(job_pods, nodes, every)
+        by_name = {p["metadata"]["name"]: p for p in job_pods}
+        for pod in verdict.release:
+            try:
+                await ctx.kube.patch(PODS, namespace, pod, {
+                    "metadata": {"resourceVersion": by_name[pod]["metadata"]["resourceVersion"]},
+                    "spec": {"schedulingGates": gang.without_gate(by_name[pod]) or None}})
+            except ApiError as exc:
+                if exc.status not in (404, 409):  # gone, or changed since the list: the next pass sees it again
+                    raise
+        if verdict.release:
+            log.info("%s/%s: gang let through (%d pods)", namespace, name, len(verdict.release))
+        if verdict.wait:
+            ctx.gang_waits[key] = verdict.wait
+        else:
+            ctx.gang_waits.pop(key, None)
+
+
+async def retry_gangs(ctx: Context, indices: Indices, but: tuple[str, str]) -> None:
+    """Room was freed (a job's pod is gone): weigh again each job whose gang waits, but ``but``'s."""
+    for namespace, name in [k for k in ctx.gang_waits if k != but]:
+        await reconcile_status(ctx, namespace, name, indices)
 
 
 async def write_decided_status(ctx: Context, indices: Indices, body: Mapping[str, Any],

@@ -30,6 +30,7 @@ PENDING, PROVISIONING, RUNNING, RESTARTING, SUCCEEDED, FAILED, SUSPENDED = get_a
 ROLE_RESTARTING = "RoleRestarting"
 HEAD_FAILED = "RayHeadFailed"  # the Ray head pod failed: the whole Ray cluster restarts
 ROLE_FAILED = "RoleFailed"  # the driver reported a role's failure (a hang's diagnosis, a process that died)
+GANG_WAITING = "GangWaiting"  # its pods wait, all gated, until the whole set fits the nodes (gang.py)
 UNSCHEDULABLE = "RoleUnschedulable"  # no node satisfies a role's constraints (the scheduler says why)
 POLICY_DENIED = "PolicyDenied"  # the job breaks the platform's job policy (job_policy.py): nothing is made
 IMAGE_PULL_FAILED = "ImagePullFailed"  # a role's container cannot start from its image (not loaded, wrong name)
@@ -59,6 +60,7 @@ class Observed:
     applied_spec: Mapping[str, Any] | None = None  # what the live RayCluster was built from (spec_changes)
     groups: Mapping[str, int] = field(default_factory=dict)  # the live RayCluster's worker group replicas, by role
     given_up: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # its scaleStrategy.workersToDelete
+    gang_wait: str | None = None  # why the job's gated pods wait to be let through together (gang.py), or None
 
 
 @dataclass(frozen=True)
@@ -404,6 +406,8 @@ def active_phase(job: RLTrainingJob, roles: Mapping[str, RoleOutcome], seen: Obs
     none)."""
     if seen.cluster_uid is None:
         return PENDING, "WaitingForRayCluster", f"waiting for RayCluster {names.cluster(job.metadata.name)}"
+    if seen.gang_wait is not None:
+        return PENDING, GANG_WAITING, seen.gang_wait
     waiting = not_ready(roles, head)
     return (restarting_phase(roles, ready, head, waiting) or provisioning_phase(job, roles, waiting)
             or (RUNNING, "AllRolesReady", f"all {len(roles)} roles ready"))

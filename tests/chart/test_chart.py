@@ -41,8 +41,8 @@ def test_default_objects(helm: Helm) -> None:
     kinds = sorted(o["kind"] for o in helm.render())
     assert kinds == sorted(["CustomResourceDefinition", "ServiceAccount", "ClusterRole", "ClusterRoleBinding",
                             "Role", "RoleBinding", "PodDisruptionBudget",  # the leader Lease's; a standby kept
-                            "Deployment", "Service", "ConfigMap", *["ValidatingAdmissionPolicy"] * 9,
-                            *["ValidatingAdmissionPolicyBinding"] * 9])
+                            "Deployment", "Service", "ConfigMap", *["ValidatingAdmissionPolicy"] * 10,
+                            *["ValidatingAdmissionPolicyBinding"] * 10])
 
 
 def test_minimal_renders_only_the_operator(helm: Helm) -> None:
@@ -248,9 +248,27 @@ def test_watch_namespaces_gives_roles_not_cluster_wide_rights(helm: Helm) -> Non
         assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "kuberl-op", "namespace": NAMESPACE}]
         assert binding["roleRef"]["kind"] == "Role"
     cluster_role = one(objects, "ClusterRole")
+    # gang scheduling (on by default) reads the nodes and every pod, to learn what the nodes have free
+    assert {r for rule in cluster_role["rules"] for r in rule["resources"]} == {"customresourcedefinitions",
+                                                                                "namespaces", "nodes", "pods"}
+    assert {v for rule in cluster_role["rules"] for v in rule["verbs"]} == {"list", "watch"}
+    assert {v for rule in cluster_role["rules"] if rule["resources"] != ["customresourcedefinitions"]
+            and rule["resources"] != ["namespaces"] for v in rule["verbs"]} == {"list"}
+    cluster_role = one(helm.render({**NON_DEFAULT, "gangScheduling": {"enabled": False}}), "ClusterRole")
     assert {r for rule in cluster_role["rules"] for r in rule["resources"]} == {"customresourcedefinitions",
                                                                                 "namespaces"}
-    assert {v for rule in cluster_role["rules"] for v in rule["verbs"]} == {"list", "watch"}
+
+
+def test_gang_scheduling_adds_pod_patch_and_is_turned_off_with_its_rights(helm: Helm) -> None:
+    pods = lambda objects: next(r for r in one(objects, "ClusterRole")["rules"]  # noqa: E731
+                                if r["resources"] == ["pods"])["verbs"]
+    on = helm.render()
+    assert pods(on) == ["list", "watch", "delete", "patch"]
+    assert "--no-gang-scheduling" not in operator_container(on)["args"]
+    off = helm.render({"gangScheduling": {"enabled": False}})
+    assert pods(off) == ["list", "watch", "delete"]
+    assert "--no-gang-scheduling" in operator_container(off)["args"]
+    assert not [r for r in one(off, "ClusterRole")["rules"] if r["resources"] == ["nodes"]]
 
 
 def test_service_account_is_the_deployments(helm: Helm) -> None:

@@ -4,7 +4,8 @@ The needs are derived from operator/kuberl_operator, not written down twice:
 - kopf's handlers (its registry after importing the handlers): every watched or indexed resource is
   listed and watched; resources with change handlers are patched (finalizer, kopf's annotations,
   status through the status subresource); kopf posts Events;
-- the operator's own API calls (an AST scan of ``ctx.kube.create/patch/delete(RESOURCE, ...)``);
+- the operator's own API calls (an AST scan of ``ctx.kube.create/patch/delete/list(RESOURCE, ...)``; a
+  ``list(RESOURCE, None)`` reads across the cluster, which only a ClusterRole grants);
 - ``reconcile.ensure`` (create, patch) for every object ``builders.all_objects`` makes, but
   ``reconcile.create_once`` (create) for those in ``reconcile.CREATE_ONLY`` (Secrets), and
   ``reconcile.delete_owned`` (delete) for every object ``reconcile.children`` names; these read from the
@@ -71,9 +72,11 @@ def api_calls() -> Needs:  # noqa: C901 -- one branch per call shape the operato
                 if on_kube and f.attr == "request":
                     problems.append(f"{path.name}:{call.lineno} {func.name}: a raw kube.request; "
                                     f"teach tests/chart/test_rbac.py which resource and verb it uses")
-                if not (on_kube and f.attr in {"create", "patch", "delete"}):
+                if not (on_kube and f.attr in {"create", "patch", "delete", "list"}):
                     continue
                 first = call.args[0] if call.args else None
+                if f.attr == "list" and isinstance(call.args[1], ast.Constant) and call.args[1].value is None:
+                    continue  # across the cluster: `cluster_calls`
                 if isinstance(first, ast.Name) and first.id in resources:
                     res = resources[first.id]
                     sub = next((k.value.value for k in call.keywords if k.arg == "sub" and isinstance(k.value,
@@ -103,6 +106,23 @@ def api_calls() -> Needs:  # noqa: C901 -- one branch per call shape the operato
                                    reconcile.Event("Normal", "R", "m"), "t")
     res = kube.resource_of(event)
     needs[(res.group, res.plural)] |= GENERIC["post_events"]
+    return needs
+
+
+def cluster_calls() -> Needs:
+    """``<x>.kube.list(RESOURCE, None, ...)``: the operator's reads across the cluster (gang scheduling's)."""
+    from kuberl_operator import kube
+
+    resources = {name: value for name, value in vars(kube).items() if isinstance(value, kube.Resource)}
+    needs: Needs = defaultdict(set)
+    for path in sorted(OPERATOR.glob("*.py")):
+        for call in [n for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.Call)]:
+            f = call.func
+            if (isinstance(f, ast.Attribute) and f.attr == "list" and isinstance(f.value, ast.Attribute)
+                    and f.value.attr == "kube" and isinstance(call.args[1], ast.Constant)
+                    and call.args[1].value is None):
+                res = resources[call.args[0].id]
+                needs[(res.group, res.plural)].add("list")
     return needs
 
 
@@ -164,7 +184,8 @@ def job_roles(objects: list[dict]) -> list[dict]:
 def test_cluster_wide_rbac_is_exactly_what_the_operator_uses(helm: Helm, namespaced_needs: Needs) -> None:
     objects = helm.render()
     assert not job_roles(objects)
-    problems = compare(granted(one(objects, "ClusterRole")["rules"]), merge(namespaced_needs, KOPF_CLUSTER))
+    problems = compare(granted(one(objects, "ClusterRole")["rules"]),
+                       merge(namespaced_needs, KOPF_CLUSTER, cluster_calls()))
     assert not problems, "\n".join(problems)
 
 
@@ -194,5 +215,6 @@ def test_namespaced_rbac_is_exactly_what_the_operator_uses(helm: Helm, namespace
     for role in job_roles(objects):
         problems = compare(granted(role["rules"]), namespaced_needs)
         assert not problems, f"Role in {role['metadata']['namespace']}:\n" + "\n".join(problems)
-    problems = compare(granted(one(objects, "ClusterRole")["rules"]), merge(KOPF_CLUSTER, KOPF_NAMESPACES))
+    problems = compare(granted(one(objects, "ClusterRole")["rules"]),
+                       merge(KOPF_CLUSTER, KOPF_NAMESPACES, cluster_calls()))
     assert not problems, "ClusterRole:\n" + "\n".join(problems)

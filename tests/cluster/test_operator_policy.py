@@ -15,7 +15,18 @@ import copy
 from typing import Any
 
 import pytest
-from localkube.api import CONFIGMAPS, JOBS, NETWORKPOLICIES, RLTJ, ROLEBINDINGS, ROLES, SECRETS, Api, ApiError
+from localkube.api import (
+    CONFIGMAPS,
+    JOBS,
+    NETWORKPOLICIES,
+    PODS,
+    RLTJ,
+    ROLEBINDINGS,
+    ROLES,
+    SECRETS,
+    Api,
+    ApiError,
+)
 from localkube.stack import Cluster
 
 from kuberl_operator import builders
@@ -127,6 +138,32 @@ def test_the_operator_cannot_fence_off_pods_of_others_with_a_network_policy(ns: 
     # One that selects its own job's pods passes (named apart from the `<job>-network` the operator itself
     # makes for the suspended job, which may already exist).
     op.create(NETWORKPOLICIES, policy(f"{job}-own", {"matchLabels": {"kuberl.io/job": job}}))
+
+
+def test_the_operator_may_change_a_pod_only_by_lifting_its_gang_gate(ns: Api, as_operator: Api,
+                                                                     owned: dict[str, Any]) -> None:
+    """Gang scheduling lets it patch pods (to lift the kuberl.io/gang gate); the admission policy holds every pod
+    change to exactly that: a new image, a relabel, a toleration or a node selector is refused, as is a patch of a
+    pod that carries no gate of ours."""
+    gates = [{"name": "kuberl.io/gang"}, {"name": "example.com/other"}]
+    pod = ns.create(PODS, {"metadata": {"name": "gated", "labels": owned["labels"]}, "spec": {
+        "schedulingGates": gates, "containers": [{"name": "c", "image": "kuberl-runtime:test"}]}})
+    op = as_operator.in_namespace(ns.namespace)
+    words = "only to lift its kuberl.io/gang scheduling gate"
+    keep_other = {"op": "replace", "path": "/spec/schedulingGates", "value": gates[1:]}  # ours lifted beside it
+    for change in ([{"op": "replace", "path": "/spec/containers/0/image", "value": "docker.io/evil/miner:1"}],
+                   [{"op": "add", "path": "/metadata/labels/extra", "value": "x"}],
+                   [{"op": "add", "path": "/spec/tolerations/-", "value": {"operator": "Exists"}}, keep_other],
+                   [{"op": "add", "path": "/spec/nodeSelector", "value": {"kubernetes.io/hostname": "gpu-0"}},
+                    keep_other],
+                   [{"op": "replace", "path": "/spec/schedulingGates", "value": [gates[0]]}]):  # not ours lifted
+        with pytest.raises(ApiError) as err:
+            op.request("PATCH", op.url(PODS, "gated", ns.namespace, None), change, "application/json-patch+json")
+        assert err.value.status == 403 and words in err.value.message, (change, err.value)
+    lifted = op.patch(PODS, "gated", {"spec": {"schedulingGates": gates[1:]}})
+    assert lifted["spec"]["schedulingGates"] == gates[1:]
+    assert words in refused(op.patch, PODS, "gated", {"spec": {"schedulingGates": None}})  # ours is gone already
+    assert pod["spec"]["containers"][0]["image"] == ns.get(PODS, "gated")["spec"]["containers"][0]["image"]
 
 
 def test_the_operator_cannot_delete_a_job_unless_it_finished_with_a_ttl(ns: Api, as_operator: Api,

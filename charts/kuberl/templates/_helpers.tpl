@@ -81,7 +81,9 @@ derives them from operator/kuberl_operator and fails on any difference).
     operator writes status through the status subresource (patch). It never GETs: it reads from its cache.
     It deletes a finished job past its spec.ttlSecondsAfterFinished (an admission policy holds it to those).
   - pods: kopf indexes and watches them (list, watch, label-selected); worker pods of a failed role are
-    deleted so the role restarts as a gang.
+    deleted so the role restarts as a gang. With gangScheduling, patch: the operator lifts its scheduling
+    gate from a job's pods (an admission policy holds the patch to that), and lists every pod of the cluster
+    (cluster-wide, below) to learn each node's free capacity.
   - what a job owns (ServiceAccount, Role, RoleBinding, ConfigMaps, RayCluster, Job, claim templates):
     indexed from watches (list, watch, label-selected), so the operator reads them from memory (adopt,
     never duplicate); create, patch (owner references, spec ConfigMap), delete (suspend, deletion).
@@ -100,7 +102,7 @@ the one verb it holds only to grant it is configmaps get.
   verbs: [patch]
 - apiGroups: [""]
   resources: [pods]
-  verbs: [list, watch, delete]
+  verbs: [list, watch, delete{{ if .Values.gangScheduling.enabled }}, patch{{ end }}]
 - apiGroups: [""]
   resources: [configmaps]
   verbs: [get, list, watch, create, patch, delete]
@@ -132,12 +134,23 @@ the one verb it holds only to grant it is configmaps get.
 
 {{/*
 Cluster-scoped reads kopf makes: CRDs (to notice the RLTrainingJob CRD appear or change) and, when it
-watches a list of namespaces, namespaces (to notice them appear).
+watches a list of namespaces, namespaces (to notice them appear). With gangScheduling, the nodes and every
+pod (list): a job's gang is let through when it fits what the nodes have free, whoever's pods hold the rest.
 */}}
 {{- define "kuberl.clusterRules" -}}
 - apiGroups: [apiextensions.k8s.io]
   resources: [customresourcedefinitions]
   verbs: [list, watch]
+{{- if .Values.gangScheduling.enabled }}
+- apiGroups: [""]
+  resources: [nodes]
+  verbs: [list]
+{{- if .Values.watchNamespaces }}
+- apiGroups: [""]
+  resources: [pods]
+  verbs: [list]
+{{- end }}
+{{- end }}
 {{- if .Values.watchNamespaces }}
 - apiGroups: [""]
   resources: [namespaces]

@@ -1,0 +1,173 @@
+"""Gang scheduling: all of a job's pods are scheduled together, or none are.
+
+Every pod of a job (the Ray head, each role's workers, the driver) is made with the scheduling gate ``GATE``, so
+the scheduler leaves it alone. The operator lifts the gates of all of them at once, and only when the whole set
+fits the nodes' free capacity now (`fit`); until then the job waits whole, holding no node's resources, and
+its status says why. Once a job holds its pods, a pod made later (a role's restart, a new standby, a scaled
+group, a retried driver) is let through at once: the job already runs, and waits only for that pod's node.
+
+Pure: the reconciler lists the pods and nodes and lifts the gates (``reconcile.gang_pass``). The fit is a
+simulation of the scheduler's filters that decide here: nodeSelector, required node affinity, taints, cordons
+and resource requests against what the pods bound to each node already request (what waits unbound, ungated,
+is placed first). It does not model pod (anti-)affinity, topology spread or DRA claims (docs/operator.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+from kuberl.spec.quantity import QuantityError, format_quantity, parse_quantity
+
+from . import names
+from .cluster_check import pod_requests, unfit
+
+GATE = names.GANG_GATE
+TERMINAL = ("Succeeded", "Failed")
+Need = dict[str, Decimal]
+
+
+def gated(pod: Mapping[str, Any]) -> bool:
+    """The pod still carries our gate."""
+    return any(g.get("name") == GATE for g in (pod.get("spec") or {}).get("schedulingGates") or [])
+
+
+def live(pod: Mapping[str, Any]) -> bool:
+    """Neither finished nor being deleted: it holds (or will hold) a node's resources."""
+    return (pod.get("status") or {}).get("phase") not in TERMINAL and not pod["metadata"].get("deletionTimestamp")
+
+
+def without_gate(pod: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The pod's scheduling gates once ours is lifted (the others stay: another controller's)."""
+    return [dict(g) for g in pod["spec"].get("schedulingGates") or [] if g.get("name") != GATE]
+
+
+def requests(spec: Mapping[str, Any]) -> Need:
+    """What a pod spec requests of a node, as the scheduler counts it: its containers and sidecars (init containers
+    that keep running), or its largest other init container if that is more; its overhead; and one pod."""
+    inits = spec.get("initContainers") or []
+    sidecars = [c for c in inits if c.get("restartPolicy") == "Always"]
+    total = pod_requests({"containers": [*spec.get("containers", []), *sidecars]})
+    for init in (c for c in inits if c.get("restartPolicy") != "Always"):
+        for key, amount in pod_requests({"containers": [init]}).items():
+            total[key] = max(total.get(key, Decimal(0)), amount)
+    for key, value in (spec.get("overhead") or {}).items():
+        total[key] = total.get(key, Decimal(0)) + parse_quantity(str(value))
+    total["pods"] = total.get("pods", Decimal(0)) + 1
+    return total
+
+
+def allocatable(node: Mapping[str, Any]) -> Need:
+    out: Need = {}
+    for key, value in ((node.get("status") or {}).get("allocatable") or {}).items():
+        try:
+            out[key] = parse_quantity(str(value))
+        except QuantityError:
+            out[key] = Decimal(0)
+    return out
+
+
+def free_capacity(nodes: Sequence[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]]) -> dict[str, Need]:
+    """Node name -> its allocatable less what the live pods bound to it request."""
+    free = {n["metadata"]["name"]: allocatable(n) for n in nodes}
+    for pod in pods:
+        node = (pod.get("spec") or {}).get("nodeName")
+        if node in free and (pod.get("status") or {}).get("phase") not in TERMINAL:
+            for key, amount in requests(pod["spec"]).items():
+                free[node][key] = free[node].get(key, Decimal(0)) - amount
+    return free
+
+
+def waiting_unbound(pods: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """Pods the scheduler is about to place: live, ungated and bound to no node (another gang just let through)."""
+    return [p for p in pods if live(p) and not (p.get("spec") or {}).get("nodeName")
+            and not (p.get("spec") or {}).get("schedulingGates")]
+
+
+def _room(need: Need, name: str, free: Need) -> str | None:
+    """Why a node (that the pod's selectors and tolerations allow) has no room for it now, or None."""
+    for key, amount in sorted(need.items()):
+        if amount > free.get(key, Decimal(0)):
+            return f"{name} has {key} {format_quantity(max(free.get(key, Decimal(0)), Decimal(0)))} free"
+    return None
+
+
+def _place(spec: Mapping[str, Any], need: Need, nodes: Sequence[Mapping[str, Any]],
+           free: dict[str, Need]) -> str | None:
+    """Put the pod on the fitting node with the least room left (packing, so that big pods find whole nodes);
+    None when placed, else why no node takes it: the room on those it may use, and how many it may not."""
+    allowed = [n["metadata"]["name"] for n in nodes if unfit(spec, {}, n) is None]  # labels, taints, cordons
+    full = [why for n in allowed if (why := _room(need, n, free[n]))]
+    fits = [n for n in allowed if _room(need, n, free[n]) is None]
+    if not fits:
+        others = len(nodes) - len(allowed)
+        rest = f"{others} other node{'s' if others != 1 else ''} its selectors or tolerations rule out"
+        return "; ".join([*full[:3], *([rest] if others else [])]) or "the cluster has no nodes"
+    best = min(fits, key=lambda n: tuple(free[n].get(k, Decimal(0)) - need.get(k, Decimal(0))
+                                         for k in ("nvidia.com/gpu", "cpu", "memory")))
+    for key, amount in need.items():
+        free[best][key] = free[best].get(key, Decimal(0)) - amount
+    return None
+
+
+def _size(need: Need) -> tuple[Decimal, ...]:
+    return tuple(need.get(k, Decimal(0)) for k in ("nvidia.com/gpu", "cpu", "memory"))
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What to do with a job's gated pods: lift their gates (``release``), or wait and say why (``wait``)."""
+
+    release: tuple[str, ...] = ()
+    wait: str | None = None
+
+
+def gated_names(pods: Iterable[Mapping[str, Any]]) -> tuple[str, ...]:
+    return tuple(sorted(p["metadata"]["name"] for p in pods if live(p) and gated(p)))
+
+
+def quick(job_pods: Sequence[Mapping[str, Any]], expected: int) -> Verdict | None:
+    """The decision that needs no look at the nodes, or None. Nothing gated: nothing to do. The job holds pods
+    already (some live pod of it is past its gate): let the new ones through. Not all ``expected`` pods made yet:
+    wait for the rest, quietly (KubeRay and the Job controller make them within moments)."""
+    gates = gated_names(job_pods)
+    if not gates:
+        return Verdict()
+    if any(live(p) and not gated(p) for p in job_pods):
+        return Verdict(release=gates)
+    if len(gates) < expected:
+        return Verdict()
+    return None
+
+
+def fit(job_pods: Sequence[Mapping[str, Any]], nodes: Sequence[Mapping[str, Any]],
+        cluster_pods: Sequence[Mapping[str, Any]]) -> Verdict:
+    """Whether the job's gated pods all fit ``nodes`` now, where ``cluster_pods`` (every live pod of the cluster)
+    already run or wait to be placed: release them all, or say which pod fits nowhere and why. A pod that no node
+    could ever take is no reason to wait: the set goes through, and the scheduler's words reach the job's status."""
+    gates = gated_names(job_pods)
+    members = [p for p in job_pods if p["metadata"]["name"] in gates]
+    if any(all(unfit(p["spec"], requests(p["spec"]), n) for n in nodes) for p in members):
+        # no node could take this pod even empty: waiting cannot help. Let the set through: the scheduler says why
+        # in the pod's status (the role's RoleUnschedulable) and the driver's start timeout ends the job.
+        return Verdict(release=gates)
+    free = free_capacity(nodes, cluster_pods)
+    ordered = sorted(nodes, key=lambda n: n["metadata"]["name"])
+    for pod in waiting_unbound(cluster_pods):  # let through already: theirs first, where they fit
+        _place(pod["spec"], requests(pod["spec"]), ordered, free)
+    for pod in sorted(members, key=lambda p: _size(requests(p["spec"])), reverse=True):
+        need = requests(pod["spec"])
+        detail = _place(pod["spec"], need, ordered, free)
+        if detail is not None:
+            wants = ", ".join(f"{k}={format_quantity(v)}" for k, v in sorted(need.items()) if k != "pods")
+            return Verdict(wait=f"all {len(gates)} pods wait to be scheduled together: pod {pod['metadata']['name']} "
+                                f"({wants}) fits no node's free capacity now ({detail})")
+    return Verdict(release=gates)
+
+
+def expected_pods(groups: Mapping[str, int]) -> int:
+    """The whole set: the Ray head, the worker groups' replicas (by role, as the live RayCluster has them) and the
+    driver's pod."""
+    return 1 + sum(groups.values()) + 1

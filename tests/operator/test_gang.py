@@ -1,0 +1,113 @@
+"""Gang scheduling's decision (gang.py): a job's gated pods are let through together when the whole set fits the
+nodes' free capacity, never a part of them; a job that already holds pods lets its new ones through. The real
+stack's run of two jobs that each need 60 % of the GPU nodes is tests/cluster/test_gang.py."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+from kuberl_operator import gang
+from kuberl_operator.gang import GATE, Verdict, fit, quick, requests
+
+
+def pod(name: str, gpus: int = 0, cpu: str = "1", node: str | None = None, gated: bool = True,
+        phase: str = "Pending", tolerate: bool = True, **spec: object) -> dict:
+    res = {"cpu": cpu, "memory": "1Gi", **({"nvidia.com/gpu": str(gpus)} if gpus else {})}
+    body: dict = {"containers": [{"name": "c", "resources": {"requests": res, "limits": res}}], **spec}
+    if gated:
+        body["schedulingGates"] = [{"name": GATE}]
+    if node:
+        body["nodeName"] = node
+    if tolerate:
+        body["tolerations"] = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    return {"metadata": {"name": name, "resourceVersion": "1"}, "spec": body, "status": {"phase": phase}}
+
+
+def node(name: str, gpus: int = 8, cpu: str = "64", taint: bool = True) -> dict:
+    taints = [{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}] if taint else []
+    return {"metadata": {"name": name, "labels": {}}, "spec": {"taints": taints},
+            "status": {"allocatable": {"cpu": cpu, "memory": "512Gi", "pods": "110", "nvidia.com/gpu": str(gpus)}}}
+
+
+NODES = [node("gpu-0"), node("gpu-1")]
+
+
+def job(prefix: str, actor: int = 8, critic: int = 2) -> list[dict]:
+    """A job of 10 GPUs (62.5 % of two 8-GPU nodes): an 8-GPU actor, a 2-GPU critic, a head and a driver."""
+    return [pod(f"{prefix}-head"), pod(f"{prefix}-driver"), pod(f"{prefix}-actor", actor),
+            pod(f"{prefix}-critic", critic)]
+
+
+def test_a_whole_set_that_fits_is_let_through_at_once() -> None:
+    a = job("a")
+    assert quick(a, 4) is None  # all four made, none past its gate: the nodes decide
+    assert fit(a, NODES, a) == Verdict(release=("a-actor", "a-critic", "a-driver", "a-head"))
+
+
+def test_a_second_set_that_fits_only_in_part_waits_whole_and_says_which_pod_and_why() -> None:
+    a = [{**p, "spec": {**p["spec"], "schedulingGates": [], "nodeName": n}, "status": {"phase": "Running"}}
+         for p, n in zip(job("a"), ["gpu-0", "gpu-0", "gpu-0", "gpu-1"], strict=True)]
+    b = job("b")
+    verdict = fit(b, NODES, [*a, *b])
+    assert verdict.release == ()  # the critic alone would fit gpu-1's 6 free GPUs: it is not let through
+    assert verdict.wait is not None and verdict.wait.startswith(
+        "all 4 pods wait to be scheduled together: pod b-actor (cpu=1, memory=1Gi, nvidia.com/gpu=8) fits no node's "
+        "free capacity now (gpu-0 has nvidia.com/gpu 0 free; gpu-1 has nvidia.com/gpu 6 free)"), verdict.wait
+    # the first job's pods go (finished and deleted): the second fits, whole
+    assert fit(b, NODES, b).release == ("b-actor", "b-critic", "b-driver", "b-head")
+
+
+def test_pods_another_gang_just_let_through_count_before_they_are_bound() -> None:
+    a = [{**p, "spec": {**p["spec"], "schedulingGates": []}} for p in job("a")]  # ungated, not yet bound
+    b = job("b")
+    assert fit(b, NODES, [*a, *b]).wait is not None
+
+
+def test_a_job_that_holds_pods_lets_a_restarted_pod_through_at_once() -> None:
+    running = {**pod("a-critic", 2, gated=False, node="gpu-1"), "status": {"phase": "Running"}}
+    restarted = pod("a-actor-2", 8)
+    assert quick([running, restarted], 4) == Verdict(release=("a-actor-2",))
+
+
+def test_until_the_whole_set_is_made_nothing_is_decided_and_nothing_said() -> None:
+    assert quick(job("a")[:3], 4) == Verdict()
+    assert quick([], 4) == Verdict()
+
+
+def test_finished_or_deleted_pods_are_not_holding_and_not_members() -> None:
+    done = {**pod("a-old", gated=False), "status": {"phase": "Succeeded"}}
+    going = {**pod("a-gone", gated=False), "metadata": {"name": "a-gone", "deletionTimestamp": "t"}}
+    assert quick([done, going, *job("a")], 4) is None
+
+
+def test_a_pod_that_tolerates_no_gpu_taint_fits_only_untainted_nodes() -> None:
+    cpu = node("cpu-0", gpus=0, cpu="2", taint=False)
+    alone = [pod("x-head", cpu="2", tolerate=False), pod("x-driver", cpu="2", tolerate=False)]
+    verdict = fit(alone, [*NODES, cpu], alone)
+    assert verdict.wait is not None and verdict.wait.endswith(
+        "fits no node's free capacity now (cpu-0 has cpu 0 free; 2 other nodes its selectors or tolerations rule "
+        "out)"), verdict.wait
+    assert fit(alone[:1], [*NODES, cpu], alone[:1]).release == ("x-head",)
+
+
+def test_a_pod_no_node_could_ever_take_lets_the_set_through_for_the_scheduler_to_say_why() -> None:
+    never = [pod("y-head"), pod("y-actor", 9)]  # 9 GPUs: more than any node has
+    assert fit(never, NODES, never).release == ("y-actor", "y-head")
+
+
+def test_requests_count_sidecars_the_largest_init_container_overhead_and_one_pod() -> None:
+    spec = {"containers": [{"resources": {"requests": {"cpu": "1"}}}],
+            "initContainers": [{"resources": {"requests": {"cpu": "3"}}},  # runs alone, before the others
+                               {"restartPolicy": "Always", "resources": {"requests": {"cpu": "250m"}}}],
+            "overhead": {"cpu": "100m"}}
+    assert requests(spec) == {"cpu": Decimal("3.1"), "pods": Decimal(1)}
+
+
+def test_lifting_the_gate_keeps_another_controllers_gates() -> None:
+    p = pod("p")
+    p["spec"]["schedulingGates"].append({"name": "example.com/other"})
+    assert gang.without_gate(p) == [{"name": "example.com/other"}]
+
+
+def test_the_whole_set_is_the_head_every_worker_and_the_driver() -> None:
+    assert gang.expected_pods({"actor": 2, "critic": 2, "ref": 1, "reward": 1}) == 8
