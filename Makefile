@@ -66,8 +66,8 @@ cluster-build: node-deps ## build etcd, kube-*, kubelet, containerd, CNI, CoreDN
 node-deps: ## Debian's runc, nftables, iptables, conntrack, socat, debootstrap for the real node and the images (apt when missing)
 	@sh cluster/install-node-deps.sh
 
-cluster: cluster-build ## start etcd, kube-*, kwok, KubeRay on 127.0.0.1 and a real node (kubelet, containerd) in its own netns; kubeconfig in .cluster/
-	$(CLUSTER) up
+cluster: cluster-build ## start etcd, kube-*, kwok, KubeRay on 127.0.0.1 and a real node (kubelet, containerd) in its own netns; kubeconfig in .cluster/ (KUEUE=1: Kueue too)
+	$(CLUSTER) up $(if $(KUEUE),--kueue)
 
 cluster-down: ## stop what `make cluster` started: every process and container, no mount, netns or cgroup left
 	$(CLUSTER) down

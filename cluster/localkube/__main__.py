@@ -29,6 +29,9 @@ def running(state: Path) -> list[procs.Proc]:
     return [p for p in procs.load(state / "procs.json") if p.alive()]
 
 
+KUEUE_PODS_READY = ("10m", "5m")  # waitForPodsReady (timeout, recoveryTimeout), as docs/operator.md recommends
+
+
 def cmd_up(args: argparse.Namespace) -> int:
     state = Path(args.state).resolve()
     if running(state):
@@ -44,14 +47,16 @@ def cmd_up(args: argparse.Namespace) -> int:
         # With the real node, CPU pods go there: the kwok nodes left are the GPU ones (tainted).
         nodes = [n for n in DEFAULT_NODES if n.gpus] if real else list(DEFAULT_NODES)
         cluster = stack.Cluster(state, cache, real_node=real, images=tars).start(nodes=nodes)
+        kueue_s = cluster.start_kueue(KUEUE_PODS_READY) if args.kueue else None
     except (build.BuildError, stack.StartError, RuntimeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     real_text = ", and the real node node-0" if real else ""
+    kueue_text = f", Kueue {build.pins.kueue_version()} (started in {kueue_s:.1f}s)" if kueue_s is not None else ""
     rel = cluster.kubeconfig.relative_to(REPO) if cluster.kubeconfig.is_relative_to(REPO) else cluster.kubeconfig
     print(f"""\
 Kubernetes {build.pins.versions()["kubernetes"]} on {cluster.server} (etcd, apiserver, controller-manager, scheduler,
-kwok with nodes {", ".join(n.name for n in nodes)}, KubeRay {build.pins.versions()["kuberay"]}{real_text})
+kwok with nodes {", ".join(n.name for n in nodes)}, KubeRay {build.pins.versions()["kuberay"]}{real_text}{kueue_text})
 logs in {state}/logs
   export KUBECONFIG=$PWD/{rel} PATH={cache / "bin"}:$PATH   # kubectl {build.pins.versions()["kubernetes"]} is there
   kubectl get nodes
@@ -107,6 +112,8 @@ def main(argv: list[str] | None = None) -> int:
     b.set_defaults(func=cmd_build)
     up = sub.add_parser("up", help="build, start, write the kubeconfig")
     up.add_argument("--no-real-node", action="store_true", help="kwok nodes only (no kubelet, containerd)")
+    up.add_argument("--kueue", action="store_true",
+                    help="start Kueue too (its CRDs, manager and webhooks; RayClusters with a queue name)")
     up.set_defaults(func=cmd_up)
     sub.add_parser("down", help="stop every process").set_defaults(func=cmd_down)
     sub.add_parser("status", help="what runs, with its memory").set_defaults(func=cmd_status)

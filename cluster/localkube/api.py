@@ -38,7 +38,14 @@ STORAGECLASSES = "storage.k8s.io/v1/storageclasses"
 DEVICECLASSES = "resource.k8s.io/v1/deviceclasses"
 RESOURCESLICES = "resource.k8s.io/v1/resourceslices"
 PERSISTENTVOLUMES = "v1/persistentvolumes"
+MUTATING_WEBHOOKS = "admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
+VALIDATING_WEBHOOKS = "admissionregistration.k8s.io/v1/validatingwebhookconfigurations"
+CLUSTERQUEUES = "kueue.x-k8s.io/v1beta2/clusterqueues"
+LOCALQUEUES = "kueue.x-k8s.io/v1beta2/localqueues"
+RESOURCEFLAVORS = "kueue.x-k8s.io/v1beta2/resourceflavors"
+WORKLOADS = "kueue.x-k8s.io/v1beta2/workloads"
 CLUSTER_SCOPED = {NODES, NAMESPACES, CRDS, CLUSTERROLES, CLUSTERROLEBINDINGS, STORAGECLASSES, PERSISTENTVOLUMES,
+                  MUTATING_WEBHOOKS, VALIDATING_WEBHOOKS, CLUSTERQUEUES, RESOURCEFLAVORS,
                   DEVICECLASSES, RESOURCESLICES}
 
 

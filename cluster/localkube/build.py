@@ -88,6 +88,19 @@ def copy_crds(gobin: str, dest: Path) -> None:
     part.rename(dest)
 
 
+def copy_kueue_config(gobin: str, dest: Path) -> None:
+    """Kueue's CRDs and webhook manifests from the pinned module (localkube.kueue reads them)."""
+    src = module_dir(gobin, "kueue", pins.KUEUE_MODULE) / "config" / "components"
+    part = dest.with_name(dest.name + ".part")
+    shutil.rmtree(part, ignore_errors=True)
+    shutil.copytree(src / "crd" / "bases", part / "crds")
+    shutil.copy(src / "webhook" / "manifests.yaml", part / "webhooks.yaml")
+    for f in part.rglob("*"):
+        f.chmod(0o755 if f.is_dir() else 0o644)
+    shutil.rmtree(dest, ignore_errors=True)
+    part.rename(dest)
+
+
 def ensure_built(log=print) -> Path:
     """The cache folder with every binary and the KubeRay CRDs, building what is missing."""
     gobin = pins.go()
@@ -111,6 +124,8 @@ def ensure_built(log=print) -> Path:
             timings[binary.name] = round(build_binary(gobin, binary, bindir, log, pins.own_name(binary)), 1)
     if not (folder / "crds").is_dir():
         copy_crds(gobin, folder / "crds")
+    if not pins.kueue_config(folder).is_dir():
+        copy_kueue_config(gobin, pins.kueue_config(folder))
     if timings:
         log(f"built {', '.join(f'{k} in {v}s' for k, v in timings.items())} into {bindir}")
     (folder / "versions.json").write_text(json.dumps(pins.versions(), indent=1) + "\n")

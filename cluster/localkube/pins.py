@@ -62,9 +62,11 @@ BINARIES = (
 # module), and SIG Network's NetworkPolicy enforcement for the real node (pinned like the rest, added after them).
 FAKE_GPU = Binary("kuberl-fake-gpu", "fakegpu", "kuberl.io/cluster/fakegpu", static=True)
 NETWORK_POLICIES = Binary("kube-network-policies", "netpol", "sigs.k8s.io/kube-network-policies/cmd", static=True)
-OWN = (FAKE_GPU, NETWORK_POLICIES)
+KUEUE = Binary("kueue", "kueue", "sigs.k8s.io/kueue/cmd/kueue", static=True)  # started on demand (localkube.kueue)
+OWN = (FAKE_GPU, NETWORK_POLICIES, KUEUE)
 
 KUBERAY_MODULE = "github.com/ray-project/kuberay/ray-operator"  # its CRDs: config/crd/bases in the module
+KUEUE_MODULE = "sigs.k8s.io/kueue"  # its CRDs and webhooks: config/components/{crd/bases,webhook} in the module
 
 
 def ldflags(binary: Binary) -> str:
@@ -120,6 +122,11 @@ def versions() -> dict[str, str]:
     }
 
 
+def kueue_version() -> str:
+    """Kueue's pinned release (kept out of `versions`, whose values name the cache folder: see OWN)."""
+    return pinned("kueue", KUEUE_MODULE)
+
+
 def cache_key(go_version_text: str) -> str:
     digest = hashlib.sha256(go_version_text.encode())
     digest.update(repr([(b, ldflags(b)) for b in BINARIES]).encode())
@@ -155,6 +162,11 @@ def own_name(binary: Binary) -> str:
     for path in sorted((GOMOD / binary.module).iterdir()):
         digest.update(path.name.encode() + path.read_bytes())
     return f"{binary.name}-{digest.hexdigest()[:10]}"
+
+
+def kueue_config(folder: Path) -> Path:
+    """Where a cache folder keeps the pinned Kueue's CRDs (crds/) and webhook manifests (webhooks.yaml)."""
+    return folder / f"{own_name(KUEUE)}-config"
 
 
 def complete(folder: Path) -> bool:

@@ -21,8 +21,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from . import api as kapi
-from . import node, pki, procs
+from . import kueue, node, pins, pki, procs
 from .nodes import NodeSpec, node_object
 
 HERE = Path(__file__).resolve().parent
@@ -296,6 +298,46 @@ class Cluster:
             env={"KUBECONFIG": str(self._kubeconfig("admin"))},
         )
         self._wait(proc, lambda: http_ok(f"http://127.0.0.1:{self.ports['kuberay-probe']}/readyz"), 60, "see the log")
+
+    def start_kueue(self, pods_ready: tuple[str, str] | None = None) -> float:
+        """Start the pinned Kueue (localkube.kueue) beside the running stack: its CRDs, its manager, its webhooks.
+        Seconds it took. `stop_kueue` takes it away again, webhooks first (they would refuse RayClusters without it).
+        ``pods_ready``: waitForPodsReady's (timeout, recoveryTimeout)."""
+        t = time.monotonic()
+        admin = self.admin()
+        config = pins.kueue_config(self.cache)
+        for name in kueue.install_crds(admin, config / "crds"):
+            wait_established(admin, name)
+        if admin.get(kapi.NAMESPACES, kueue.NAMESPACE, namespace=None) is None:
+            admin.create(kapi.NAMESPACES, {"metadata": {"name": kueue.NAMESPACE}}, namespace=None)
+        self.ports.update({"kueue-webhook": free_port(), "kueue-probe": free_port()})
+        certs = self.state / "kueue-certs"
+        kueue.serving_cert(self.pki, certs)
+        conf = self.state / "kueue-config.yaml"
+        conf.write_text(yaml.safe_dump(kueue.configuration(self.ports["kueue-webhook"], self.ports["kueue-probe"],
+                                                           certs, pods_ready)))
+        proc = self._start("kueue", [self.bin(pins.own_name(pins.KUEUE)), f"--config={conf}",
+                                     "--feature-gates=VisibilityOnDemand=false", "--zap-log-level=info"],
+                           env={"KUBECONFIG": str(self._kubeconfig("admin"))},
+                           prefix=kueue.etc_overlay(self.state / "kueue-etc", certs))
+        self._wait(proc, lambda: http_ok(f"http://127.0.0.1:{self.ports['kueue-probe']}/readyz"), 90, "see the log")
+        ca = pki.b64(self.pki / "ca.crt")
+        for conf_obj in kueue.webhooks((config / "webhooks.yaml").read_text(), self.ports["kueue-webhook"], ca):
+            resource = (kapi.MUTATING_WEBHOOKS if conf_obj["kind"] == "MutatingWebhookConfiguration"
+                        else kapi.VALIDATING_WEBHOOKS)
+            admin.apply(resource, conf_obj["metadata"]["name"], conf_obj, namespace=None)
+        return time.monotonic() - t
+
+    def stop_kueue(self) -> None:
+        """Remove Kueue's webhook configurations, then stop its manager (its CRDs and objects stay)."""
+        admin = self.admin()
+        for resource in (kapi.MUTATING_WEBHOOKS, kapi.VALIDATING_WEBHOOKS):
+            for conf in admin.list(resource, namespace=None):
+                if conf["metadata"]["name"].startswith("kueue-"):
+                    admin.delete(resource, conf["metadata"]["name"], namespace=None)
+        for proc in [p for p in self.procs if p.name == "kueue"]:
+            proc.stop()
+            self.procs.remove(proc)
 
     def restart(self, *components: str, down_s: float = 0.0) -> None:
         """The control plane blinks: `halt` the named components, leave them down `down_s` seconds, `resume` them."""

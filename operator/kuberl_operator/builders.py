@@ -338,13 +338,14 @@ def worker_group(job: RLTrainingJob, role: str, opts: BuildOptions) -> dict[str,
     pod_spec.update(pod_scheduling(spec))
     pod_spec.update(gates(opts))
     pods = group_size(job, role)
+    topology = {"annotations": spec.kueue_topology.annotations()} if spec.kueue_topology else {}
     return {
         "groupName": role,
         "replicas": pods,
         "minReplicas": pods,
         "maxReplicas": pods,
         "rayStartParams": {"resources": ray_resources_param(job.spec, role), "num-gpus": str(spec.gpus)},
-        "template": {"metadata": {"labels": names.labels(name, "worker", role)}, "spec": pod_spec},
+        "template": {"metadata": {"labels": names.labels(name, "worker", role), **topology}, "spec": pod_spec},
     }
 
 
@@ -380,14 +381,19 @@ def head_group(job: RLTrainingJob, opts: BuildOptions) -> dict[str, Any]:
 
 def ray_cluster(job: RLTrainingJob, opts: BuildOptions) -> dict[str, Any]:
     """A ray.io/v1 RayCluster: the head plus one worker group per enabled role that is not colocated
-    with another (a colocated role's ranks run in its host's group)."""
+    with another (a colocated role's ranks run in its host's group). A job labelled for a Kueue queue passes the
+    label (and Kueue's priority class) on, and its RayCluster starts suspended."""
     name = job.metadata.name
+    kueue = {k: v for k, v in (job.metadata.labels or {}).items() if k in names.KUEUE_LABELS}
     return {
         "apiVersion": "ray.io/v1",
         "kind": "RayCluster",
-        "metadata": {**meta(names.cluster(name), opts.namespace, names.labels(name, "ray-cluster")),
+        "metadata": {**meta(names.cluster(name), opts.namespace, {**names.labels(name, "ray-cluster"), **kueue}),
                      "annotations": applied_annotation(job)},
         "spec": {
+            # a queued job's RayCluster is made suspended: Kueue admits it as one workload (the head and a pod set
+            # per worker group) and unsuspends it; it suspends it again to preempt it
+            **({"suspend": True} if names.QUEUE_LABEL in kueue else {}),
             "headGroupSpec": head_group(job, opts),
             "workerGroupSpecs": [worker_group(job, role, opts) for role in hosts(job.spec)],
         },

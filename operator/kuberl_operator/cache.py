@@ -79,7 +79,8 @@ def kept(plural: str, body: Mapping[str, Any]) -> dict[str, Any]:
         out["data"] = body["data"]
     if plural == "rayclusters":
         groups = (body.get("spec") or {}).get("workerGroupSpecs") or []
-        out["spec"] = {"workerGroupSpecs": [{k: g[k] for k in GROUP_KEYS if k in g} for g in groups]}
+        out["spec"] = {"workerGroupSpecs": [{k: g[k] for k in GROUP_KEYS if k in g} for g in groups],
+                       "suspend": bool((body.get("spec") or {}).get("suspend"))}  # Kueue's hold on it
     return out
 
 

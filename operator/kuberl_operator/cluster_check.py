@@ -20,10 +20,10 @@ import kopf
 from kuberl.spec import API_VERSION, GROUP, PLURAL, VERSION, RLTrainingJob, generate_crd
 from kuberl.spec.quantity import QuantityError, format_quantity, parse_quantity
 
-from . import builders
+from . import builders, names
 
 KUBERAY_TESTED = "v1.5.0"  # the KubeRay the local stack builds (cluster/gomod/kuberay)
-QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+QUEUE_LABEL = names.QUEUE_LABEL
 CRD_PATH = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
 CONDITION_TAINTS = "node.kubernetes.io/"  # taints the node lifecycle sets and lifts (not-ready, unreachable, pressure)
 DETAILS = 3  # node reasons shown per problem

@@ -17,6 +17,8 @@ LABEL_ROLE = f"{GROUP}/role"
 LABEL_COMPONENT = "app.kubernetes.io/component"
 COMMON_LABELS = {"app.kubernetes.io/name": "kuberl", "app.kubernetes.io/managed-by": "kuberl-operator"}
 JOB_RESOURCE = (GROUP, VERSION, PLURAL)
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"  # a job Kueue admits: its RayCluster carries it (one workload)
+KUEUE_LABELS = (QUEUE_LABEL, "kueue.x-k8s.io/priority-class")  # copied from the job to its RayCluster
 GANG_GATE = f"{GROUP}/gang"  # every pod's scheduling gate until its job's whole set fits (gang.py)
 
 SPEC_MOUNT = "/etc/kuberl"

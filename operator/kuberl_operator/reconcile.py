@@ -205,10 +205,12 @@ class Indices:
 
     def observed(self, namespace: str, name: str, cluster_uid: str | None,
                  applied: Mapping[str, Any] | None = None, groups: Mapping[str, int] | None = None,
-                 given_up: Mapping[str, tuple[str, ...]] | None = None, gang_wait: str | None = None) -> Observed:
+                 given_up: Mapping[str, tuple[str, ...]] | None = None, gang_wait: str | None = None,
+                 queued: bool = False) -> Observed:
         key = (namespace, name)
         return Observed(
             gang_wait=gang_wait,
+            queued=queued,
             cluster_uid=cluster_uid,
             applied_spec=applied,
             groups=dict(groups or {}),
@@ -567,7 +569,8 @@ async def reconcile_once(ctx: Context, namespace: str, name: str, indices: Indic
             indices.gated.get((namespace, name)) or (namespace, name) in ctx.gang_waits):
         await gang_pass(ctx, namespace, name, groups)
     seen = indices.observed(namespace, name, cluster_uid, applied_spec(cluster) if live else None, groups,
-                            given_up(cluster) if live else None, ctx.gang_waits.get((namespace, name)))
+                            given_up(cluster) if live else None, ctx.gang_waits.get((namespace, name)),
+                            queued=live and bool((cluster.get("spec") or {}).get("suspend")))
     decision = decide(job, body["metadata"].get("generation", 1), old, seen, now())
     written = await write_decided_status(ctx, indices, body, decision.status)
     if written is not None:

@@ -30,6 +30,7 @@ PENDING, PROVISIONING, RUNNING, RESTARTING, SUCCEEDED, FAILED, SUSPENDED = get_a
 ROLE_RESTARTING = "RoleRestarting"
 HEAD_FAILED = "RayHeadFailed"  # the Ray head pod failed: the whole Ray cluster restarts
 ROLE_FAILED = "RoleFailed"  # the driver reported a role's failure (a hang's diagnosis, a process that died)
+QUEUED, EVICTED = "Queued", "Evicted"  # Kueue holds the job's RayCluster suspended: not admitted yet, or taken back
 GANG_WAITING = "GangWaiting"  # its pods wait, all gated, until the whole set fits the nodes (gang.py)
 UNSCHEDULABLE = "RoleUnschedulable"  # no node satisfies a role's constraints (the scheduler says why)
 POLICY_DENIED = "PolicyDenied"  # the job breaks the platform's job policy (job_policy.py): nothing is made
@@ -61,6 +62,7 @@ class Observed:
     groups: Mapping[str, int] = field(default_factory=dict)  # the live RayCluster's worker group replicas, by role
     given_up: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # its scaleStrategy.workersToDelete
     gang_wait: str | None = None  # why the job's gated pods wait to be let through together (gang.py), or None
+    queued: bool = False  # its RayCluster is suspended by Kueue: not admitted yet, or preempted
 
 
 @dataclass(frozen=True)
@@ -436,8 +438,9 @@ def sticky(old: Mapping[str, Any], seen: Observed) -> Decision:
 
 def outcomes(job: RLTrainingJob, old: Mapping[str, Any], seen: Observed, now: str,
              live: Sequence[str]) -> tuple[HeadOutcome, dict[str, RoleOutcome]]:
-    """The head's and each enabled role's outcome; pods are counted only while the job runs on a RayCluster."""
-    accounting = not job.spec.suspend and seen.cluster_uid is not None
+    """The head's and each enabled role's outcome; pods are counted only while the job runs on a RayCluster (not
+    while Kueue holds it suspended: its pods go then, and that is no role's failure)."""
+    accounting = not job.spec.suspend and seen.cluster_uid is not None and not seen.queued
     head = head_outcome(old, seen, accounting, now)
     roles = {r: role_outcome(r, job, old, seen, accounting, now, live, cluster_restart=bool(head.failures))
              for r in enabled_roles(job.spec)}
@@ -493,15 +496,35 @@ def suspended_step(conds: list[dict[str, Any]], generation: int, now: str) -> Ph
     return PhaseStep(SUSPENDED, message, cond.set_conditions(conds, changes, generation, now))
 
 
-def active_step(conds: list[dict[str, Any]], active: PhaseNote, old: Mapping[str, Any], seen: Observed, generation: int,
+def queued_step(conds: list[dict[str, Any]], job: RLTrainingJob, old: Mapping[str, Any], generation: int,
                 now: str) -> PhaseStep:
+    """A job whose RayCluster Kueue holds suspended: Pending until admitted, Admitted False. After it ran, Kueue took
+    it back (preempted or evicted): it resumes from its last checkpoint when readmitted."""
+    queue = (job.metadata.labels or {}).get(names.QUEUE_LABEL, "")
+    evicted = old.get("phase") in (PROVISIONING, RUNNING, RESTARTING) or (
+        old.get("phase") == PENDING and (cond.find(conds, cond.ADMITTED) or {}).get("reason") == EVICTED)
+    if evicted:
+        reason, message = EVICTED, (f"Kueue took its workload back (preempted or evicted; LocalQueue {queue}): its "
+                                    f"pods are gone; it resumes from its last checkpoint when readmitted")
+    else:
+        reason, message = QUEUED, f"waiting for Kueue to admit its workload (LocalQueue {queue})"
+    changes = [(cond.ADMITTED, False, reason, message), (cond.READY, False, reason, message),
+               (cond.PROGRESSING, False, reason, message)]
+    events = (Event("Warning", EVICTED, message),) if evicted and old.get("phase") != PENDING else ()
+    return PhaseStep(PENDING, message, cond.set_conditions(conds, changes, generation, now), events)
+
+
+def active_step(conds: list[dict[str, Any]], job: RLTrainingJob, active: PhaseNote, old: Mapping[str, Any],
+                seen: Observed, generation: int, now: str) -> PhaseStep:
     """A job that runs: Ready from its phase (Suspended False once resumed), an Event when it starts Running, and
     the driver's message while it runs."""
     phase, reason, message = active
     running = phase == RUNNING
     was_suspended = cond.find(conds, cond.SUSPENDED) is not None
     resumed = [(cond.SUSPENDED, False, "Resumed", "spec.suspend is false")] if was_suspended else []
-    admitted = (cond.ADMITTED, True, "Admitted", "spec.suspend is false: the job's RayCluster and driver are made")
+    queue = (job.metadata.labels or {}).get(names.QUEUE_LABEL)
+    admitted = (cond.ADMITTED, True, "Admitted", f"Kueue admitted its workload (LocalQueue {queue})" if queue else
+                "spec.suspend is false: the job's RayCluster and driver are made")
     changes = [*resumed, admitted, (cond.READY, running, reason, message), (cond.PROGRESSING, True, phase, message)]
     conds = cond.set_conditions(conds, changes, generation, now)
     events = (Event("Normal", "Running", message),) if running and old.get("phase") != RUNNING else ()
@@ -515,11 +538,13 @@ def phase_rule(job: RLTrainingJob, generation: int, old: Mapping[str, Any], seen
     ended = verdict(job, roles, seen)
     if ended is None and job.spec.suspend:
         return suspended_step(conds, generation, now)
+    if ended is None and seen.queued:
+        return queued_step(conds, job, old, generation, now)
     if ended is None:
         active = active_phase(job, roles, seen, cond.find(conds, cond.READY) or {}, head)
         ended = overdue(job, active, roles, head, old, now) or past_deadline(job, old, now)
         if ended is None:
-            return active_step(conds, active, old, seen, generation, now)
+            return active_step(conds, job, active, old, seen, generation, now)
     return ended_step(conds, ended, generation, now)
 
 
@@ -538,7 +563,7 @@ def assemble_status(job: RLTrainingJob, generation: int, old: Mapping[str, Any],
         ray_cluster=names.cluster(job.metadata.name) if live else None, ray_cluster_uid=seen.cluster_uid,
         step=progress.step, total_steps=progress.total_steps, tokens_per_sec=progress.tokens_per_sec,
         resumed_from=progress.resumed_from, steps_lost=progress.steps_lost,
-        start_time=None if step.phase == SUSPENDED else active_since(old) or now,
+        start_time=None if step.phase == SUSPENDED or seen.queued else active_since(old) or now,  # queue time: not
         completion_time=(old.get("completionTime") or now) if step.ended else None,
         trainer_status=trainer_status(progress, old, now),
     )

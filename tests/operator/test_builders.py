@@ -458,3 +458,36 @@ def test_credentials_are_secret_references_in_the_pods_that_use_them() -> None:
     assert refs(driver["initContainers"][-1]) == {}  # the reporter: only its API token
     assert not [e for pod in [driver] for e in pod["containers"][0]["env"] if "value" in e and e["name"] in
                 ("HF_TOKEN", "WANDB_API_KEY", "MLFLOW_TRACKING_TOKEN")]
+
+
+def test_every_pod_template_carries_the_gang_gate_unless_gang_scheduling_is_off() -> None:
+    j = job(roles={"actor": {"gpus": 1}, "critic": {"gpus": 1}})
+    gate = [{"name": "kuberl.io/gang"}]
+    cluster, driver = builders.ray_cluster(j, OPTS), builders.driver_job(j, OPTS)
+    templates = [cluster["spec"]["headGroupSpec"]["template"], driver["spec"]["template"],
+                 *(g["template"] for g in cluster["spec"]["workerGroupSpecs"])]
+    assert all(t["spec"]["schedulingGates"] == gate for t in templates)
+    off = builders.BuildOptions(namespace="ml", gang_scheduling=False)
+    assert "schedulingGates" not in builders.driver_job(j, off)["spec"]["template"]["spec"]
+    assert all("schedulingGates" not in g["template"]["spec"]
+               for g in builders.ray_cluster(j, off)["spec"]["workerGroupSpecs"])
+
+
+def test_a_queued_job_makes_its_raycluster_suspended_with_kueues_labels_and_topology() -> None:
+    manifest = {"apiVersion": "kuberl.io/v1alpha1", "kind": "RLTrainingJob",
+                "metadata": {"name": "j", "labels": {"kueue.x-k8s.io/queue-name": "team",
+                                                     "kueue.x-k8s.io/priority-class": "batch", "team": "a"}},
+                "spec": {"data": {"task": "repeat-letter"},
+                         "reward": {"function": "kuberl.rewards.builtin:repeat_letter"},
+                         "trainer": {"microBatchSize": 1},
+                         "roles": {"actor": {"gpus": 1, "kueueTopology": {"required": "example.com/rack"}}}}}
+    cluster = builders.ray_cluster(validate_manifest(manifest), OPTS)
+    assert cluster["spec"]["suspend"] is True
+    labels = cluster["metadata"]["labels"]
+    assert labels["kueue.x-k8s.io/queue-name"] == "team" and labels["kueue.x-k8s.io/priority-class"] == "batch"
+    assert "team" not in labels  # only Kueue's labels are passed on
+    actor = next(g for g in cluster["spec"]["workerGroupSpecs"] if g["groupName"] == "actor")
+    assert actor["template"]["metadata"]["annotations"] == {
+        "kueue.x-k8s.io/podset-required-topology": "example.com/rack"}
+    plain = builders.ray_cluster(job(), OPTS)
+    assert "suspend" not in plain["spec"] and "kueue.x-k8s.io/queue-name" not in plain["metadata"]["labels"]

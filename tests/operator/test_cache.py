@@ -46,7 +46,9 @@ def test_the_cache_keeps_what_a_reconcile_reads_and_no_pod_template() -> None:
                "spec": {"headGroupSpec": {"template": {}}, "workerGroupSpecs": [group]}}
     assert kept("rayclusters", cluster) == {
         "apiVersion": "ray.io/v1", "kind": "RayCluster", "metadata": {"name": "j", "namespace": "ns", "uid": "u"},
-        "spec": {"workerGroupSpecs": [{"groupName": "actor", "replicas": 2, "minReplicas": 2, "maxReplicas": 2}]}}
+        "spec": {"workerGroupSpecs": [{"groupName": "actor", "replicas": 2, "minReplicas": 2, "maxReplicas": 2}],
+                 "suspend": False}}
+    assert kept("rayclusters", {**cluster, "spec": {**cluster["spec"], "suspend": True}})["spec"]["suspend"] is True
     job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": meta, "spec": {"template": {}}, "status": {}}
     assert set(kept("jobs", job)) == {"apiVersion", "kind", "metadata"}
     assert kept("configmaps", {"metadata": meta, "data": {"a": "1"}})["data"] == {"a": "1"}

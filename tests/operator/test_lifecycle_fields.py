@@ -97,3 +97,39 @@ def test_lifecycle_fields_are_refused_by_name(field: str, value: Any, words: str
     with pytest.raises(SpecInvalid) as err:
         lifecycle(**{field: value})
     assert f"spec.{field}" in str(err.value) and words in str(err.value)
+
+
+def queued(**spec: Any):
+    return validate_manifest({
+        "apiVersion": "kuberl.io/v1alpha1", "kind": "RLTrainingJob",
+        "metadata": {"name": "j", "labels": {"kueue.x-k8s.io/queue-name": "team-a"}},
+        "spec": {"data": {"task": "repeat-letter"}, "reward": {"function": "m.n:f"},
+                 "roles": {"critic": {"replicas": 2}}, **spec},
+    })
+
+
+def test_a_job_kueue_holds_is_pending_not_admitted_and_its_clock_waits() -> None:
+    spec = queued(activeDeadlineSeconds=90)
+    waiting = decide(spec, 1, {}, Observed("rc", queued=True), T0)
+    st = waiting.status
+    assert st["phase"] == "Pending" and "startTime" not in st and not waiting.events
+    admitted = cond(st, "Admitted")
+    assert (admitted["status"], admitted["reason"]) == ("False", "Queued")
+    assert admitted["message"] == "waiting for Kueue to admit its workload (LocalQueue team-a)"
+    assert cond(st, "Progressing")["status"] == "False"
+    # admitted: Kueue unsuspends the RayCluster; the clock starts then, long after the job was made
+    running = decide(spec, 1, st, Observed("rc", pods()), T2).status
+    assert running["phase"] == "Running" and running["startTime"] == T2
+    assert cond(running, "Admitted")["message"] == "Kueue admitted its workload (LocalQueue team-a)"
+
+
+def test_a_job_kueue_takes_back_says_so_once_and_waits_to_be_readmitted() -> None:
+    spec = queued()
+    running = decide(spec, 1, {}, Observed("rc", pods()), T0).status
+    evicted = decide(spec, 1, running, Observed("rc", queued=True), T1)
+    assert evicted.status["phase"] == "Pending" and "startTime" not in evicted.status
+    assert cond(evicted.status, "Admitted")["reason"] == "Evicted"
+    assert "resumes from its last checkpoint when readmitted" in cond(evicted.status, "Ready")["message"]
+    assert [(e.type, e.reason) for e in evicted.events] == [("Warning", "Evicted")]
+    again = decide(spec, 1, evicted.status, Observed("rc", queued=True), T2)  # still held: no second Event
+    assert cond(again.status, "Admitted")["reason"] == "Evicted" and not again.events

@@ -178,6 +178,35 @@ class Affinity(Section):
     pod_anti_affinity: PodAffinity | None = None
 
 
+KUEUE_TOPOLOGY = "kueue.x-k8s.io/podset-{}-topology"  # Kueue's topology-aware scheduling, per pod set
+
+
+class KueueTopology(Section):
+    """Kueue's topology-aware scheduling for the role's pod set: the topology level (a node label of the cluster's
+    Kueue Topology) that all of its pods must share (required) or should (preferred), or none (unconstrained).
+    Rendered as Kueue's podset-*-topology annotations on the role's pod template; only a job Kueue admits uses
+    them."""
+
+    required: str | None = Field(None, description="Level all the role's pods must share, e.g. a rack's label.")
+    preferred: str | None = Field(None, description="Level the role's pods should share, where the quota allows.")
+    unconstrained: bool = Field(False, description="Topology-aware, without a level the pods must share.")
+
+    _keys = field_validator("required", "preferred")(classmethod(lambda cls, v: v if v is None else _check_key(v)))
+
+    @model_validator(mode="after")
+    def _one(self) -> KueueTopology:
+        if sum(x is not None and x is not False for x in (self.required, self.preferred, self.unconstrained)) != 1:
+            raise ValueError("set exactly one of required, preferred or unconstrained")
+        return self
+
+    def annotations(self) -> dict[str, str]:
+        """The pod template's annotations Kueue reads."""
+        if self.unconstrained:
+            return {KUEUE_TOPOLOGY.format("unconstrained"): "true"}
+        kind, level = ("required", self.required) if self.required else ("preferred", self.preferred)
+        return {KUEUE_TOPOLOGY.format(kind): str(level)}
+
+
 class Scheduling(Section):
     """The scheduling fields of a role, rendered into its worker group's pod template on Kubernetes
     (docs/user-guide.md); a local run warns once that it ignores them."""
@@ -192,6 +221,8 @@ class Scheduling(Section):
                                             description="PriorityClass of the role's pods.")
     runtime_class_name: str | None = Field(None, max_length=253, pattern=DNS_SUBDOMAIN,
                                            description="RuntimeClass of the role's pods (e.g. nvidia).")
+    kueue_topology: KueueTopology | None = Field(
+        None, description="Kueue's topology-aware scheduling of the role's pods (a job with a queue-name label).")
 
     _labels = field_validator("node_selector")(classmethod(lambda cls, v: check_labels(v)))
 
@@ -210,5 +241,5 @@ class Scheduling(Section):
         """The scheduling fields this role sets (YAML names), for a local run's warning."""
         fields = {"nodeSelector": self.node_selector, "gpuProduct": self.gpu_product, "tolerations": self.tolerations,
                   "affinity": self.affinity, "priorityClassName": self.priority_class_name,
-                  "runtimeClassName": self.runtime_class_name}
+                  "runtimeClassName": self.runtime_class_name, "kueueTopology": self.kueue_topology}
         return [name for name, value in fields.items() if value]
