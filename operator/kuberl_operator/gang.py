@@ -129,15 +129,19 @@ def gated_names(pods: Iterable[Mapping[str, Any]]) -> tuple[str, ...]:
 
 
 def quick(job_pods: Sequence[Mapping[str, Any]], expected: int) -> Verdict | None:
-    """The decision that needs no look at the nodes, or None. Nothing gated: nothing to do. The job holds pods
-    already (some live pod of it is past its gate): let the new ones through. Not all ``expected`` pods made yet:
-    wait for the rest, quietly (KubeRay and the Job controller make them within moments)."""
+    """The decision that needs no look at the nodes, or None. Nothing gated: nothing to do. A Ray pod of the job
+    (its head or a worker) is past its gate already: the job runs, let the new ones through (a role's restart, a
+    standby, a scaled group, a retried driver). Not all ``expected`` pods made yet: wait for the rest, quietly
+    (KubeRay and the Job controller make them within moments). A driver left running alone (its Ray pods gone:
+    Kueue took the job back) holds no Ray pods, so the Ray pods made again are weighed whole."""
     gates = gated_names(job_pods)
     if not gates:
         return Verdict()
-    if any(live(p) and not gated(p) for p in job_pods):
+    made = [p for p in job_pods if live(p)]
+    ray = [p for p in made if (p["metadata"].get("labels") or {}).get(names.LABEL_COMPONENT) != "driver"]
+    if any(not gated(p) for p in ray):
         return Verdict(release=gates)
-    if len(gates) < expected:
+    if len(made) < expected:
         return Verdict()
     return None
 

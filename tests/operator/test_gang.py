@@ -12,6 +12,7 @@ from kuberl_operator.gang import GATE, Verdict, fit, quick, requests
 
 def pod(name: str, gpus: int = 0, cpu: str = "1", node: str | None = None, gated: bool = True,
         phase: str = "Pending", tolerate: bool = True, **spec: object) -> dict:
+    """A job pod (its component from the name: "-driver" ends a driver's)."""
     res = {"cpu": cpu, "memory": "1Gi", **({"nvidia.com/gpu": str(gpus)} if gpus else {})}
     body: dict = {"containers": [{"name": "c", "resources": {"requests": res, "limits": res}}], **spec}
     if gated:
@@ -20,7 +21,9 @@ def pod(name: str, gpus: int = 0, cpu: str = "1", node: str | None = None, gated
         body["nodeName"] = node
     if tolerate:
         body["tolerations"] = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
-    return {"metadata": {"name": name, "resourceVersion": "1"}, "spec": body, "status": {"phase": phase}}
+    component = "driver" if name.endswith("-driver") else "worker"
+    return {"metadata": {"name": name, "resourceVersion": "1", "labels": {"app.kubernetes.io/component": component}},
+            "spec": body, "status": {"phase": phase}}
 
 
 def node(name: str, gpus: int = 8, cpu: str = "64", taint: bool = True) -> dict:
@@ -67,6 +70,14 @@ def test_a_job_that_holds_pods_lets_a_restarted_pod_through_at_once() -> None:
     running = {**pod("a-critic", 2, gated=False, node="gpu-1"), "status": {"phase": "Running"}}
     restarted = pod("a-actor-2", 8)
     assert quick([running, restarted], 4) == Verdict(release=("a-actor-2",))
+
+
+def test_a_driver_left_running_alone_does_not_let_the_ray_pods_skip_the_check() -> None:
+    """Kueue took the job back and gave it back: its Ray pods are new and gated, its old driver still runs."""
+    driver = {**pod("a-driver", gated=False, node="cpu-0"), "status": {"phase": "Running"}}
+    again = [driver, *(p for p in job("a") if not p["metadata"]["name"].endswith("-driver"))]
+    assert quick(again, 4) is None  # weighed whole, the running driver counted where it runs
+    assert quick(again[:3], 4) == Verdict()  # one Ray pod still to be made
 
 
 def test_until_the_whole_set_is_made_nothing_is_decided_and_nothing_said() -> None:
