@@ -80,10 +80,44 @@ def free_capacity(nodes: Sequence[Mapping[str, Any]], pods: Iterable[Mapping[str
     return free
 
 
-def waiting_unbound(pods: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
-    """Pods the scheduler is about to place: live, ungated and bound to no node (another gang just let through)."""
-    return [p for p in pods if live(p) and not (p.get("spec") or {}).get("nodeName")
-            and not (p.get("spec") or {}).get("schedulingGates")]
+def job_of(pod: Mapping[str, Any]) -> str | None:
+    return (pod["metadata"].get("labels") or {}).get(names.LABEL_JOB)
+
+
+def ray_pod(pod: Mapping[str, Any]) -> bool:
+    """A job's Ray pod (its head or a worker): made by its RayCluster, not merely labelled for the job."""
+    return any(o.get("kind") == "RayCluster" for o in pod["metadata"].get("ownerReferences") or [])
+
+
+def ours(pod: Mapping[str, Any]) -> bool:
+    """A pod a job's RayCluster or driver Job made (a pod someone else labels for the job is not one of them)."""
+    return any(o.get("kind") in ("RayCluster", "Job") for o in pod["metadata"].get("ownerReferences") or [])
+
+
+def holding_jobs(pods: Iterable[Mapping[str, Any]]) -> set[tuple[str, str]]:
+    """(namespace, job) of each job some live Ray pod of which is past its gate: a job that runs."""
+    return {(p["metadata"].get("namespace", ""), job_of(p) or "") for p in pods
+            if job_of(p) and ray_pod(p) and live(p) and not gated(p)}
+
+
+def reserved(pods: Sequence[Mapping[str, Any]], but: tuple[str, str]) -> list[Mapping[str, Any]]:
+    """Job pods not bound yet whose room is spoken for (but ``but``'s): let through and about to be placed, or gated
+    in a job that runs (its restarted pods, let through as soon as they are seen)."""
+    running = holding_jobs(pods)
+    out = []
+    for p in pods:
+        key = (p["metadata"].get("namespace", ""), job_of(p) or "")
+        if not job_of(p) or key == but or not live(p) or (p.get("spec") or {}).get("nodeName"):
+            continue
+        if not (p.get("spec") or {}).get("schedulingGates") or (gated(p) and key in running):
+            out.append(p)
+    return out
+
+
+def ready(node: Mapping[str, Any]) -> bool:
+    """The node's Ready condition is True (a NotReady node has room on paper only)."""
+    return any(c.get("type") == "Ready" and c.get("status") == "True"
+               for c in (node.get("status") or {}).get("conditions") or [])
 
 
 def _room(need: Need, name: str, free: Need) -> str | None:
@@ -95,15 +129,16 @@ def _room(need: Need, name: str, free: Need) -> str | None:
 
 
 def _place(spec: Mapping[str, Any], need: Need, nodes: Sequence[Mapping[str, Any]],
-           free: dict[str, Need]) -> str | None:
+           free: dict[str, Need], now: bool = True) -> str | None:
     """Put the pod on the fitting node with the least room left (packing, so that big pods find whole nodes);
-    None when placed, else why no node takes it: the room on those it may use, and how many it may not."""
-    allowed = [n["metadata"]["name"] for n in nodes if unfit(spec, {}, n) is None]  # labels, taints, cordons
+    None when placed, else why no node takes it: the room on those it may use, and how many it may not. ``now``:
+    only Ready nodes count (else: whether the node could ever take it)."""
+    allowed = [n["metadata"]["name"] for n in nodes if unfit(spec, {}, n) is None and (ready(n) or not now)]
     full = [why for n in allowed if (why := _room(need, n, free[n]))]
     fits = [n for n in allowed if _room(need, n, free[n]) is None]
     if not fits:
         others = len(nodes) - len(allowed)
-        rest = f"{others} other node{'s' if others != 1 else ''} its selectors or tolerations rule out"
+        rest = f"{others} other node{'s' if others != 1 else ''} not ready or ruled out by its selectors or tolerations"
         return "; ".join([*full[:3], *([rest] if others else [])]) or "the cluster has no nodes"
     best = min(fits, key=lambda n: tuple(free[n].get(k, Decimal(0)) - need.get(k, Decimal(0))
                                          for k in ("nvidia.com/gpu", "cpu", "memory")))
@@ -125,7 +160,10 @@ class Verdict:
 
 
 def gated_names(pods: Iterable[Mapping[str, Any]]) -> tuple[str, ...]:
-    return tuple(sorted(p["metadata"]["name"] for p in pods if live(p) and gated(p)))
+    """The live gated pods' names, the driver's last (were its release to fail half-way, the Ray pods go first: a
+    driver let through alone would hold a node and wait for a head that is not there)."""
+    members = [p for p in pods if live(p) and gated(p) and ours(p)]
+    return tuple(p["metadata"]["name"] for p in sorted(members, key=lambda p: (not ray_pod(p), p["metadata"]["name"])))
 
 
 def quick(job_pods: Sequence[Mapping[str, Any]], expected: int) -> Verdict | None:
@@ -137,9 +175,8 @@ def quick(job_pods: Sequence[Mapping[str, Any]], expected: int) -> Verdict | Non
     gates = gated_names(job_pods)
     if not gates:
         return Verdict()
-    made = [p for p in job_pods if live(p)]
-    ray = [p for p in made if (p["metadata"].get("labels") or {}).get(names.LABEL_COMPONENT) != "driver"]
-    if any(not gated(p) for p in ray):
+    made = [p for p in job_pods if live(p) and ours(p)]
+    if any(ray_pod(p) and not gated(p) for p in made):
         return Verdict(release=gates)
     if len(made) < expected:
         return Verdict()
@@ -149,19 +186,21 @@ def quick(job_pods: Sequence[Mapping[str, Any]], expected: int) -> Verdict | Non
 def fit(job_pods: Sequence[Mapping[str, Any]], nodes: Sequence[Mapping[str, Any]],
         cluster_pods: Sequence[Mapping[str, Any]]) -> Verdict:
     """Whether the job's gated pods all fit ``nodes`` now, where ``cluster_pods`` (every live pod of the cluster)
-    already run or wait to be placed: release them all, or say which pod fits nowhere and why. A pod that no node
-    could ever take is no reason to wait: the set goes through, and the scheduler's words reach the job's status."""
+    already run or wait to be placed: release them all, or say which pod fits nowhere and why. A set that no node
+    could ever take, even with every node empty, is no reason to wait: it goes through, and the scheduler's words
+    reach the job's status (RoleUnschedulable)."""
     gates = gated_names(job_pods)
-    members = [p for p in job_pods if p["metadata"]["name"] in gates]
-    if any(all(unfit(p["spec"], requests(p["spec"]), n) for n in nodes) for p in members):
-        # no node could take this pod even empty: waiting cannot help. Let the set through: the scheduler says why
-        # in the pod's status (the role's RoleUnschedulable) and the driver's start timeout ends the job.
+    members = sorted((p for p in job_pods if p["metadata"]["name"] in gates),
+                     key=lambda p: _size(requests(p["spec"])), reverse=True)
+    ordered = sorted(nodes, key=lambda n: n["metadata"]["name"])
+    empty = {n["metadata"]["name"]: allocatable(n) for n in ordered}
+    if any(_place(p["spec"], requests(p["spec"]), ordered, empty, now=False) is not None for p in members):
         return Verdict(release=gates)
     free = free_capacity(nodes, cluster_pods)
-    ordered = sorted(nodes, key=lambda n: n["metadata"]["name"])
-    for pod in waiting_unbound(cluster_pods):  # let through already: theirs first, where they fit
+    job = (job_pods[0]["metadata"].get("namespace", ""), job_of(job_pods[0]) or "") if job_pods else ("", "")
+    for pod in reserved(cluster_pods, job):  # spoken for: theirs first, where they fit
         _place(pod["spec"], requests(pod["spec"]), ordered, free)
-    for pod in sorted(members, key=lambda p: _size(requests(p["spec"])), reverse=True):
+    for pod in members:
         need = requests(pod["spec"])
         detail = _place(pod["spec"], need, ordered, free)
         if detail is not None:

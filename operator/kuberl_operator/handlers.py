@@ -135,7 +135,7 @@ async def child_changed(namespace: str, labels: kopf.Labels, memo: kopf.Memo, re
     indices, job = memo.ctx.indices(kwargs), labels[names.LABEL_JOB]
     await reconcile.reconcile_status(memo.ctx, namespace, job, indices)
     if type == "DELETED" and resource.plural == "pods" and memo.ctx.gang_waits:
-        await reconcile.retry_gangs(memo.ctx, indices, (namespace, job))
+        await reconcile.retry_gangs(memo.ctx, indices, (namespace, job))  # after a delay: see its docstring
 
 
 async def owned_deleted(namespace: str, name: str, labels: kopf.Labels, resource: kopf.Resource,
@@ -177,3 +177,4 @@ async def delete_children(body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> No
     await reconcile.delete_children(ctx, ctx.indices(kwargs), body)
     ctx.metrics.forget(body.meta.namespace, body.meta.name)
     ctx.locks.pop((body.meta.namespace, body.meta.name), None)
+    ctx.gang_waits.pop((body.meta.namespace, body.meta.name), None)

@@ -74,6 +74,7 @@ from .status import (
 
 log = logging.getLogger(__name__)
 STATUS_ATTEMPTS = 5
+GANG_RETRY_DELAY_S = 2.0  # after a job's pod went, before the waiting gangs are weighed again (`retry_gangs`)
 CATCH_UP_S = 2.0  # after a lost status race (409), how long to wait for the watch to bring the newer job
 # What the operator only creates (`create_once`), probed with the Ray token's Secret: it may not read Secrets, and
 # a job's NetworkPolicy (`network`) never changes, so it needs no watch (a deleted one is made again at the probe).
@@ -585,24 +586,24 @@ async def reconcile_once(ctx: Context, namespace: str, name: str, indices: Indic
 async def gang_pass(ctx: Context, namespace: str, name: str, groups: Mapping[str, int]) -> None:
     """Lift the gang gates of the job's pods when `gang` says so, or remember why they wait (for its status). One
     decision at a time in the process, each on fresh lists: a gang let through is counted before the next is
-    weighed. The nodes and every pod of the cluster are listed only when a whole set waits to be weighed."""
+    weighed. The nodes and every pod of the cluster are listed only when a whole set waits to be weighed. A failed
+    list leaves the job as it was: its next pass weighs it again."""
     key = (namespace, name)
     async with ctx.gang_lock:
-        job_pods = await ctx.kube.list(PODS, namespace, labelSelector=f"{names.LABEL_JOB}={name}")
-        verdict = gang.quick(job_pods, gang.expected_pods(groups))
-        if verdict is None:
-            nodes = await ctx.kube.list(NODES, None)
-            every = await ctx.kube.list(PODS, None, fieldSelector="status.phase!=Succeeded,status.phase!=Failed")
-            verdict = gang.fit(job_pods, nodes, every)
+        try:
+            job_pods = await ctx.kube.list(PODS, namespace, labelSelector=f"{names.LABEL_JOB}={name}")
+            verdict = gang.quick(job_pods, gang.expected_pods(groups))
+            if verdict is None:
+                nodes = await ctx.kube.list(NODES, None)
+                every = await ctx.kube.list(PODS, None, fieldSelector="status.phase!=Succeeded,status.phase!=Failed")
+                verdict = gang.fit(job_pods, nodes, every)
+        except ApiError as exc:
+            log.warning("%s/%s: gang scheduling could not list pods or nodes (%s); its next pass tries again",
+                        namespace, name, exc)
+            return
         by_name = {p["metadata"]["name"]: p for p in job_pods}
-        for pod in verdict.release:
-            try:
-                await ctx.kube.patch(PODS, namespace, pod, {
-                    "metadata": {"resourceVersion": by_name[pod]["metadata"]["resourceVersion"]},
-                    "spec": {"schedulingGates": gang.without_gate(by_name[pod]) or None}})
-            except ApiError as exc:
-                if exc.status not in (404, 409):  # gone, or changed since the list: the next pass sees it again
-                    raise
+        for pod in verdict.release:  # the Ray pods first, the driver last (`gang.gated_names`)
+            await lift_gate(ctx, namespace, by_name[pod])
         if verdict.release:
             log.info("%s/%s: gang let through (%d pods)", namespace, name, len(verdict.release))
         if verdict.wait:
@@ -611,8 +612,24 @@ async def gang_pass(ctx: Context, namespace: str, name: str, groups: Mapping[str
             ctx.gang_waits.pop(key, None)
 
 
+async def lift_gate(ctx: Context, namespace: str, pod: Mapping[str, Any]) -> None:
+    """Remove our gate from the pod, and nothing else: a JSON patch that first tests the gate is still where the
+    list saw it (no resourceVersion: the scheduler's status writes to a gated pod do not refuse it)."""
+    index = next(i for i, g in enumerate(pod["spec"]["schedulingGates"]) if g.get("name") == gang.GATE)
+    path = f"/spec/schedulingGates/{index}"
+    try:
+        await ctx.kube.json_patch(PODS, namespace, pod["metadata"]["name"],
+                                  [{"op": "test", "path": f"{path}/name", "value": gang.GATE},
+                                   {"op": "remove", "path": path}])
+    except ApiError as exc:
+        if exc.status not in (404, 409, 422):  # gone, or its gates changed since the list: the next pass sees it
+            raise
+
+
 async def retry_gangs(ctx: Context, indices: Indices, but: tuple[str, str]) -> None:
-    """Room was freed (a job's pod is gone): weigh again each job whose gang waits, but ``but``'s."""
+    """Room was freed (a job's pod is gone): weigh again each job whose gang waits, but ``but``'s, after
+    `GANG_RETRY_DELAY_S`, by when a restarting job's new pods exist and keep their room (`gang.reserved`)."""
+    await asyncio.sleep(GANG_RETRY_DELAY_S)
     for namespace, name in [k for k in ctx.gang_waits if k != but]:
         await reconcile_status(ctx, namespace, name, indices)
 

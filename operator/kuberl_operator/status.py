@@ -501,8 +501,9 @@ def queued_step(conds: list[dict[str, Any]], job: RLTrainingJob, old: Mapping[st
     """A job whose RayCluster Kueue holds suspended: Pending until admitted, Admitted False. After it ran, Kueue took
     it back (preempted or evicted): it resumes from its last checkpoint when readmitted."""
     queue = (job.metadata.labels or {}).get(names.QUEUE_LABEL, "")
-    evicted = old.get("phase") in (PROVISIONING, RUNNING, RESTARTING) or (
-        old.get("phase") == PENDING and (cond.find(conds, cond.ADMITTED) or {}).get("reason") == EVICTED)
+    admitted = cond.find(conds, cond.ADMITTED) or {}
+    # admitted before (whatever it did since: ran, or waited for room), or already known to be taken back
+    evicted = admitted.get("status") == "True" or admitted.get("reason") == EVICTED
     if evicted:
         reason, message = EVICTED, (f"Kueue took its workload back (preempted or evicted; LocalQueue {queue}): its "
                                     f"pods are gone; it resumes from its last checkpoint when readmitted")
@@ -510,7 +511,7 @@ def queued_step(conds: list[dict[str, Any]], job: RLTrainingJob, old: Mapping[st
         reason, message = QUEUED, f"waiting for Kueue to admit its workload (LocalQueue {queue})"
     changes = [(cond.ADMITTED, False, reason, message), (cond.READY, False, reason, message),
                (cond.PROGRESSING, False, reason, message)]
-    events = (Event("Warning", EVICTED, message),) if evicted and old.get("phase") != PENDING else ()
+    events = (Event("Warning", EVICTED, message),) if evicted and admitted.get("reason") != EVICTED else ()
     return PhaseStep(PENDING, message, cond.set_conditions(conds, changes, generation, now), events)
 
 
@@ -523,8 +524,12 @@ def active_step(conds: list[dict[str, Any]], job: RLTrainingJob, active: PhaseNo
     was_suspended = cond.find(conds, cond.SUSPENDED) is not None
     resumed = [(cond.SUSPENDED, False, "Resumed", "spec.suspend is false")] if was_suspended else []
     queue = (job.metadata.labels or {}).get(names.QUEUE_LABEL)
-    admitted = (cond.ADMITTED, True, "Admitted", f"Kueue admitted its workload (LocalQueue {queue})" if queue else
-                "spec.suspend is false: the job's RayCluster and driver are made")
+    if queue and seen.cluster_uid is None:  # its RayCluster is not made yet: Kueue has not seen it
+        admitted = (cond.ADMITTED, False, QUEUED, f"waiting for Kueue to admit its workload (LocalQueue {queue})")
+    elif queue:
+        admitted = (cond.ADMITTED, True, "Admitted", f"Kueue admitted its workload (LocalQueue {queue})")
+    else:
+        admitted = (cond.ADMITTED, True, "Admitted", "spec.suspend is false: the job's RayCluster and driver are made")
     changes = [*resumed, admitted, (cond.READY, running, reason, message), (cond.PROGRESSING, True, phase, message)]
     conds = cond.set_conditions(conds, changes, generation, now)
     events = (Event("Normal", "Running", message),) if running and old.get("phase") != RUNNING else ()

@@ -72,7 +72,7 @@ def api_calls() -> Needs:  # noqa: C901 -- one branch per call shape the operato
                 if on_kube and f.attr == "request":
                     problems.append(f"{path.name}:{call.lineno} {func.name}: a raw kube.request; "
                                     f"teach tests/chart/test_rbac.py which resource and verb it uses")
-                if not (on_kube and f.attr in {"create", "patch", "delete", "list"}):
+                if not (on_kube and f.attr in {"create", "patch", "json_patch", "delete", "list"}):
                     continue
                 first = call.args[0] if call.args else None
                 if f.attr == "list" and isinstance(call.args[1], ast.Constant) and call.args[1].value is None:
@@ -82,7 +82,8 @@ def api_calls() -> Needs:  # noqa: C901 -- one branch per call shape the operato
                     sub = next((k.value.value for k in call.keywords if k.arg == "sub" and isinstance(k.value,
                                                                                                       ast.Constant)),
                                                                                                       None)
-                    needs[(res.group, f"{res.plural}/{sub}" if sub else res.plural)].add(f.attr)
+                    verb = "patch" if f.attr == "json_patch" else f.attr
+                    needs[(res.group, f"{res.plural}/{sub}" if sub else res.plural)].add(verb)
                 elif func.name not in GENERIC:
                     problems.append(f"{path.name}:{call.lineno} {func.name}: kube.{f.attr} on a computed resource; "
                                     f"teach tests/chart/test_rbac.py where its resources come from")

@@ -156,7 +156,8 @@ def test_the_operator_may_change_a_pod_only_by_lifting_its_gang_gate(ns: Api, as
                    [{"op": "add", "path": "/spec/tolerations/-", "value": {"operator": "Exists"}}, keep_other],
                    [{"op": "add", "path": "/spec/nodeSelector", "value": {"kubernetes.io/hostname": "gpu-0"}},
                     keep_other],
-                   [{"op": "replace", "path": "/spec/schedulingGates", "value": [gates[0]]}]):  # not ours lifted
+                   [{"op": "replace", "path": "/spec/schedulingGates", "value": [gates[0]]}],  # not ours lifted
+                   [{"op": "remove", "path": "/spec/schedulingGates"}]):  # ours and the other's at once
         with pytest.raises(ApiError) as err:
             op.request("PATCH", op.url(PODS, "gated", ns.namespace, None), change, "application/json-patch+json")
         assert err.value.status == 403 and words in err.value.message, (change, err.value)

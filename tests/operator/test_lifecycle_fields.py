@@ -110,7 +110,9 @@ def queued(**spec: Any):
 
 def test_a_job_kueue_holds_is_pending_not_admitted_and_its_clock_waits() -> None:
     spec = queued(activeDeadlineSeconds=90)
-    waiting = decide(spec, 1, {}, Observed("rc", queued=True), T0)
+    before = decide(spec, 1, {}, Observed(None), T0).status  # its RayCluster not made yet: not admitted either
+    assert cond(before, "Admitted")["status"] == "False"
+    waiting = decide(spec, 1, before, Observed("rc", queued=True), T0)
     st = waiting.status
     assert st["phase"] == "Pending" and "startTime" not in st and not waiting.events
     admitted = cond(st, "Admitted")
@@ -133,3 +135,8 @@ def test_a_job_kueue_takes_back_says_so_once_and_waits_to_be_readmitted() -> Non
     assert [(e.type, e.reason) for e in evicted.events] == [("Warning", "Evicted")]
     again = decide(spec, 1, evicted.status, Observed("rc", queued=True), T2)  # still held: no second Event
     assert cond(again.status, "Admitted")["reason"] == "Evicted" and not again.events
+    # admitted, then waiting for room (gang scheduling) when Kueue's waitForPodsReady takes it back: Evicted too
+    waiting = decide(spec, 1, {}, Observed("rc", gang_wait="all 6 pods wait"), T0).status
+    assert waiting["phase"] == "Pending" and cond(waiting, "Admitted")["status"] == "True"
+    taken = decide(spec, 1, waiting, Observed("rc", queued=True), T1)
+    assert cond(taken.status, "Admitted")["reason"] == "Evicted" and [e.reason for e in taken.events] == ["Evicted"]
