@@ -8,8 +8,9 @@ group, a retried driver) is let through at once: the job already runs, and waits
 
 Pure: the reconciler lists the pods and nodes and lifts the gates (``reconcile.gang_pass``). The fit is a
 simulation of the scheduler's filters that decide here: nodeSelector, required node affinity, taints, cordons
-and resource requests against what the pods bound to each node already request (what waits unbound, ungated,
-is placed first). It does not model pod (anti-)affinity, topology spread or DRA claims (docs/operator.md).
+and resource requests against what the pods bound to each Ready node already request (job pods whose room is
+spoken for, `reserved`, are placed first). It does not model pod (anti-)affinity, topology spread or DRA claims
+(docs/operator.md).
 """
 
 from __future__ import annotations
@@ -37,11 +38,6 @@ def gated(pod: Mapping[str, Any]) -> bool:
 def live(pod: Mapping[str, Any]) -> bool:
     """Neither finished nor being deleted: it holds (or will hold) a node's resources."""
     return (pod.get("status") or {}).get("phase") not in TERMINAL and not pod["metadata"].get("deletionTimestamp")
-
-
-def without_gate(pod: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """The pod's scheduling gates once ours is lifted (the others stay: another controller's)."""
-    return [dict(g) for g in pod["spec"].get("schedulingGates") or [] if g.get("name") != GATE]
 
 
 def requests(spec: Mapping[str, Any]) -> Need:

@@ -147,11 +147,5 @@ def test_requests_count_sidecars_the_largest_init_container_overhead_and_one_pod
     assert requests(spec) == {"cpu": Decimal("3.1"), "pods": Decimal(1)}
 
 
-def test_lifting_the_gate_keeps_another_controllers_gates() -> None:
-    p = pod("p")
-    p["spec"]["schedulingGates"].append({"name": "example.com/other"})
-    assert gang.without_gate(p) == [{"name": "example.com/other"}]
-
-
 def test_the_whole_set_is_the_head_every_worker_and_the_driver() -> None:
     assert gang.expected_pods({"actor": 2, "critic": 2, "ref": 1, "reward": 1}) == 8
