@@ -23,6 +23,7 @@ FRAMEWORKS = ("ray.io/raycluster",)  # RLTrainingJobs reach Kueue as their RayCl
 # would refuse every object of that kind while it answers nothing)
 WEBHOOK_PATHS = ("-kueue-x-k8s-io-", "-ray-io-v1-raycluster")
 NAMESPACE = "kueue-system"
+GROUP = "kueue.x-k8s.io"  # its CRDs' API group
 
 
 def configuration(webhook_port: int, probe_port: int, cert_dir: Path,
@@ -97,3 +98,13 @@ def install_crds(admin: kapi.Api, crds: Path) -> list[str]:
         admin.apply(kapi.CRDS, doc["metadata"]["name"], path.read_text(), namespace=None)
         names.append(doc["metadata"]["name"])
     return names
+
+
+def clear_finalizers(admin: kapi.Api, crd: dict[str, Any]) -> None:
+    """Remove the finalizers of every object of a CRD being deleted (its controller may be gone)."""
+    version = next(v["name"] for v in crd["spec"]["versions"] if v.get("storage"))
+    resource = f"{crd['spec']['group']}/{version}/{crd['spec']['names']['plural']}"
+    namespaced = crd["spec"]["scope"] == "Namespaced"
+    for obj in admin.list(resource, namespace=None):
+        ns = obj["metadata"].get("namespace") if namespaced else None
+        admin.patch(resource, obj["metadata"]["name"], {"metadata": {"finalizers": None}}, namespace=ns)

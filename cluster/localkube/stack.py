@@ -328,16 +328,31 @@ class Cluster:
             admin.apply(resource, conf_obj["metadata"]["name"], conf_obj, namespace=None)
         return time.monotonic() - t
 
-    def stop_kueue(self) -> None:
-        """Remove Kueue's webhook configurations, then stop its manager (its CRDs and objects stay)."""
+    def stop_kueue(self, timeout: float = 60) -> None:
+        """Take Kueue away as if it had never been there: its webhook configurations first (they would refuse
+        RayClusters without it), then its CRDs with every object of them while its manager still clears their
+        finalizers (what is left after half the ``timeout`` loses its finalizers), then the manager."""
         admin = self.admin()
         for resource in (kapi.MUTATING_WEBHOOKS, kapi.VALIDATING_WEBHOOKS):
             for conf in admin.list(resource, namespace=None):
                 if conf["metadata"]["name"].startswith("kueue-"):
                     admin.delete(resource, conf["metadata"]["name"], namespace=None)
+        crds = [c for c in admin.list(kapi.CRDS, namespace=None) if c["spec"]["group"] == kueue.GROUP]
+        for crd in crds:
+            admin.delete(kapi.CRDS, crd["metadata"]["name"], namespace=None)
+        deadline, cleared = time.monotonic() + timeout, False
+        while left := [c for c in crds if admin.get(kapi.CRDS, c["metadata"]["name"], namespace=None) is not None]:
+            if not cleared and time.monotonic() > deadline - timeout / 2:
+                for crd in left:
+                    kueue.clear_finalizers(admin, crd)
+                cleared = True
+            if time.monotonic() > deadline:
+                raise StartError(f"Kueue's CRDs were not gone within {timeout:.0f}s after their deletion")
+            time.sleep(0.2)
         for proc in [p for p in self.procs if p.name == "kueue"]:
             proc.stop()
             self.procs.remove(proc)
+        admin.delete(kapi.NAMESPACES, kueue.NAMESPACE, namespace=None)
 
     def restart(self, *components: str, down_s: float = 0.0) -> None:
         """The control plane blinks: `halt` the named components, leave them down `down_s` seconds, `resume` them."""
