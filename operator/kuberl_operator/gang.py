@@ -130,8 +130,9 @@ def _place(spec: Mapping[str, Any], need: Need, nodes: Sequence[Mapping[str, Any
     None when placed, else why no node takes it: the room on those it may use, and how many it may not. ``now``:
     only Ready nodes count (else: whether the node could ever take it)."""
     allowed = [n["metadata"]["name"] for n in nodes if unfit(spec, {}, n) is None and (ready(n) or not now)]
-    full = [why for n in allowed if (why := _room(need, n, free[n]))]
-    fits = [n for n in allowed if _room(need, n, free[n]) is None]
+    rooms = {n: _room(need, n, free[n]) for n in allowed}  # why each has no room now, or None
+    full = [why for why in rooms.values() if why]
+    fits = [n for n, why in rooms.items() if why is None]
     if not fits:
         others = len(nodes) - len(allowed)
         rest = f"{others} other node{'s' if others != 1 else ''} not ready or ruled out by its selectors or tolerations"
@@ -186,18 +187,19 @@ def fit(job_pods: Sequence[Mapping[str, Any]], nodes: Sequence[Mapping[str, Any]
     could ever take, even with every node empty, is no reason to wait: it goes through, and the scheduler's words
     reach the job's status (RoleUnschedulable)."""
     gates = gated_names(job_pods)
-    members = sorted((p for p in job_pods if p["metadata"]["name"] in gates),
-                     key=lambda p: _size(requests(p["spec"])), reverse=True)
+    needs = {p["metadata"]["name"]: requests(p["spec"]) for p in job_pods if p["metadata"]["name"] in gates}
+    members = sorted((p for p in job_pods if p["metadata"]["name"] in needs),
+                     key=lambda p: _size(needs[p["metadata"]["name"]]), reverse=True)
     ordered = sorted(nodes, key=lambda n: n["metadata"]["name"])
     empty = {n["metadata"]["name"]: allocatable(n) for n in ordered}
-    if any(_place(p["spec"], requests(p["spec"]), ordered, empty, now=False) is not None for p in members):
+    if any(_place(p["spec"], needs[p["metadata"]["name"]], ordered, empty, now=False) is not None for p in members):
         return Verdict(release=gates)
     free = free_capacity(nodes, cluster_pods)
     job = (job_pods[0]["metadata"].get("namespace", ""), job_of(job_pods[0]) or "") if job_pods else ("", "")
     for pod in reserved(cluster_pods, job):  # spoken for: theirs first, where they fit
         _place(pod["spec"], requests(pod["spec"]), ordered, free)
     for pod in members:
-        need = requests(pod["spec"])
+        need = needs[pod["metadata"]["name"]]
         detail = _place(pod["spec"], need, ordered, free)
         if detail is not None:
             wants = ", ".join(f"{k}={format_quantity(v)}" for k, v in sorted(need.items()) if k != "pods")
