@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Mapping
 from typing import Any
 
 import kopf
@@ -16,7 +17,7 @@ from kuberl.spec.model import MANAGED_BY_KUBERL
 from . import api_traffic, gang, names, reconcile
 from .cache import kept
 from .config import OperatorConfig
-from .health import pod_view
+from .health import PodView, pod_view
 from .kube import Kube
 from .metrics import Metrics
 from .progress import driver_outcome, parse_progress
@@ -76,14 +77,22 @@ def tracked_jobs(memo: kopf.Memo, **_: Any) -> int:
     return len(memo.ctx.locks)
 
 
+def remembered(memo: kopf.Memo, body: Mapping[str, Any]) -> PodView:
+    """The pod's view; a failure it shows is remembered past the pod (`health.LastWords`)."""
+    view = pod_view(body)
+    if view.failure and memo.get("ctx") is not None:
+        memo.ctx.last_words.note(view.uid, view.failure)
+    return view
+
+
 @kopf.index("pods", labels=WORKERS)
-def worker_pods(namespace: str, labels: kopf.Labels, body: kopf.Body, **_: Any) -> dict:
-    return {(namespace, labels[names.LABEL_JOB]): pod_view(body)}
+def worker_pods(namespace: str, labels: kopf.Labels, body: kopf.Body, memo: kopf.Memo, **_: Any) -> dict:
+    return {(namespace, labels[names.LABEL_JOB]): remembered(memo, body)}
 
 
 @kopf.index("pods", labels=HEADS)
-def head_pods(namespace: str, labels: kopf.Labels, body: kopf.Body, **_: Any) -> dict:
-    return {(namespace, labels[names.LABEL_JOB]): pod_view(body)}
+def head_pods(namespace: str, labels: kopf.Labels, body: kopf.Body, memo: kopf.Memo, **_: Any) -> dict:
+    return {(namespace, labels[names.LABEL_JOB]): remembered(memo, body)}
 
 
 @kopf.index("pods", labels={names.LABEL_JOB: kopf.PRESENT})
@@ -133,6 +142,8 @@ async def child_changed(namespace: str, labels: kopf.Labels, memo: kopf.Memo, re
     """A pod, the progress report or the driver Job changed: refresh the job's status. A pod gone frees room:
     the gangs that wait are weighed again."""
     indices, job = memo.ctx.indices(kwargs), labels[names.LABEL_JOB]
+    if type == "DELETED" and resource.plural == "pods":  # its final state: it may have failed unseen
+        remembered(memo, kwargs["body"])
     await reconcile.reconcile_status(memo.ctx, namespace, job, indices)
     if type == "DELETED" and resource.plural == "pods" and memo.ctx.gang_waits:
         await reconcile.retry_gangs(memo.ctx, indices, (namespace, job))  # after a delay: see its docstring

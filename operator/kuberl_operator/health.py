@@ -45,10 +45,9 @@ def terminated_failure(statuses: Sequence[Mapping[str, Any]]) -> str | None:
 
 
 def pod_failure(pod: Mapping[str, Any]) -> str | None:
-    """Why a worker pod is lost: deleted, evicted, failed, a container died, or it exited at all."""
+    """Why a worker pod is lost: evicted, failed, a container died, it exited at all, or deleted (the first of
+    these that holds: a pod being deleted after its container failed says how it failed)."""
     status = pod.get("status") or {}
-    if (pod.get("metadata") or {}).get("deletionTimestamp"):
-        return "deleted"
     if status.get("reason") == "Evicted":
         return "evicted" + (f": {status['message']}" if status.get("message") else "")
     container = terminated_failure([*status.get("initContainerStatuses", []), *status.get("containerStatuses", [])])
@@ -62,6 +61,8 @@ def pod_failure(pod: Mapping[str, Any]) -> str | None:
         return "pod failed" + (f" ({why}" + (f": {detail})" if detail else ")") if why else "")
     if status.get("phase") == "Succeeded":
         return "worker exited"  # a Ray worker never finishes on its own
+    if (pod.get("metadata") or {}).get("deletionTimestamp"):
+        return "deleted"  # after the reasons above: KubeRay deletes a worker pod once it failed
     return node_lost(status)
 
 
@@ -152,14 +153,31 @@ class RoleHealth:
     doomed: tuple[str, ...]  # names of pods to delete now (the rest of the gang, and failed pods)
 
 
-def assess_role(pods: Sequence[PodView], tracking: Tracking, gang: bool = True) -> RoleHealth:
+@dataclass
+class LastWords:
+    """How pods that are gone had failed, by UID, from their final state (a DELETED event's body): KubeRay deletes a
+    worker pod once it failed, and under load the pod can be gone before a pass saw it failed. Only the newest
+    ``keep`` are kept; a process that restarts has none (its vanished members are then just "deleted")."""
+
+    keep: int = 4096
+    words: dict[str, str] = field(default_factory=dict)
+
+    def note(self, uid: str, failure: str | None) -> None:
+        if uid and failure and failure != "deleted":
+            self.words[uid] = failure
+            while len(self.words) > self.keep:
+                del self.words[next(iter(self.words))]
+
+
+def assess_role(pods: Sequence[PodView], tracking: Tracking, gang: bool = True,
+                gone: Mapping[str, str] | None = None) -> RoleHealth:
     """Count new failures of one role's pods and say which pods must go.
 
-    ``pods`` are the role's pods of the current RayCluster. A new failure is a failed pod that is
-    not handled yet, or a member that vanished. On any new failure the gang, every member and every
-    failed pod, is handled (and so deleted): the role restarts as a gang, counted once however many
-    pods failed. A pod that is neither (KubeRay's replacement of the failed one, made since the last
-    pass) joined after the failure and is spared: deleting KubeRay's brand-new pod stalls its group
+    ``pods`` are the role's pods of the current RayCluster. A new failure is a failed pod that is not handled yet,
+    or a member that vanished (named by how it failed where ``gone``, uid -> failure, knows it). On any new
+    failure the gang, every member and every failed pod, is handled (and so deleted): the role restarts as a gang,
+    counted once however many pods failed. A pod that is neither (KubeRay's replacement of the failed one, made
+    since the last pass) joined after the failure and is spared: deleting KubeRay's brand-new pod stalls its group
     for minutes (its scale expectations wait for a pod it never saw).
 
     Without ``gang`` (a role with a standby pod), only the failed pods go: the standby takes their
@@ -167,7 +185,8 @@ def assess_role(pods: Sequence[PodView], tracking: Tracking, gang: bool = True) 
     """
     current = {p.uid: p for p in pods}
     failures = [f"pod {p.name}: {p.failure}" for p in pods if p.failure and p.uid not in tracking.handled]
-    failures += [f"pod {name}: deleted" for uid, name in sorted(tracking.members.items(), key=lambda m: m[1])
+    failures += [f"pod {name}: {(gone or {}).get(uid, 'deleted')}"
+                 for uid, name in sorted(tracking.members.items(), key=lambda m: m[1])
                  if uid not in current and uid not in tracking.handled]
     doomed_now = {uid for uid, p in current.items() if (gang and uid in tracking.members) or p.failure}
     handled = (tracking.handled | (doomed_now if failures else set())) & current.keys()

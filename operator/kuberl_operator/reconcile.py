@@ -36,6 +36,7 @@ from kuberl.spec.contract import REPLICAS_KEY
 from . import builders, conditions, gang, job_policy, names, placement, ray_token, resize
 from .cache import Written, first, version
 from .config import OperatorConfig
+from .health import LastWords
 from .kube import (
     CONFIGMAPS,
     JOBS,
@@ -103,6 +104,7 @@ class Context:
     slots: asyncio.Semaphore | None = None  # passes running at once (`turn`); made on first use, inside the loop
     gang_waits: dict[tuple[str, str], str] = field(default_factory=dict)  # job -> why its gated pods wait (gang.py)
     gang_lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # one gang decision at a time (`gang_pass`)
+    last_words: LastWords = field(default_factory=LastWords)  # how pods now gone had failed (health.LastWords)
 
     def indices(self, kwargs: Mapping[str, Any]) -> Indices:
         """The indices kopf passed a handler; the first call keeps the cache's (kopf's indices live as long as the
@@ -207,7 +209,7 @@ class Indices:
     def observed(self, namespace: str, name: str, cluster_uid: str | None,
                  applied: Mapping[str, Any] | None = None, groups: Mapping[str, int] | None = None,
                  given_up: Mapping[str, tuple[str, ...]] | None = None, gang_wait: str | None = None,
-                 queued: bool = False) -> Observed:
+                 queued: bool = False, last_words: Mapping[str, str] | None = None) -> Observed:
         key = (namespace, name)
         return Observed(
             gang_wait=gang_wait,
@@ -220,6 +222,7 @@ class Indices:
             progress=next(iter(self.progress.get(key, ())), Progress()),
             driver=next(iter(self.drivers.get(key, ())), None),
             head=tuple(self.heads.get(key, ())),
+            last_words=last_words or {},
         )
 
 
@@ -571,7 +574,8 @@ async def reconcile_once(ctx: Context, namespace: str, name: str, indices: Indic
         await gang_pass(ctx, namespace, name, groups)
     seen = indices.observed(namespace, name, cluster_uid, applied_spec(cluster) if live else None, groups,
                             given_up(cluster) if live else None, ctx.gang_waits.get((namespace, name)),
-                            queued=live and bool((cluster.get("spec") or {}).get("suspend")))
+                            queued=live and bool((cluster.get("spec") or {}).get("suspend")),
+                            last_words=ctx.last_words.words)
     decision = decide(job, body["metadata"].get("generation", 1), old, seen, now())
     written = await write_decided_status(ctx, indices, body, decision.status)
     if written is not None:

@@ -63,6 +63,7 @@ class Observed:
     given_up: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # its scaleStrategy.workersToDelete
     gang_wait: str | None = None  # why the job's gated pods wait to be let through together (gang.py), or None
     queued: bool = False  # its RayCluster is suspended by Kueue: not admitted yet, or preempted
+    last_words: Mapping[str, str] = field(default_factory=dict)  # how pods now gone had failed, by UID (LastWords)
 
 
 @dataclass(frozen=True)
@@ -150,7 +151,7 @@ def count_pods(job: RLTrainingJob, role: str, host: str, pods: Sequence[PodView]
     if cluster_restart:
         doomed = tuple(sorted(p.name for p in pods if not p.deleting and p.name not in kuberay_deletes))
         return PodCount(doomed=doomed, leaving=leaving, tracking=Tracking({}, frozenset(p.uid for p in pods)))
-    health = assess_role(pods, known, gang=not job.spec.standby(host))
+    health = assess_role(pods, known, gang=not job.spec.standby(host), gone=seen.last_words)
     doomed = tuple(n for n in health.doomed if n not in kuberay_deletes)
     return PodCount(health.ready, health.failures, doomed, leaving, health.tracking)
 
@@ -226,7 +227,8 @@ def head_outcome(old: Mapping[str, Any], seen: Observed, accounting: bool, now: 
     is deleted, or whose node is lost is a new failure, once."""
     prev = old.get("head") or {}
     pods = cluster_pods(seen.head, seen)
-    health = assess_role(pods, known_tracking(old, prev, seen)) if accounting else RoleHealth(0, (), Tracking(), ())
+    health = (assess_role(pods, known_tracking(old, prev, seen), gone=seen.last_words) if accounting
+              else RoleHealth(0, (), Tracking(), ()))
     failed = f"{now}: {'; '.join(health.failures)}" if health.failures else None
     status = HeadStatus(ready=health.ready > 0, restarts=int(prev.get("restarts", 0)) + (1 if failed else 0),
                         last_failure=failed or prev.get("lastFailure") or None, **health.tracking.to_status())

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from kuberl_operator.health import PodView, Tracking, assess_role, pod_failure, pod_ready, pod_view
+from kuberl_operator.health import LastWords, PodView, Tracking, assess_role, pod_failure, pod_ready, pod_view
 
 
 def pod(phase: str = "Running", ready: bool = True, **status: Any) -> dict[str, Any]:
@@ -34,6 +34,10 @@ def terminated(code: int, reason: str) -> list[dict[str, Any]]:
      "pod failed (DeletionByPodGC: PodGC: node no longer exists)"),
     (pod("Succeeded", False), "worker exited"),
     ({**pod(), "metadata": {**pod()["metadata"], "deletionTimestamp": "2026-01-01T00:00:00Z"}}, "deleted"),
+    # KubeRay deletes a worker pod once it failed: being deleted, it still says how it failed
+    ({**pod("Failed", False, containerStatuses=terminated(1, "Error")),
+      "metadata": {**pod()["metadata"], "deletionTimestamp": "2026-01-01T00:00:00Z"}},
+     "container ray-worker exited with code 1 (Error)"),
     (pod("Unknown", False), "node lost (pod phase Unknown)"),
     # the node controller's mark on a NotReady node's pods: Ready False with no reason, containers still ready
     (pod("Running", False, containerStatuses=[{"name": "ray-worker", "ready": True, "state": {"running": {}}}]),
@@ -95,6 +99,19 @@ def test_a_vanished_member_is_a_deletion() -> None:
     start = assess_role([view("a"), view("b")], Tracking()).tracking
     health = assess_role([view("b")], start)
     assert health.failures == ("pod a: deleted",) and health.doomed == ("b",)
+
+
+def test_a_vanished_member_seen_failing_before_it_went_is_named_by_its_failure() -> None:
+    # The pod failed and KubeRay deleted it before a pass saw it failed: the failure its last state showed is kept.
+    start = assess_role([view("a"), view("b")], Tracking()).tracking
+    words = LastWords(keep=2)
+    for uid in ("uid-x", "uid-a", "uid-y"):
+        words.note(uid, f"container ray-worker exited with code 1 ({uid})")
+    words.note("uid-b", "deleted")  # a deletion says nothing more than the vanishing does
+    assert list(words.words) == ["uid-a", "uid-y"]  # the newest `keep`
+    health = assess_role([view("b")], start, gone=words.words)
+    assert health.failures == ("pod a: container ray-worker exited with code 1 (uid-a)",)
+    assert health.doomed == ("b",)
 
 
 def test_simultaneous_failures_are_one_restart() -> None:
