@@ -119,6 +119,27 @@ def test_gae_monte_carlo_limit_and_edges():
     close(adv, [[1 + 0.5 * 4 - 2, 1 + 0 - 4]])  # [1.0, -3.0]
 
 
+def test_gae_skips_an_observation_inside_a_multi_turn_trajectory():
+    # policy, observation, observation, policy: the observation's reward and value are ignored, and the first turn's
+    # token sees the second's as its next step (it would see a bootstrapped 0 were the hole an end)
+    gamma, lam = 0.9, 0.8
+    rewards, values = T([[0.0, 5.0, 5.0, 2.0]]), T([[1.0, 9.0, 9.0, 1.5]])
+    adv, ret = algos.gae_advantages(rewards, values, T([[1, 0, 0, 1]]), gamma, lam)
+    #   A3 = 2 + 0 - 1.5 = 0.5;  d0 = 0 + 0.9*1.5 - 1 = 0.35;  A0 = 0.35 + 0.72*0.5 = 0.71
+    close(adv, [[0.71, 0.0, 0.0, 0.5]], atol=1e-6)
+    close(ret, [[1.71, 0.0, 0.0, 2.0]], atol=1e-6)
+    # the same two tokens side by side give the same advantages
+    packed, _ = algos.gae_advantages(T([[0.0, 2.0]]), T([[1.0, 1.5]]), T([[1, 1]]), gamma, lam)
+    close(packed, [[0.71, 0.5]], atol=1e-6)
+
+
+def test_reinforce_pp_return_to_go_skips_an_observation() -> None:
+    # returns before whitening: G = [r0 + g*r3, 0, r3]; whitened over the two valid tokens they are -1 and +1 in order
+    adv = algos.reinforce_pp_advantages(T([[3.0, 100.0, 1.0]]), T([[1, 0, 1]]), gamma=0.5)
+    assert adv[0, 1] == 0 and adv[0, 0] > adv[0, 2]  # 3.5 > 1: the observation's 100 is not in the first's return
+    close(adv[0, 0] + adv[0, 2], 0.0, atol=1e-6)
+
+
 def test_gae_has_no_grad():
     values = torch.ones(1, 2, requires_grad=True)
     adv, ret = algos.gae_advantages(torch.ones(1, 2), values, torch.ones(1, 2), 1.0, 1.0)

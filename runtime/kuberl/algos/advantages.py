@@ -39,20 +39,23 @@ ADVANTAGE_ESTIMATORS: Registry[AdvantageEstimator] = Registry(
 def gae_advantages(rewards: Tensor, values: Tensor, mask: Tensor, gamma: float, lam: float) -> tuple[Tensor, Tensor]:
     """Generalised advantage estimation (Schulman et al. 2016) over response tokens.
 
-    ``rewards``, ``values``, ``mask``: [B, T]; the mask is a prefix of ones per row. The value past the
-    last valid token is bootstrapped as 0. Returns ``(advantages, returns)``, both [B, T], with
-    ``returns = advantages + values`` and 0 where mask is 0. Advantages are not whitened. No gradient.
+    ``rewards``, ``values``, ``mask``: [B, T]. The valid tokens of a row are its steps, one after another: a
+    hole in the mask (an environment's observation inside a multi-turn trajectory) is skipped, not an end, so a
+    turn's tokens see the rewards and values of the turns after it. The value past the last valid token is
+    bootstrapped as 0. Returns ``(advantages, returns)``, both [B, T], with ``returns = advantages + values`` and 0
+    where mask is 0. Advantages are not whitened. No gradient.
     """
-    mask = mask.to(values.dtype)
+    valid = mask.bool()
     advantages = torch.zeros_like(values)
     next_value = torch.zeros_like(values[:, 0])
     next_adv = torch.zeros_like(values[:, 0])
     for t in reversed(range(values.shape[1])):
         delta = rewards[:, t] + gamma * next_value - values[:, t]
-        next_adv = (delta + gamma * lam * next_adv) * mask[:, t]
-        next_value = values[:, t] * mask[:, t]
-        advantages[:, t] = next_adv
-    return advantages, (advantages + values) * mask
+        here = delta + gamma * lam * next_adv
+        next_adv = torch.where(valid[:, t], here, next_adv)
+        next_value = torch.where(valid[:, t], values[:, t], next_value)
+        advantages[:, t] = torch.where(valid[:, t], here, 0.0)
+    return advantages, (advantages + values) * mask.to(values.dtype)
 
 
 @torch.no_grad()
@@ -100,14 +103,15 @@ def reinforce_pp_advantages(token_rewards: Tensor, mask: Tensor, gamma: float = 
     """REINFORCE++ (Hu et al. 2025): the discounted return-to-go of every token, whitened over all
     valid tokens of the batch (global normalisation, no critic). [B, T] -> [B, T], 0 where mask is 0.
 
-    ``G_t = r_t + gamma * G_{t+1}`` over the valid tokens of a row (the mask is a prefix of ones).
+    ``G_t = r_t + gamma * G_{t+1}`` over the valid tokens of a row, one after another (a hole in the mask, an
+    observation inside a multi-turn trajectory, is skipped, as in `gae_advantages`).
     """
-    mask_f = mask.to(token_rewards.dtype)
+    valid = mask.bool()
     returns = torch.zeros_like(token_rewards)
     running = torch.zeros_like(token_rewards[:, 0])
     for t in reversed(range(token_rewards.shape[1])):
-        running = (token_rewards[:, t] + gamma * running) * mask_f[:, t]
-        returns[:, t] = running
+        running = torch.where(valid[:, t], token_rewards[:, t] + gamma * running, running)
+        returns[:, t] = torch.where(valid[:, t], running, 0.0)
     return masked_whiten(returns, mask)
 
 
