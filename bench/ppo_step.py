@@ -268,6 +268,8 @@ def main() -> None:  # noqa: C901 -- the bench's flags and its report, one branc
             t_last = time.perf_counter()
             driver.roles.commit()  # the last step's checkpoint, written in the background: the job's end waits
             last_write_s = time.perf_counter() - t_last
+            skipped = {role: driver.groups[role].worker.trainer.saver.skips for role in ("actor", "critic")
+                       if role in driver.groups}  # snapshots skipped while a checkpoint read their slot
         finally:
             driver.shutdown()
         path, n_params = rollout_path(engine), driver.n_params
@@ -298,6 +300,7 @@ def main() -> None:  # noqa: C901 -- the bench's flags and its report, one branc
         "steps_s": {r["step"]: r["time_step_s"] for r in recs},
         "checkpoint_s": {r["step"]: r["time_checkpoint_s"] for r in saves},
         "last_checkpoint_write_s": last_write_s,
+        "snapshots_skipped": skipped,
         "stalls": stalls,
         "rollout_tokens_per_s": med("rollout_tokens_per_s"),
         "train_tokens_per_s": med("train_tokens_per_s"),
@@ -326,6 +329,7 @@ def main() -> None:  # noqa: C901 -- the bench's flags and its report, one branc
     print("checkpoint per save, s (its step's training path): "
           + (", ".join(f"step {k}: {v:.2f}" for k, v in summary["checkpoint_s"].items()) or "no save"))
     print(f"the last checkpoint's write after the last step (the job's end waits for it): {last_write_s:.2f} s")
+    print(f"snapshots skipped while a checkpoint still read their slot: {skipped}")
     print(f"stalls (a step after the first over 1.1 x the steady median): {stalls or 'none'}")
     if sampler is not None:
         for step in [*stalls, *summary["steps_in_median"][:1]]:

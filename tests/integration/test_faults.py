@@ -481,6 +481,17 @@ def test_restarted_trained_role_loses_no_step_between_checkpoints(ray_session, t
     assert rows[3][f"steps_lost_{role}"] == 0 and [r["step"] for r in rows] == [1, 2, 3, 4, 5]
 
 
+def run_digested(spec, out: Path, faults: list[Fault]) -> tuple[Driver, dict[int, dict[str, list[str]]]]:
+    """Run the job to its end under `out` with `faults`; returns the driver and, by step, the actor's and the
+    critic's state digests (parameters and AdamW moments) as each step ended."""
+    digests: dict[int, dict[str, list[str]]] = {}
+    driver = Driver(spec, out.name, out, lambda r: CountingGroup(r, spec, timeout_s=120), faults=faults,
+                    progress=False, on_step=lambda rec: digests.__setitem__(rec.step, {
+                        role: driver.roles.proxy(role).call(Probes.state_digest) for role in ("actor", "critic")}))
+    run_observed(driver)
+    return driver, digests
+
+
 def test_a_role_dying_before_its_snapshot_is_whole_runs_its_update_again(ray_session, tmp_path):
     """The actor's update of step 3 and the critic's of step 4 return, but their snapshot copies never finish
     and each role dies at its next call: each comes back from its snapshot of the step before, runs the update
@@ -488,16 +499,9 @@ def test_a_role_dying_before_its_snapshot_is_whole_runs_its_update_again(ray_ses
     faults (parameters and AdamW moments, every step): no step lost."""
     spec = spec_for(**{"trainer.steps": 5})
 
-    def run(name: str, faults: list[Fault]) -> tuple[Driver, dict[int, dict[str, list[str]]]]:
-        digests: dict[int, dict[str, list[str]]] = {}
-        driver = Driver(spec, name, tmp_path / name, lambda r: CountingGroup(r, spec, timeout_s=120), faults=faults,
-                        progress=False, on_step=lambda rec: digests.__setitem__(rec.step, {
-                            role: driver.roles.proxy(role).call(Probes.state_digest) for role in ("actor", "critic")}))
-        run_observed(driver)
-        return driver, digests
-
-    _, clean = run("clean", [])
-    driver, faulted = run("doomed", [Fault("actor", 3, phase="snapshot"), Fault("critic", 4, phase="snapshot")])
+    _, clean = run_digested(spec, tmp_path / "clean", [])
+    driver, faulted = run_digested(spec, tmp_path / "doomed", [Fault("actor", 3, phase="snapshot"),
+                                                               Fault("critic", 4, phase="snapshot")])
     assert faulted == clean
     for role, step in (("actor", 3), ("critic", 4)):
         (rec,) = driver.history[role].recoveries
@@ -510,6 +514,26 @@ def test_a_role_dying_before_its_snapshot_is_whole_runs_its_update_again(ray_ses
     doomed, clean = (checkpoint_digest(checkpoint.step_dir(tmp_path / run / "checkpoints", 4) / "critic")
                      for run in ("doomed", "clean"))
     assert doomed == pytest.approx(clean, rel=1e-12)
+
+
+def test_a_role_dying_while_a_checkpoint_reads_its_snapshot_runs_every_update_since_again(ray_session, tmp_path):
+    """The actor's checkpoint of step 3 is written 30 s late (a disk slower than the steps), from its snapshot slot
+    of step 3: the snapshots of steps 4 to 6 go to the other slot, each over the last, none waiting for the write,
+    and the actor dies before its snapshot of step 6 is whole. It comes back from its snapshot of step 3, runs
+    updates 4 to 6 again from the batches the driver kept, and from then on holds, bit for bit, the state of a
+    run without faults; the late checkpoint, its actor part lost with the process, is never marked complete."""
+    spec = spec_for(**{"trainer.steps": 7, "trainer.checkpoint.interval": 3})
+
+    _, clean = run_digested(spec, tmp_path / "clean", [])
+    driver, faulted = run_digested(spec, tmp_path / "slow", [Fault("actor", 3, mode="slow", phase="checkpoint"),
+                                                             Fault("actor", 6, phase="snapshot")])
+    assert faulted == clean
+    (rec,) = driver.history["actor"].recoveries
+    assert rec.restored_from == "snapshot step 3, then its updates of steps 4-6 again" and rec.steps_lost == 0
+    assert not driver.history["critic"].recoveries
+    rows = read_jsonl(tmp_path / "slow" / "metrics.jsonl")
+    assert [r["step"] for r in rows] == list(range(1, 8)) and rows[5]["steps_lost_actor"] == 0
+    assert checkpoint.complete_steps(tmp_path / "slow" / "checkpoints") == [6, 7]
 
 
 def checkpoint_digest(folder) -> float:
@@ -545,19 +569,34 @@ def test_kill_during_checkpoint_save_keeps_the_checkpoint_whole(ray_session, tmp
     assert [(r["role"], r["step"], r["phase"]) for r in at4["recoveries"]] == [(role, 4, "checkpoint")]
 
 
-def test_kill_during_save_without_snapshot_voids_that_checkpoint(ray_session, tmp_path, capfd):
-    """Without a snapshot the critic comes back from step 2's checkpoint while step 4's is being saved:
-    step 4's checkpoint would hold step 2's critic, so it is removed, never marked complete, and the
-    recovery says the 2 steps it lost."""
+def test_kill_during_save_without_snapshot_runs_the_updates_since_the_checkpoint_again(ray_session, tmp_path):
+    """Without a snapshot the critic comes back from step 2's checkpoint while step 4's is being saved, and runs
+    its updates of steps 3 and 4 again from the batches the driver kept: it loses nothing, and step 4's checkpoint
+    is saved (holding step 4's critic) and marked complete."""
     spec = spec_for(**{"trainer.steps": 5, "trainer.checkpoint.keep": 5})
     driver = Driver(spec, "void", tmp_path, lambda r: CountingGroup(r, spec, timeout_s=120),
                     faults=[Fault("critic", 4, phase="checkpoint")], progress=False)
     driver.roles.snapshot_root = None  # as on per-pod storage that the new ranks cannot see
     run_observed(driver)
     (rec,) = driver.history["critic"].recoveries
-    assert (rec.step, rec.phase, rec.restored_from, rec.steps_lost) == (4, "checkpoint", "checkpoint step 2", 2)
+    assert (rec.step, rec.phase, rec.restored_from, rec.steps_lost) == (
+        4, "checkpoint", "checkpoint step 2, then its updates of steps 3-4 again", 0)
+    assert checkpoint.complete_steps(tmp_path / "checkpoints") == [2, 4, 5]
+
+
+def test_kill_during_save_further_back_than_the_kept_updates_voids_that_checkpoint(ray_session, tmp_path, capfd):
+    """Without a snapshot or an earlier checkpoint the critic comes back from the model path while step 10's
+    checkpoint is being saved, 10 updates back, more than the driver keeps (8): step 10's checkpoint would hold
+    the untrained critic, so it is removed, never marked complete, and the recovery says the 10 steps it lost."""
+    spec = spec_for(**{"trainer.steps": 11, "trainer.checkpoint.interval": 10, "trainer.checkpoint.keep": 5})
+    driver = Driver(spec, "void", tmp_path, lambda r: CountingGroup(r, spec, timeout_s=120),
+                    faults=[Fault("critic", 10, phase="checkpoint")], progress=False)
+    driver.roles.snapshot_root = None  # as on per-pod storage that the new ranks cannot see
+    run_observed(driver)
+    (rec,) = driver.history["critic"].recoveries
+    assert (rec.step, rec.phase, rec.restored_from, rec.steps_lost) == (10, "checkpoint", "model path", 10)
     root = tmp_path / "checkpoints"
-    assert checkpoint.complete_steps(root) == [2, 5] and not checkpoint.step_dir(root, 4).exists()
-    assert "checkpoint of step 4 not saved: critic holds step 2" in capfd.readouterr().out
-    (at4,) = [r for r in read_jsonl(tmp_path / "metrics.jsonl") if r["step"] == 4]
-    assert at4["steps_lost_critic"] == 2
+    assert checkpoint.complete_steps(root) == [11] and not checkpoint.step_dir(root, 10).exists()
+    assert "checkpoint of step 10 not saved: critic holds step 0" in capfd.readouterr().out
+    (at10,) = [r for r in read_jsonl(tmp_path / "metrics.jsonl") if r["step"] == 10]
+    assert at10["steps_lost_critic"] == 10

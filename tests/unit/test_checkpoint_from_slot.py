@@ -8,11 +8,12 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
 import torch
 
 from kuberl.resilience import snapshots
 from kuberl.resilience.checkpoint import trainable_state
-from kuberl.resilience.saves import SlotRef, plan_from_slot, planned_shards, shard_tensors
+from kuberl.resilience.saves import SlotRef, plan_from_slot, planned_shards, shard_tensors, snapshot_plan
 
 from .test_lora import IDS, logits, small_lm
 
@@ -48,6 +49,22 @@ def leaves(obj):
         yield obj
 
 
+@pytest.mark.parametrize("step, in_slot, held, want", [
+    (3, {0: 2, 1: 1}, set(), ("write", 1)),  # the usual: step 2 stays whole while slot 1 is rewritten
+    (1, {}, set(), ("write", 1)),  # the first: the checkpoint (or the model path) is what stays
+    (4, {0: 2, 1: 3}, {0}, ("write", 1)),  # slot 0 is read by step 2's checkpoint: step 3's is rewritten
+    (10, {0: 2, 1: 9}, {0}, ("write", 1)),  # step 2 (read, whole) stays: 8 updates to run again at most
+    (11, {0: 2, 1: 10}, {0}, ("skip", -1)),  # rewriting step 10 would leave step 2, 9 updates back
+    (19, {0: 2, 1: 10}, {0}, ("wait", 0)),  # skipping would leave step 10, 9 back: it waits for slot 0's reader
+    (4, {0: 2, 1: 3}, {0, 1}, ("skip", -1)),  # both read (two checkpoints in flight)
+    (21, {0: 10}, set(), ("write", 0)),  # a rank resumed from a later checkpoint: the stale snapshot goes
+])
+def test_a_snapshot_is_skipped_only_while_a_checkpoint_reads_its_slot_and_within_the_replay_window(
+        step, in_slot, held, want) -> None:
+    assert snapshot_plan(step, in_slot, held, window=8) == want
+    assert snapshot_plan(step, in_slot, held, window=8, skip=False)[0] != "skip"
+
+
 def test_the_slots_are_set_up_for_the_state_before_the_first_update(one_rank_group, tmp_path: Path) -> None:
     t = trainer()
     planned = snapshots.slot_size(planned_shards(t.model, t.optimizer.optimizer))
@@ -74,16 +91,14 @@ def test_nothing_of_the_state_is_copied_on_the_training_path(one_rank_group, tmp
     t.saver.close()
 
 
-def test_the_checkpoint_is_its_steps_state_while_training_goes_on(one_rank_group, tmp_path: Path,
-                                                                  monkeypatch) -> None:
-    """Saved after update 2, written slowly while updates 3 and 4 run: update 4's snapshot goes to update 2's slot
-    only once the checkpoint is written, and a fresh trainer loads update 2's state exactly."""
+def slow_writes(monkeypatch, seconds: float = 1.0) -> None:
+    """Checkpoint writes that take `seconds` longer (a slow disk), and none staged on the training path."""
     import torch.distributed.checkpoint as dcp
 
     real_save = dcp.save
 
     def slow_save(*args, **kwargs):
-        time.sleep(1.0)  # the slot would be rewritten meanwhile if nothing held it
+        time.sleep(seconds)  # the slot would be rewritten meanwhile if nothing held it
         return real_save(*args, **kwargs)
 
     def no_staging(*args, **kwargs):
@@ -91,6 +106,14 @@ def test_the_checkpoint_is_its_steps_state_while_training_goes_on(one_rank_group
 
     monkeypatch.setattr(dcp, "save", slow_save)
     monkeypatch.setattr(dcp, "async_save", no_staging)
+
+
+def test_the_checkpoint_is_its_steps_state_while_training_goes_on(one_rank_group, tmp_path: Path,
+                                                                  monkeypatch) -> None:
+    """Saved after update 2, written slowly while updates 3 to 5 run: their snapshots go to the other slot, none
+    waits for the checkpoint, and step 2's slot stays whole until it is written; the checkpoint loads as update
+    2's state exactly, and the next snapshot after the write goes to step 2's slot again."""
+    slow_writes(monkeypatch)
     t = trainer()
     t.enable_snapshots(str(tmp_path / "snapshots"))
     update(t)
@@ -100,14 +123,80 @@ def test_the_checkpoint_is_its_steps_state_while_training_goes_on(one_rank_group
     t0 = time.perf_counter()
     assert t.save(path) == 2
     assert time.perf_counter() - t0 < 0.5 and t.saver.pending()  # written in the background
-    update(t)
-    update(t)  # its snapshot goes to slot 0 (step 2's): it waits for the checkpoint
+    t0 = time.perf_counter()
+    for _ in range(3):
+        update(t)
+    assert time.perf_counter() - t0 < 0.5 and t.saver.pending() and t.saver.skips == 0
     assert t.saver.wait() and not t.saver.pending()
-    assert snapshots.whole_steps(t.saver.snapshot_root, 0) == {4: 0, 3: 1}
+    assert snapshots.whole_steps(t.saver.snapshot_root, 0) == {2: 0, 5: 1}
+    update(t)
+    t.saver.wait()
+    assert snapshots.whole_steps(t.saver.snapshot_root, 0) == {6: 0, 5: 1}
     fresh = trainer()
     fresh.load(path, 2)
     got = state_of(fresh)
     assert len(got) == len(expected) and all(torch.equal(a, b) for a, b in zip(got, expected))
+    t.saver.close()
+
+
+def test_a_restart_from_the_snapshot_a_checkpoint_reads_runs_the_updates_since_again_to_the_same_state(
+        one_rank_group, tmp_path: Path, monkeypatch) -> None:
+    """While a slow checkpoint reads step 2's slot, steps 3 to 5 are snapshotted into the other slot, each over the
+    last. A new rank restored from the snapshot a rank dying in step 5's copy would come back from (step 2's,
+    whole all along) and running updates 3 to 5 again holds the same parameters and AdamW moments, bit for bit,
+    as the rank that never died."""
+    slow_writes(monkeypatch, 2.0)
+    root = str(tmp_path / "snapshots")
+    t = trainer()
+    t.enable_snapshots(root)
+    update(t)
+    update(t)
+    t.save(str(tmp_path / "step_2" / "actor"))
+    for _ in range(3):
+        update(t)
+    t.saver.wait_snapshots()
+    assert snapshots.whole_steps(root, 0) == {2: 0, 5: 1} and t.saver.pending()
+    expected = state_of(t)
+    t.saver.wait()
+    t.saver.close()
+    fresh = trainer()
+    fresh.enable_snapshots(root)
+    fresh.load_snapshot(2)
+    for _ in range(3):
+        update(fresh)
+    fresh.saver.wait()
+    assert all(torch.equal(a, b) for a, b in zip(state_of(fresh), expected))
+    fresh.saver.close()
+
+
+def test_past_the_replay_window_a_snapshot_is_skipped_and_a_save_of_that_step_takes_it_later(
+        one_rank_group, tmp_path: Path, monkeypatch) -> None:
+    """With a window of 2 updates, step 5's snapshot would leave step 2's (the one the slow checkpoint reads) 3
+    updates back: it is skipped. The save of step 5 then waits for nothing on the training path; the snapshot is
+    copied into step 2's slot once that write is done, and the checkpoint of step 5 is written from it."""
+    from kuberl.resilience import saves
+
+    monkeypatch.setattr(saves, "REPLAY_WINDOW", 2)
+    slow_writes(monkeypatch)
+    t = trainer()
+    t.enable_snapshots(str(tmp_path / "snapshots"))
+    update(t)
+    update(t)
+    t.save(str(tmp_path / "step_2" / "actor"))
+    for _ in range(3):
+        update(t)
+    assert t.saver.skips == 1
+    expected = state_of(t)
+    path = str(tmp_path / "step_5" / "actor")
+    t0 = time.perf_counter()
+    assert t.save(path) == 5
+    assert time.perf_counter() - t0 < 0.5 and t.saver.pending()
+    assert t.saver.wait(snapshots=False) == [str(tmp_path / "step_2" / "actor"), path]
+    t.saver.wait()
+    assert snapshots.whole_steps(t.saver.snapshot_root, 0) == {5: 0, 4: 1}
+    fresh = trainer()
+    fresh.load(path, 5)
+    assert all(torch.equal(a, b) for a, b in zip(state_of(fresh), expected))
     t.saver.close()
 
 
@@ -247,3 +336,39 @@ def test_a_save_waits_for_the_previous_writes_collectives_not_its_disk(one_rank_
     assert len(t.saver.wait(snapshots=False)) == 2
     assert saves.complete(tmp_path / "step_1" / "actor") and saves.complete(tmp_path / "step_2" / "actor")
     t.saver.close()
+
+
+def _vote(rank: int, store: str, out: str) -> None:
+    """One rank of two, each with its own slots: only rank 1's checkpoint still reads slot 1 (step 1's); both
+    write step 3's snapshot over step 2's, so that both keep the same whole steps (1 and 3)."""
+    from concurrent.futures import Future
+
+    import torch.distributed as dist
+
+    from kuberl.resilience.saves import AsyncSaver
+
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+    model = torch.nn.Linear(4, 4)
+    optimizer = torch.optim.AdamW(model.parameters())
+    model(torch.ones(1, 4)).sum().backward()
+    optimizer.step()
+    saver = AsyncSaver()
+    saver.snapshot_root = str(Path(out) / "snapshots")
+    for step in (1, 2):
+        saver.snapshot(model, optimizer, step)
+        saver.wait_snapshots()
+    if rank == 1:
+        saver._slots.readers[1] = [(1, Future())]  # a checkpoint of step 1 still being written on this rank only
+    saver.snapshot(model, optimizer, 3)
+    saver.wait_snapshots()
+    Path(out, str(rank)).write_text(f"{saver.skips} {sorted(snapshots.whole_steps(saver.snapshot_root, rank))}")
+    saver._slots.readers.clear()
+    saver.close()
+    dist.destroy_process_group()
+
+
+def test_the_ranks_of_a_role_skip_the_same_snapshots(netns, tmp_path: Path) -> None:
+    import torch.multiprocessing as mp
+
+    mp.start_processes(_vote, args=(str(tmp_path / "store"), str(tmp_path)), nprocs=2, start_method="spawn")
+    assert (tmp_path / "0").read_text() == (tmp_path / "1").read_text() == "0 [1, 3]"

@@ -10,26 +10,30 @@ import pytest
 from kuberl.controller import role_state
 from kuberl.controller.job_errors import CheckpointUntrusted, JobFailed
 from kuberl.controller.role_state import RoleState
-from kuberl.resilience import checkpoint, identity
+from kuberl.resilience import checkpoint, identity, saves
 
 
 def update(*args):
     return lambda: None, args, {}
 
 
-def test_an_update_runs_again_only_on_a_restore_one_step_short_of_it() -> None:
+def test_the_updates_after_the_restored_step_run_again_when_all_are_kept() -> None:
     state = RoleState(None, "job")
-    fn, args, kwargs = update("batch")
-    state.updated("actor", 3, (fn, args, kwargs))
-    state.updated("ref", 3, update("other"))  # a frozen role: not kept
-    assert state.trained == {"actor": 3, "critic": 0} and set(state.updates) == {"actor"}
-    assert state.update_to_repeat("actor", 2) == (fn, args, kwargs)
-    assert state.update_to_repeat("actor", 3) is None and state.update_to_repeat("actor", 1) is None
-    assert state.update_to_repeat("critic", -1) is None  # none kept
-    assert state.restored("actor", 2) == 1 and state.trained["actor"] == 2  # one committed update lost
-    assert state.update_to_repeat("actor", 2) is None  # its trained step is no longer the update's
-    state.loaded("actor", 5)
-    assert state.trained["actor"] == 5 and "actor" not in state.updates
+    kept = {step: update(f"batch {step}") for step in range(1, 13)}
+    for step, call in kept.items():
+        state.updated("actor", step, call)
+    state.updated("ref", 12, update("other"))  # a frozen role: not kept
+    assert state.trained == {"actor": 12, "critic": 0} and set(state.updates) == {"actor"}
+    assert state.updates_to_repeat("actor", 11) == [kept[12]]  # died before step 12's snapshot was whole
+    assert state.updates_to_repeat("actor", 9) == [kept[10], kept[11], kept[12]]  # 10 and 11 skipped too
+    assert state.updates_to_repeat("actor", 12) == []
+    assert state.updates_to_repeat("actor", 12 - saves.REPLAY_WINDOW) == [kept[s] for s in range(5, 13)]
+    assert state.updates_to_repeat("actor", 11 - saves.REPLAY_WINDOW) == []  # older than the window: not kept
+    assert state.updates_to_repeat("critic", 0) == []  # none kept
+    assert state.restored("actor", 11) == 1 and state.trained["actor"] == 11  # one committed update lost
+    assert state.updates_to_repeat("actor", 10) == [kept[11]]
+    state.loaded("actor", 15)
+    assert state.trained["actor"] == 15 and "actor" not in state.updates
 
 
 @pytest.mark.parametrize("seen, last_checkpoint, want", [
@@ -65,14 +69,15 @@ def test_snapshot_folders_are_per_run_and_role_size(tmp_path: Path, monkeypatch)
     assert not (tmp_path / "ckpt" / "snapshots").exists()
 
 
-def test_a_pending_checkpoint_is_completed_or_removed(tmp_path: Path, capsys) -> None:
+def test_pending_checkpoints_are_completed_or_removed_oldest_first(tmp_path: Path, capsys) -> None:
     state = RoleState(tmp_path, "job")
     state.remember_record()
-    for step, torn in ((2, []), (4, ["critic"])):
-        folder = checkpoint.fresh_step_dir(tmp_path, step)
-        state.hold(step, folder, None)
-        state.complete(state.take_pending(), torn, keep=3)
-        assert state.pending is None
+    for step in (2, 4):  # two in flight
+        state.hold(step, checkpoint.fresh_step_dir(tmp_path, step), None)
+    assert [p.step for p in state.pending] == [2, 4]
+    for pending, torn in zip(state.take_pending(), ([], ["critic"])):
+        state.complete(pending, torn, keep=3)
+    assert state.pending == []
     assert state.last_checkpoint == 2 and checkpoint.latest(tmp_path) == 2
     assert checkpoint.read_state(tmp_path, 2) == {"step": 2}
     assert not checkpoint.step_dir(tmp_path, 4).exists()

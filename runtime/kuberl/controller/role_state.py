@@ -2,10 +2,10 @@
 
 `RoleState` keeps, for the roles with trained state (`TRAINING_ROLES`: actor, critic),
 
-- each role's trained step (its last completed update) and that update's call, run again on a restore that
-  came back one step short of it (`Roles.recover`);
-- the checkpoints: the newest complete one, the one whose writes are in flight (`PendingCheckpoint`) and the
-  step being saved; whether a checkpoint folder is still this job's (the job record, the DCP index);
+- each role's trained step (its last completed update) and its last `saves.REPLAY_WINDOW` updates' calls, run
+  again on a restore that came back short of them (`Roles.recover`);
+- the checkpoints: the newest complete one, those whose writes are in flight (`PendingCheckpoint`, at most
+  IN_FLIGHT) and the step being saved; whether a checkpoint folder is still this job's (the job record, the DCP index);
 - the snapshots: where each role's ranks keep them (host memory, or beside the checkpoints; one folder per run
   and role size), and which snapshot a restore loads.
 
@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import shutil
 import uuid
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +25,7 @@ from typing import Any
 
 from kuberl import logs
 from kuberl.controller.job_errors import CheckpointUntrusted
-from kuberl.resilience import checkpoint, dcp_reader, identity
+from kuberl.resilience import checkpoint, dcp_reader, identity, saves
 from kuberl.spec.model import TRAINING_ROLES
 
 log = logs.get("checkpoint")
@@ -32,6 +33,7 @@ log = logs.get("checkpoint")
 HOST_MEMORY = Path("/dev/shm")  # where roles with GPUs keep their per-step snapshots (gigabytes each step)
 
 Update = tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]  # a completed update: method, args, kwargs
+IN_FLIGHT = 2  # checkpoints written at once: a save waits for the oldest's writes only when this many are in flight
 
 
 @dataclass
@@ -54,8 +56,8 @@ class RoleState:
         self.run_id = uuid.uuid4().hex[:12]  # this run's snapshots only: never another run's, nor another size's
         self.resizes = {r: 0 for r in TRAINING_ROLES}
         self.trained = {r: 0 for r in TRAINING_ROLES}  # each role's trained step: its last completed update
-        self.updates: dict[str, tuple[int, Update]] = {}  # role -> its last completed update and its trained step
-        self.pending: PendingCheckpoint | None = None
+        self.updates: dict[str, deque[tuple[int, Update]]] = {}  # role -> its last updates and their trained steps
+        self.pending: list[PendingCheckpoint] = []  # in flight, oldest first (at most IN_FLIGHT)
         self.saving = 0  # the step whose checkpoint is being saved
         self.last_checkpoint = 0  # the newest complete checkpoint's step (0: none)
         self.record: bytes | None = None  # the job record in the checkpoint root when the roles started
@@ -65,20 +67,19 @@ class RoleState:
         """`role` completed its update of step `step` (1-based): kept, to run again on a short restore."""
         if role in TRAINING_ROLES:
             self.trained[role] = step
-            self.updates[role] = (step, update)
+            self.updates.setdefault(role, deque(maxlen=saves.REPLAY_WINDOW)).append((step, update))
 
     def loaded(self, role: str, step: int) -> None:
         """`role` loaded the checkpoint of step `step`: that is its trained step, and no update is kept."""
         self.trained[role] = step
         self.updates.pop(role, None)
 
-    def update_to_repeat(self, role: str, held: int) -> Update | None:
-        """The role's last completed update when its restore came back one step short of it (it died before
-        that update's snapshot was whole: restored state `held` = the update's step - 1); else None."""
-        step, update = self.updates.get(role, (None, None))
-        if step is None or step != held + 1 or step != self.trained[role]:
-            return None
-        return update
+    def updates_to_repeat(self, role: str, held: int) -> list[Update]:
+        """The role's completed updates after restored state `held`, oldest first, when all of them are kept (it
+        died before their snapshots were whole, or while they were skipped: `saves.snapshot_plan`); else []."""
+        kept = {step: update for step, update in self.updates.get(role, ())}
+        steps = range(held + 1, self.trained[role] + 1)
+        return [kept[s] for s in steps] if all(s in kept for s in steps) else []
 
     def restored(self, role: str, held: int) -> int:
         """`role` now holds trained step `held` after a restart; returns the committed updates it lost."""
@@ -119,7 +120,7 @@ class RoleState:
 
     def hold(self, step: int, folder: Path, state: dict[str, Any] | None) -> None:
         """The checkpoint of `step` in `folder` is written in the background; `state` is its state file."""
-        self.pending = PendingCheckpoint(step, folder, state if state is not None else {"step": step})
+        self.pending.append(PendingCheckpoint(step, folder, state if state is not None else {"step": step}))
 
     def void(self, step: int, folder: Path, stale: list[str]) -> None:
         """Remove the checkpoint of `step`: a role's part in it (`stale`: why) holds older state."""
@@ -128,9 +129,10 @@ class RoleState:
                  f"failure); the newest complete checkpoint stays step {self.last_checkpoint}",
                  extra={"job": self.name, "step": step})
 
-    def take_pending(self) -> PendingCheckpoint | None:
-        """The checkpoint in flight, if any, which is then no longer pending (`complete` decides its fate)."""
-        pending, self.pending = self.pending, None
+    def take_pending(self) -> list[PendingCheckpoint]:
+        """The checkpoints in flight, oldest first, which are then no longer pending (`complete` decides each
+        one's fate, in that order)."""
+        pending, self.pending = self.pending, []
         return pending
 
     def complete(self, pending: PendingCheckpoint, torn: list[str], keep: int) -> None:

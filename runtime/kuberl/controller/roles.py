@@ -50,7 +50,7 @@ from kuberl.controller.proxies import (
     RoleProxy,
     RolloutProxy,
 )
-from kuberl.controller.role_state import HOST_MEMORY, PendingCheckpoint, RoleState
+from kuberl.controller.role_state import HOST_MEMORY, IN_FLIGHT, PendingCheckpoint, RoleState
 from kuberl.data.prompts import Prompts
 from kuberl.metrics.record import Recovery, RoleStep
 from kuberl.resilience import checkpoint, saves
@@ -75,8 +75,9 @@ T = TypeVar("T", bound=RoleProxy)
 @dataclass
 class Fault:
     """An injected fault: `mode` ("kill", "hang" or "stop": SIGSTOP) hits `role`'s first faultable call of `step`; with
-    `phase` "checkpoint", its save of step `step`'s checkpoint; with "snapshot" (a kill), its update of step
-    `step` runs but the snapshot copy of it never finishes, and the role dies at its next call."""
+    `phase` "checkpoint", its save of step `step`'s checkpoint (mode "slow" too: that write is held back
+    `kuberl.workers.base.SLOW_WRITE_S`); with "snapshot" (a kill), its update of step `step` runs but the snapshot
+    copy of it never finishes, and the role dies at its next call."""
 
     role: str
     step: int
@@ -231,7 +232,7 @@ class Roles:
         beside the next step's first phases (each role's next update waits for its own), and a role that dies
         before its copy is whole runs the update again (`recover`). A checkpoint started in an earlier step is
         committed at the first step's end that finds its writes done: none waits for them here."""
-        if self.saved.pending is not None and not self._writing():
+        if self.saved.pending and not self._writing():
             self.commit(snapshots=False)
         for role in self._stateful():
             self._follow(role, self.saved.trained[role])
@@ -290,7 +291,8 @@ class Roles:
         (the next step's update applied, the step not yet counted: a resume from it would apply that update
         twice)."""
         self.saved.begin_save(step)  # a failure from here on is recorded in this checkpoint's phase and step
-        self.commit(snapshots=False)  # the previous one first: one checkpoint in flight
+        if len(self.saved.pending) >= IN_FLIGHT:  # the ones before first: the roles write one after another
+            self.commit(snapshots=False)
         d = checkpoint.fresh_step_dir(self.saved.root(), step)
         stale, committed = [], dict(self.saved.trained)  # a restore during the save lowers the trained steps
         with self.phase("checkpoint"):
@@ -307,16 +309,15 @@ class Roles:
 
     def commit(self, dead: str | None = None, snapshots: bool = True) -> None:
         """Wait for the stateful roles' checkpoint writes in flight (and, with `snapshots`, their snapshot
-        copies); then mark a pending checkpoint complete if every role's part is whole (else remove it).
+        copies); then mark each pending checkpoint, oldest first, complete if every role's part is whole (else
+        remove it).
         `dead`: a role that is not restarted (its budget spent); its part is checked on the driver's side."""
         for role in self._stateful():
             if role != dead:
                 self.proxies[role].commit_saves(snapshots)
-        pending = self.saved.take_pending()
-        if pending is None:
-            return
-        torn = [role for role in self._stateful() if not self._part_whole(role, pending.folder / role, dead)]
-        self.saved.complete(pending, torn, self.spec.trainer.checkpoint.keep)
+        for pending in self.saved.take_pending():
+            torn = [role for role in self._stateful() if not self._part_whole(role, pending.folder / role, dead)]
+            self.saved.complete(pending, torn, self.spec.trainer.checkpoint.keep)
 
     def _part_whole(self, role: str, folder: Path, dead: str | None) -> bool:
         """Whether `role`'s part of a checkpoint (`folder`) is whole: asked of its ranks, or read on the
@@ -421,9 +422,10 @@ class Roles:
             try:
                 rec.standby = group.restart()
                 rec.restored_from, held = self._restore(role) if role in TRAINING_ROLES else ("model path", 0)
-                if role in TRAINING_ROLES and self._update_again(role, held):
-                    held += 1
-                    rec.restored_from += f", then its update of step {held} again"
+                if role in TRAINING_ROLES and (again := self._updates_again(role, held)):
+                    held += again
+                    rec.restored_from += (f", then its update of step {held} again" if again == 1 else
+                                          f", then its updates of steps {held - again + 1}-{held} again")
                 break
             except WorkerFailure as again:
                 rec.detail = f"{rec.detail}; recreating it failed: {again.detail}"
@@ -437,18 +439,17 @@ class Roles:
             hook(rec)
         return rec
 
-    def _update_again(self, role: str, held: int) -> bool:
-        """Run the role's last completed update again on its new ranks when the restore came back one step short
-        of it (the role died before that update's snapshot was whole); the update is a function of the state
-        and the batch the driver kept. Returns whether it ran."""
-        update = self.saved.update_to_repeat(role, held)
-        if update is None:
-            return False
-        fn, args, kwargs = update
+    def _updates_again(self, role: str, held: int) -> int:
+        """Run the role's completed updates after restored state `held` again on its new ranks, oldest first (it
+        died before their snapshots were whole, or while they were skipped); each update is a function of the
+        state and the batch the driver kept. Returns how many ran."""
+        updates = self.saved.updates_to_repeat(role, held)
         proxy = RoleProxy(self.groups[role])  # unsupervised: a failure here is caught by `recover`
-        proxy.call(fn, *args, **kwargs)
-        proxy.reapplied()
-        return True
+        for fn, args, kwargs in updates:
+            proxy.call(fn, *args, **kwargs)
+        if updates:
+            proxy.reapplied()
+        return len(updates)
 
     def resize(self, spec: JobSpec, role: str) -> int:
         """Between two steps: recreate only ``role``'s group at its size in ``spec``; other roles' workers are

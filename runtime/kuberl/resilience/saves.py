@@ -3,18 +3,23 @@
 Checkpoints: torch DCP on the rank's own gloo group, written by a background thread while training goes on;
 `wait()` waits for every write in flight, `pending()` says whether one is. With snapshots on, a checkpoint of
 trained step s is written from the snapshot slot that holds step s (`kuberl.resilience.snapshots`), once that copy is
-whole: nothing is staged on the training path but the state dict's structure, and the slot is not rewritten (by the
-snapshot of step s + 2) until the checkpoint is written. Without snapshots it is a DCP `async_save`, which copies
-the state to host memory before it returns. Writes run one at a time, in the order they were started, so the
-ranks' collectives inside DCP always meet; a save waits for the previous write's collectives only, not for its
-fsyncs (a periodic save otherwise waited on the training path for the last one's disk). DCP writes a folder's
+whole: nothing is staged on the training path but the state dict's structure, and the slot is not rewritten
+until the checkpoint is written. Without snapshots it is a DCP `async_save`, which copies the state to host
+memory before it returns. Writes run one at a time on one thread, in the order they were started, so the ranks'
+collectives inside DCP always meet; a save from a slot is queued behind the writes before it, and waits for
+nothing on the training path (an `async_save` waits for the previous write's collectives). DCP writes a folder's
 `.metadata` last, after every rank's shards: a folder without it is torn and is never loaded.
 
 Snapshots (`kuberl.resilience.snapshots`): after every update, each rank copies its own shards (parameters and optimizer
 state, as FSDP2 holds them) in a background thread into the one of its two slot files that does not hold the
 newest whole snapshot. No collective and no resharding: a DMA or a memcpy, which overlaps the role's next
 calls (the next step's rollout, values) and is waited for only by its next update. A role that dies before
-the copy of update k is whole is restored from step k - 1 and runs update k again (`kuberl.library`). A
+the copy of update k is whole is restored from step k - 1 and runs update k again (`kuberl.library`).
+While a checkpoint still reads the slot a snapshot would go to (a disk slower than two steps), the snapshot goes
+to the other slot, and past REPLAY_WINDOW steps it is skipped, instead of waiting for the write (`snapshot_plan`):
+a role that dies meanwhile comes back from the older snapshot the checkpoint reads and runs the updates since
+again, at most REPLAY_WINDOW of them, which the driver keeps. The ranks of a role vote on which slots are read,
+so they all choose the same and always hold a common whole snapshot. A
 snapshot is loaded only by a rank of the same rank in a group of the same world size (a restarted role), on
 storage that outlived the old rank (host memory or local disk on one host, or the checkpoint volume), so a
 restarted role resumes from its last completed step instead of the last periodic checkpoint.
@@ -48,6 +53,29 @@ from kuberl.resilience.snapshots import NoRoom, Unusable
 
 log = logs.get("checkpoint")
 METADATA = ".metadata"
+REPLAY_WINDOW = 8
+"""The most updates a restarted role runs again on top of the snapshot it comes back from; the driver keeps that
+many of each role's last updates (`kuberl.controller.role_state`), and a snapshot is skipped only within it."""
+
+
+def snapshot_plan(step: int, in_slot: dict[int, int], held: set[int], window: int = REPLAY_WINDOW,
+                  skip: bool = True) -> tuple[str, int]:
+    """Where the snapshot of trained step `step` goes: ("write", slot) now, ("wait", slot) once the checkpoints
+    reading that slot (`held`) are written, or ("skip", -1). `in_slot`: {slot: the step it holds whole}. Usually
+    the slot without the newest snapshot; while a checkpoint reads that one, the newest's own slot (the read one,
+    whole, is then what a restart comes back from). Whatever it does, some slot stays whole within `window`
+    steps of `step` (the updates a restart runs again). `skip` False: a checkpoint needs this step's snapshot."""
+    def fallback(slot: int) -> int | None:  # whole while `slot` is rewritten (None: none yet, the checkpoint)
+        return max((s for other, s in in_slot.items() if other != slot), default=None)
+
+    order = sorted(range(snapshots.SLOTS), key=lambda slot: (in_slot.get(slot, -1), slot != step % snapshots.SLOTS))
+    for slot in order:  # the oldest first
+        kept = fallback(slot)
+        if slot not in held and (kept is None or step - kept <= window):
+            return "write", slot
+    if skip and in_slot and step - max(in_slot.values()) <= window:
+        return "skip", -1
+    return "wait", order[0]
 
 
 def complete(path: str | Path) -> bool:
@@ -127,9 +155,11 @@ def from_slot(plan: Any, views: list[torch.Tensor]) -> Any:
 
 @dataclass(frozen=True)
 class Snap:
-    """The newest snapshot started: its trained step, its copy, and its tensors' keys (`_key`) by slot order."""
+    """The newest snapshot started: its trained step, its slot, its copy, and its tensors' keys (`_key`) by their
+    order in the slot."""
 
     step: int
+    slot: int
     future: Future
     keys: dict[tuple[int, torch.dtype, tuple[int, ...]], int]
 
@@ -230,12 +260,18 @@ class AsyncSaver:
         self.snaps: list[tuple[str, Future]] = []  # snapshots
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kuberl-snapshot")
         self.writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kuberl-checkpoint")  # from a slot
+        self.votes = dist.new_group(backend="gloo") if dist.get_world_size() > 1 else None  # on held slots
         self.last: Snap | None = None  # the newest snapshot started
+        self.in_slot: dict[int, int] = {}  # slot -> the step it holds whole once the write started into it ends
+        self.skipped: tuple[int, dict[str, float] | None] | None = None  # the newest step whose snapshot was skipped
+        self.skips = 0  # snapshots skipped so far (a checkpoint still read their slot)
+        self.voting = False  # snapshots were turned on for the role: this rank votes at every update, slots or not
         self.collectives: Future | None = None  # done once the newest checkpoint write's DCP collectives are over
         self.staged_s = self.waited_s = 0.0  # seconds on the training path: snapshot staging, waits for copies
         self.copies_s: list[float] = []  # each snapshot copy's seconds in the background, from its start
         self.doom_next = False  # fault injection: the next snapshot write never ends (set by `Worker.execute`)
         self.doomed = False  # such a write is in flight: the rank is killed at its next call
+        self.slow_next = 0.0  # fault injection: the next checkpoint write from a slot starts this many seconds late
         self._root: str | None = None
         self._slots: snapshots.SlotWriter | None = None
 
@@ -251,7 +287,8 @@ class AsyncSaver:
             if self._slots is not None:
                 self._slots.close()
             self._root, self._slots = root, snapshots.SlotWriter(root, self.rank) if root is not None else None
-            self.last = None
+            self.last, self.skipped, self.voting = None, None, root is not None
+            self.in_slot = {} if root is None else self._on_disk()
 
     def reserve(self, model: nn.Module, optimizer: Optimizer) -> None:
         """Set up this rank's snapshot slots in the background, sized for the trainable state (when on)."""
@@ -269,16 +306,23 @@ class AsyncSaver:
 
         from kuberl.resilience.checkpoint import trainable_state
 
-        if self.collectives is not None:  # one write's collectives at a time, in the order the writes started, so
-            futures.wait([self.collectives])  # that every rank's meet; a write's fsyncs go on meanwhile
+        slots = self._slots
+        held = self._held_everywhere(step) if self.voting else set()  # every rank votes at every save
+        if slots is not None and self.skipped is not None and self.skipped[0] == step:
+            _, slot = snapshot_plan(step, self.in_slot, held, REPLAY_WINDOW, skip=False)
+            self._start(model, optimizer, *self.skipped, slot)  # copied once that slot is free: in the background
         state = trainable_state(model, optimizer, trainable_only)
-        last, slots = self.last, self._slots
+        last = self.last
         if slots is not None and last is not None and last.step == step:
-            plan, released = plan_from_slot(state, last.keys), Future()
-            slots.readers[step % snapshots.SLOTS] = (step, released)
-            future = self.writer.submit(self._write_from_slot, slots, last, plan, path, released)
+            plan, released, late = plan_from_slot(state, last.keys), Future(), self.slow_next
+            slots.readers.setdefault(last.slot, []).append((step, released))
+            self.slow_next = 0.0
+            # queued behind the writes before it (one writing thread): every rank's DCP collectives meet in order
+            future = self.writer.submit(self._write_from_slot, slots, last, plan, path, released, late)
             self.collectives = released  # DCP's collectives are over once the slot is given back
         else:
+            if self.collectives is not None:  # this thread's collectives below must not meet a write's
+                futures.wait([self.collectives])
             try:
                 self._ready_everywhere(lambda: check_room(path, sum(t.nbytes for t in shard_tensors(model,
                                                                                                      optimizer))))
@@ -305,9 +349,10 @@ class AsyncSaver:
         return out
 
     def _write_from_slot(self, slots: snapshots.SlotWriter, snap: Snap, plan: Any, path: str,
-                         released: Future) -> None:
+                         released: Future, late: float = 0.0) -> None:
         """Write the checkpoint from the slot into the page cache, give the slot back (`released`), then make the
-        files durable: a slow disk holds back the fsyncs, not the snapshot that rewrites the slot two steps on."""
+        files durable: a slow disk holds back the fsyncs, not the snapshot that rewrites the slot two steps on.
+        `late`: seconds to wait first, holding the slot (fault injection: a disk slower than the steps)."""
         import torch.distributed.checkpoint as dcp
 
         def whole_and_room() -> list[torch.Tensor]:
@@ -317,6 +362,7 @@ class AsyncSaver:
             return views
 
         try:
+            time.sleep(late)
             views = self._ready_everywhere(whole_and_room)
             dcp.save(from_slot(plan, views), storage_writer=writer(path, sync=False), process_group=self.group)
         finally:
@@ -331,10 +377,33 @@ class AsyncSaver:
                  result: dict[str, float] | None = None) -> None:
         """Start the per-step snapshot of trained step `step` (when snapshots are on): this rank's shards are
         copied into a slot in the background, overlapping whatever the role does next; the next update
-        waits for it first (`before_update`), since it changes them. After `doom_next` (fault injection) the
-        copy never ends and the rank dies at its next call, its slot torn. `result`: what the update returned."""
-        if self._slots is None:
+        waits for it first (`before_update`), since it changes them. The slot is the one `snapshot_plan` picks (or
+        none: skipped) from the slots that checkpoints still read on any rank of the role (a vote). After
+        `doom_next` (fault injection) the copy never ends and the rank dies at its next call, its slot torn.
+        `result`: what the update returned."""
+        if not self.voting:
             return
+        plan, slot = snapshot_plan(step, self.in_slot, self._held_everywhere(step), REPLAY_WINDOW)
+        if self._slots is None:  # turned off on this rank alone (no room): it still voted
+            return
+        if plan == "skip":
+            self.skipped, self.skips = (step, result), self.skips + 1
+            return
+        self._start(model, optimizer, step, result, slot)
+
+    def _held_everywhere(self, step: int) -> set[int]:
+        """The slots that a checkpoint of a step before `step` still reads on this rank or any other of the role
+        (a vote on the role's own gloo group: every rank then plans the same)."""
+        readers = self._slots.readers if self._slots is not None else {}
+        held = {slot for slot, reads in readers.items() if any(s < step and not r.done() for s, r in reads)}
+        if self.votes is None:
+            return held
+        flags = torch.tensor([int(slot in held) for slot in range(snapshots.SLOTS)])
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self.votes)
+        return {slot for slot in range(snapshots.SLOTS) if flags[slot]}
+
+    def _start(self, model: nn.Module, optimizer: Optimizer, step: int, result: dict[str, float] | None,
+               slot: int) -> None:
         t0 = time.perf_counter()
         tensors = [t.detach() for t in shard_tensors(model, optimizer)]
         ready = None
@@ -343,16 +412,17 @@ class AsyncSaver:
             ready.record()
         hold = threading.Event() if self.doom_next else None  # never set
         self.doomed, self.doom_next = self.doom_next, False
-        path = str(snapshots.slot_file(self._root, self.rank, step % snapshots.SLOTS))
-        future = self.pool.submit(self._write, tensors, step, ready, hold, result)
+        path = str(snapshots.slot_file(self._root, self.rank, slot))
+        future = self.pool.submit(self._write, tensors, step, slot, ready, hold, result)
         self.snaps.append((path, future))
-        self.last = Snap(step, future, {_key(t): i for i, t in enumerate(tensors) if t.numel()})
+        self.last = Snap(step, slot, future, {_key(t): i for i, t in enumerate(tensors) if t.numel()})
+        self.in_slot[slot], self.skipped = step, None
         self.staged_s += time.perf_counter() - t0
 
-    def _write(self, tensors: list[torch.Tensor], step: int, ready: torch.cuda.Event | None,
+    def _write(self, tensors: list[torch.Tensor], step: int, slot: int, ready: torch.cuda.Event | None,
                hold: threading.Event | None, result: dict[str, float] | None) -> None:
         t0 = time.perf_counter()
-        self._slots.write(tensors, step, ready, hold, result)
+        self._slots.write(tensors, step, ready, hold, result, slot)
         self.copies_s.append(time.perf_counter() - t0)
 
     def before_update(self) -> None:
@@ -367,7 +437,13 @@ class AsyncSaver:
         self.wait()
         if not optimizer.state:
             init_state()
-        return snapshots.read_into(self._root, self.rank, step, shard_tensors(model, optimizer))
+        result = snapshots.read_into(self._root, self.rank, step, shard_tensors(model, optimizer))
+        self.in_slot = self._on_disk()
+        return result
+
+    def _on_disk(self) -> dict[int, int]:
+        """{slot: the step it holds whole} of this rank's slots under the snapshot root, as the files say."""
+        return {slot: s for s, slot in snapshots.whole_steps(self._root, self.rank).items()}
 
     def wait(self, snapshots: bool = True) -> list[str]:
         """Wait for every checkpoint write in flight and, with `snapshots`, every snapshot copy; returns the

@@ -4,7 +4,8 @@
     <root>/rank_0.slot0.json    {"step": 7, "layout": [[dtype, shape, offset], ...], "result": {...}}: present
                                 only while whole; "result" is what the update to that step returned
 
-The snapshot of trained step s goes to slot s % 2, so writing one never touches the newest whole one. A slot's
+The snapshot of a trained step goes to the slot without the newest whole one (`saves.snapshot_plan`; slot s % 2
+when nothing else decides), so that a whole one is there while it is written. A slot's
 json is removed before its bytes are rewritten and written (renamed into place) once they are whole: a slot
 without its json is torn and is never read. A reader checks the json again after copying, since a warm standby
 may read a slot that its role starts to rewrite.
@@ -179,8 +180,8 @@ class SlotWriter:
         self.bufs: dict[int, torch.Tensor] = {}
         self.registered: set[int] = set()
         self.stream = None
-        self.readers: dict[int, tuple[int, Future]] = {}  # slot -> (its step, done once a checkpoint of that
-        # step has read it: `kuberl.resilience.saves`); a later step's write waits for it, the step's own write does not
+        self.readers: dict[int, list[tuple[int, Future]]] = {}  # slot -> [(a step, done once a checkpoint of that
+        # step has read it: `kuberl.resilience.saves`)]; a later step's write waits for them, the step's own does not
         self._reserving: Future | None = None
 
     def reserve(self, size: int, cuda: bool) -> None:
@@ -237,20 +238,22 @@ class SlotWriter:
                          f"({max(free, 0) / 2**30:.1f} GiB free)")
 
     def write(self, tensors: list[torch.Tensor], step: int, ready: torch.cuda.Event | None = None,
-              hold: threading.Event | None = None, result: dict[str, float] | None = None) -> None:
-        """Copy `tensors` (this rank's state after trained step `step`) into slot step % 2 and mark it whole.
+              hold: threading.Event | None = None, result: dict[str, float] | None = None,
+              slot: int | None = None) -> None:
+        """Copy `tensors` (this rank's state after trained step `step`) into `slot` (default step % SLOTS; the
+        caller picks one that does not hold the only whole snapshot it needs: `saves.snapshot_plan`) and mark it
+        whole, once no checkpoint of an older step reads that slot any more.
         Blocking; run it off the training thread. `ready`: recorded on the training stream once the tensors
         hold that step's values (GPU tensors are copied on a side stream that waits for it). `hold`: waited
         for before the slot is marked whole (fault injection: a rank that dies in the middle of a write).
         `result`: what the update to that step returned, kept with it (`read_into` gives it back)."""
-        slot = step % SLOTS
+        slot = step % SLOTS if slot is None else slot
         reserving, self._reserving = self._reserving, None
         if reserving is not None:
             reserving.result()  # the slots set up in the background (NoRoom raised here)
-        held, reader = self.readers.get(slot, (step, None))
-        if reader is not None and held < step:  # a checkpoint of the older step in this slot still reads it
-            futures.wait([reader])
-            del self.readers[slot]
+        older = [reader for held, reader in self.readers.get(slot, []) if held < step]
+        futures.wait(older)  # the checkpoints of older steps in this slot that still read it
+        self.readers[slot] = [(held, reader) for held, reader in self.readers.get(slot, []) if held >= step]
         _meta_file(self.root, self.rank, slot).unlink(missing_ok=True)  # torn from here until the rename below
         layout = layout_of(tensors)
         cuda = any(t.is_cuda for t in tensors)

@@ -37,6 +37,7 @@ from kuberl.training.trainer import FSDPTrainer
 from kuberl.workers.dispatch import Dispatch, method_info, register
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+SLOW_WRITE_S = 30.0  # how long the "slow" fault holds a checkpoint write (and its snapshot slot) back
 FOLLOW_WAIT_S = 60.0  # how long a standby waits for its role's snapshot copy of a step to be whole
 
 
@@ -198,12 +199,14 @@ class Worker:
     def follow_snapshot(self, root: str, step: int) -> float:
         """A warm standby keeping up with its role: load this rank's snapshot of trained step `step` under
         `root` (no collective), so that a take-over finds it loaded. The role may still be copying it: this
-        waits for it to be whole, until `stop_following` (a take-over) or `FOLLOW_WAIT_S`. A step older than
-        the state held, or one already pruned, is skipped. Returns the seconds it took."""
+        waits for it to be whole, until a newer step is (the role skipped this one: `saves.snapshot_plan`),
+        `stop_following` (a take-over) or `FOLLOW_WAIT_S`. A step older than the state held, or one already
+        pruned, is skipped. Returns the seconds it took."""
         t0 = time.perf_counter()
         if self.trainer is not None and not self._promoted.is_set():
             self.trainer.saver.snapshot_root = root
-            while step not in snapshots.whole_steps(root, self.rank) and time.perf_counter() - t0 < FOLLOW_WAIT_S:
+            while (max(snapshots.whole_steps(root, self.rank), default=0) < step
+                   and time.perf_counter() - t0 < FOLLOW_WAIT_S):
                 if self._promoted.wait(0.005):
                     return time.perf_counter() - t0
             with contextlib.suppress(FileNotFoundError):
@@ -252,14 +255,14 @@ class Worker:
         Batches moved to the device first; `fault` = "kill" ends this process now, "hang" stops
         answering, "stop" stops this process (SIGSTOP: nothing in it runs, not even its stack dump),
         "kill_in_snapshot" runs the call (an update) and kills the process at its next call, the
-        update's snapshot never finished."""
+        update's snapshot never finished; "slow" runs the call (a save), its checkpoint write held back
+        SLOW_WRITE_S (a disk slower than the steps)."""
         info = method_info(fn)  # only declared role methods are callable from the driver
         if not info.control:
             self._call_thread = threading.get_ident()
         if fault == "kill" or (not info.control and self.trainer is not None and self.trainer.saver.doomed):
             os.kill(os.getpid(), signal.SIGKILL)
-        if fault == "kill_in_snapshot" and self.trainer is not None:
-            self.trainer.saver.doom_next = True
+        self._arm(fault)
         if fault == "stop":
             os.kill(os.getpid(), signal.SIGSTOP)
         if fault == "hang":
@@ -279,6 +282,13 @@ class Worker:
                 if self.trainer is not None:
                     self.trainer.saver.wait_snapshots()  # the copy reads the tensors that sleep moves
                 resident.sleep()
+
+    def _arm(self, fault: str | None) -> None:
+        """The faults of `execute` that hit the writes the call starts: its snapshot, its checkpoint."""
+        if fault == "kill_in_snapshot" and self.trainer is not None:
+            self.trainer.saver.doom_next = True
+        if fault == "slow" and self.trainer is not None:
+            self.trainer.saver.slow_next = SLOW_WRITE_S
 
 
 def _ray() -> Any:
