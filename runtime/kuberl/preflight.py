@@ -1,13 +1,13 @@
 """Everything a run will need, checked before any process starts (`kuberl run`, `kuberl validate`).
 
 The manifest has already passed the spec model. Here: the reward function imports and has a usable
-signature; the data (and eval) files exist, are readable, parse, and hold a non-empty text prompt under
-the prompt key in every row (and the answer key when the reward takes the answer), and the training data
-holds at least one batch of prompts; the tracking packages the spec asks for are installed; the models'
-tokenizers load, and a prompt plus its response fit the context of a local or cached model; every other
-extension point named by an import path (advantage estimator, policy loss, KL estimator, an extra role's
-worker class) resolves. Every problem is one line naming the field and the fix; all of them are reported,
-not only the first.
+signature; spec.environment's class imports and has reset and step; the data (and eval) files exist, are
+readable, parse, and hold a non-empty text prompt under the prompt key in every row (and the answer key when the
+reward takes the answer), and the training data holds at least one batch of prompts; the tracking packages the
+spec asks for are installed; the models' tokenizers load, and a prompt plus its response fit the context of a
+local or cached model; every other extension point named by an import path (advantage estimator, policy loss, KL
+estimator, an extra role's worker class) resolves. Every problem is one line naming the field and the fix; all of
+them are reported, not only the first.
 """
 
 from __future__ import annotations
@@ -53,6 +53,7 @@ def check_job(spec: JobSpec, manifest_dir: Path | None = None) -> list[dict[str,
             need_answer = spec.reward.function if reward.needs_answer else ""
         except RewardImportError as exc:
             problems.append(str(exc))
+    problems += environment_problems(spec)
     rows: list[dict[str, Any]] = []
     for load in (load_rows, load_eval_rows):
         try:
@@ -68,6 +69,20 @@ def check_job(spec: JobSpec, manifest_dir: Path | None = None) -> list[dict[str,
     if problems:
         raise PreflightFailed(problems)
     return rows
+
+
+def environment_problems(spec: JobSpec) -> list[str]:
+    """spec.environment's class: its module imports (from the manifest's folder first), the class is there and has
+    reset(row) and step(action_text)."""
+    if spec.environment is None:
+        return []
+    from .envs import EnvironmentImportError, load_environment_class
+
+    try:
+        load_environment_class(spec.environment.module, spec.environment.class_)
+    except EnvironmentImportError as exc:
+        return [str(exc)]
+    return []
 
 
 def output_problems(spec: JobSpec, out: Path) -> list[str]:

@@ -104,7 +104,9 @@ def test_build_info_from_each_component() -> None:
 # -- the served text ------------------------------------------------------------------------------
 # One record with every kind of key the driver turns into a sample (pattern keys for one role each).
 RECORD = StepRecord(
-    step=3, reward_mean=0.5, stats={"kl": 0.01, "kl_coef": 0.001, "entropy": 1.2, "clip_frac": 0.1},
+    step=3, reward_mean=0.5, stats={"kl": 0.01, "kl_coef": 0.001, "entropy": 1.2, "clip_frac": 0.1,
+                                    "env_turns_mean": 2.0, "env_failed": 1.0, "env_tool_calls": 3.0,
+                                    "env_tool_errors": 1.0, "env_seconds": 0.2},
     response_length_mean=6.0, rollout_tokens_per_s=900.0, train_tokens_per_s=1800.0, mfu=0.3,
     phases={"rollout": 0.5}, step_s=1.0, staleness=1,
     roles={"critic": RoleStep(restarts=1, recoveries=[Recovery("critic", 3, "values", Reason.WORKER_DIED, "killed",

@@ -43,6 +43,7 @@ from kuberl.metrics import MetricsSink, last_step, mfu
 from kuberl.metrics.record import RoleStep, StepRecord, uncovered_s
 from kuberl.metrics.tracking import make_trackers
 from kuberl.resilience import checkpoint, resize
+from kuberl.rollout import multiturn
 from kuberl.spec import JobSpec
 from kuberl.spec.contract import ReplicasDocument
 from kuberl.spec.model import MAX_STEPS, TRAINING_ROLES
@@ -188,7 +189,8 @@ class Driver:
         data_before = self.loader.state_dict()
         batch = self.make_prompts()
         seed = self.spec.trainer.seed * 100_003 + step - 1 + refill * MAX_STEPS
-        phase = phases.start("rollout", self.roles.actor.generate, batch.select("prompt_ids", "prompt_mask"), seed=seed)
+        keys = ("prompt_ids", "prompt_mask", *(("row",) if self.spec.environment else ()))  # an environment's reset
+        phase = phases.start("rollout", self.roles.actor.generate, batch.select(*keys), seed=seed)
         return Rollout(batch, phase, data_before)
 
     def train_step(self) -> StepRecord:
@@ -248,6 +250,8 @@ class Driver:
         for out in phases.wait(scores, ref_lp, values, old):
             if out is not None:
                 batch.update(out)
+        if "env_rewards" in batch.tensors:  # a trajectory's reward: the reward role's score plus the environment's
+            batch.tensors["scores"] = batch["scores"] + batch["env_rewards"].sum(-1)
 
     def _dynamic_sampling(self, phases: Phases, batch: Batch) -> tuple[Batch, dict[str, float]]:
         """Under spec.algorithm.dynamicSampling, the scored `batch` with only the groups whose rewards differ,
@@ -363,8 +367,17 @@ class Driver:
             penalty = algos.overlong_penalty(mask.sum(-1), self.spec.rollout.max_new_tokens, overlong.buffer,
                                              overlong.penalty)
             scores, stats["overlong_penalty"] = scores + penalty, float(penalty.mean())
+        env = batch.tensors.get("env_rewards")  # [B, R]: each turn's reward on its last token (in `scores` too)
+        token_rewards = (algos.token_rewards(scores, mask, shaped_kl, kl_coef) if env is None else
+                         algos.token_rewards(scores - env.sum(-1), mask, shaped_kl, kl_coef) + env * mask)
+        if env is not None:
+            stats.update(multiturn.episode_stats(batch))
+            failures = [f for f in batch.meta["env_failure"] if f]
+            if failures:
+                log.warning(f"step {self.step + 1}: {len(failures)} trajectories failed in their environment and are "
+                            f"left out of the update; the first: {failures[0]}")
         inputs = algos.AdvantageInputs(
-            token_rewards=algos.token_rewards(scores, mask, shaped_kl, kl_coef), mask=mask,
+            token_rewards=token_rewards, mask=mask,
             group_index=batch["group_index"], values=batch.tensors.get("values"), gamma=algo.gamma, lam=algo.lam,
             whiten=algo.normalize_advantages)
         adv, returns = algos.ADVANTAGE_ESTIMATORS.get(algo.estimator)(inputs)

@@ -31,6 +31,14 @@ PROM_FAMILIES: dict[str, tuple[str, tuple[str, ...]]] = {
     "kuberl_rollout_staleness_steps": ("Updates between the weights that generated the last step's batch and the "
                                        "weights it updated: 0 on-policy, 1 with spec.rollout.asynchronous, the "
                                        "largest of its samples' with spec.rollout.async.", ()),
+    "kuberl_env_turns_per_trajectory": ("Policy turns per trajectory of the last step (spec.environment), of the "
+                                        "trajectories that did not fail.", ()),
+    "kuberl_env_failed_trajectories": ("Trajectories of the last step whose environment failed (raised, timed out "
+                                       "or answered nonsense); left out of the update.", ()),
+    "kuberl_env_tool_calls": ("Tool calls of the last step's trajectories, as their environments counted them.", ()),
+    "kuberl_env_tool_errors": ("Tool calls of the last step that came back as an error.", ()),
+    "kuberl_env_seconds": ("Seconds the last step's rollout waited for environment calls (the longest of the "
+                           "actor's ranks).", ()),
     "kuberl_phase_seconds": ("Seconds spent in a phase of the last step.", ("phase",)),
     "kuberl_role_group_restarts_total": ("Restarts of a role's WorkerGroup since the job began.", ("role",)),
     "kuberl_recovery_seconds": ("Seconds of a role's recoveries in the last step that had one, by part "
@@ -55,7 +63,9 @@ _FIELDS = {"reward_mean": "kuberl_reward_mean", "response_length_mean": "kuberl_
            "train_tokens_per_s": "kuberl_train_tokens_per_second", "mfu": "kuberl_mfu_ratio",
            "staleness": "kuberl_rollout_staleness_steps"}
 _STATS = {"kl": "kuberl_kl", "kl_coef": "kuberl_kl_coef", "entropy": "kuberl_entropy",
-          "clip_frac": "kuberl_clipped_tokens_ratio"}
+          "clip_frac": "kuberl_clipped_tokens_ratio", "env_turns_mean": "kuberl_env_turns_per_trajectory",
+          "env_failed": "kuberl_env_failed_trajectories", "env_tool_calls": "kuberl_env_tool_calls",
+          "env_tool_errors": "kuberl_env_tool_errors", "env_seconds": "kuberl_env_seconds"}
 
 Sample = tuple[str, dict[str, str], float]
 

@@ -5,15 +5,15 @@ their hash, and the whole spec (export reads the model from it). It is written b
 A later run into the same folders resumes only when the name and the hash match; otherwise it stops
 before anything is written, naming the difference.
 
-Fields that change what is trained (hashed): `spec.model` (hub, path, builtin, dtype), all of
-`spec.algorithm`, `spec.data` (task or files, keys, prompt length, batch size, shuffle; not `eval`),
-`spec.reward`, the rollout's sampling (`maxNewTokens`, `temperature`, `topP`, `n`, `fixedLength`) and the
-trainer's hyperparameters (`ppoEpochs`, `miniBatchSize`, `gradClip`, `seed`) and each training role's
-optimizer (`spec.roles.<role>.optim`). The optimizer is recorded as before that block existed, under
+Fields that change what is trained (hashed): `spec.model` (hub, path, builtin, dtype), all of `spec.algorithm`,
+`spec.data` (task or files, keys, prompt length, batch size, shuffle; not `eval`), `spec.reward`, all of
+`spec.environment` (nothing when unset), the rollout's sampling (`maxNewTokens`, `temperature`, `topP`, `n`,
+`fixedLength`) and the trainer's hyperparameters (`ppoEpochs`, `miniBatchSize`, `gradClip`, `seed`) and each
+training role's optimizer (`spec.roles.<role>.optim`). The optimizer is recorded as before that block existed, under
 `spec.trainer.actorLr`, `criticLr`, `weightDecay` and `warmupSteps` (the values in effect, which validation writes
 back into those deprecated fields), plus, under `spec.roles.<role>.optim.<field>`, what they cannot hold: betas
-other than the default, and a weight decay or warm-up of one role's own. A job that sets none of those hashes as
-it did, so its checkpoints still resume.
+other than the default, and a weight decay or warm-up of one role's own. A job that sets none of those hashes as it
+did, so its checkpoints still resume.
 
 Not hashed, free to change between runs: `trainer.steps` (raise it to train further), checkpoint
 interval/keep/path, metrics ports, tracking, evaluation, `microBatchSize` (gradient accumulation is
@@ -43,6 +43,7 @@ _TRAINED: dict[str, tuple[str, ...] | None] = {
     "algorithm": None,
     "data": ("task", "files", "promptKey", "answerKey", "maxPromptLength", "batchSize", "shuffle"),
     "reward": None,
+    "environment": None,
     "rollout": ("maxNewTokens", "temperature", "topP", "n", "fixedLength"),
     "trainer": ("ppoEpochs", "miniBatchSize", "actorLr", "criticLr", "weightDecay", "gradClip", "warmupSteps", "seed"),
 }

@@ -14,6 +14,11 @@ def repeat_letter(prompt: str, response: str, answer: str | None) -> float:
     return sum(ch == answer for ch in response) / len(response)
 
 
+def environment_only(prompt: str, response: str, answer: str | None = None) -> float:
+    """0: under spec.environment, a trajectory's reward is then the environment's rewards alone."""
+    return 0.0
+
+
 def gsm8k_answer(text: str) -> str | None:
     """The number after the last `#### ` marker, commas removed, or None."""
     found = _GSM8K.findall(text)

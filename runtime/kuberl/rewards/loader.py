@@ -37,6 +37,7 @@ class RewardImportError(ValueError):
 REWARD_FUNCTIONS: Registry[RewardFn] = Registry("reward function", FIELD, REWARD_FUNCTION_NAMES, RewardImportError)
 REWARD_FUNCTIONS.lazy("repeat-letter", "kuberl.rewards.builtin:repeat_letter")
 REWARD_FUNCTIONS.lazy("gsm8k", "kuberl.rewards.builtin:gsm8k")
+REWARD_FUNCTIONS.lazy("environment", "kuberl.rewards.builtin:environment_only")
 
 
 class RewardFunctionError(RuntimeError):

@@ -8,7 +8,9 @@ import torch
 
 from kuberl import algos
 from kuberl.data.batch import Batch
+from kuberl.envs import make_environment
 from kuberl.rollout import make_engine, response_batch
+from kuberl.rollout.multiturn import MultiTurnRollout, turn_spec
 from kuberl.training import lora
 from kuberl.training.micro import map_rows, micro_rows
 from kuberl.training.models import load_causal_lm
@@ -29,7 +31,10 @@ class ActorWorker(Worker):
         if tr.packed:
             use_varlen(policy)
         self.trainer = FSDPTrainer.for_role(self, policy)
-        self.engine = make_engine(self.spec, self.device, self.dtype, self.tokenizer)
+        env = self.spec.environment
+        self.engine = make_engine(turn_spec(self.spec) if env else self.spec, self.device, self.dtype, self.tokenizer)
+        self.episodes = None if env is None else MultiTurnRollout(
+            self.spec, self.engine, self.tokenizer, lambda: make_environment(env, prompt_key=self.spec.data.prompt_key))
         self.sync_weights()
 
     def resident_modules(self) -> list[torch.nn.Module]:
@@ -55,22 +60,33 @@ class ActorWorker(Worker):
 
         The old log-probs are the behaviour policy's: the trained model's, which the engine holds too
         (synced after every update), or under spec.rollout.asynchronous the engine model's own, since
-        the trained model is being updated meanwhile (this call runs beside `update`)."""
+        the trained model is being updated meanwhile (this call runs beside `update`).
+
+        Under spec.environment the batch brings meta `row` (a data row per trajectory) and the responses are
+        multi-turn trajectories (`kuberl.rollout.multiturn`): observations inside them are masked out of
+        response_mask; env_rewards [B, R] and meta env_turns, env_failure, turn_ends, truncated come too."""
         t0 = time.perf_counter()
-        prompts, pmask = batch["prompt_ids"], batch["prompt_mask"]
-        responses = self.engine.generate(prompts, pmask, seed=seed + self.rank, greedy=greedy).to(self.device)
+        if self.episodes is not None:
+            out = self.episodes.run(batch.meta["row"], seed + self.rank, self.device).to(self.device)
+        else:
+            out = self._responses(batch["prompt_ids"], batch["prompt_mask"], seed + self.rank, greedy)
         if self.device.type == "cuda":
             torch.cuda.synchronize()
         gen_s = time.perf_counter() - t0
+        behaviour = self.engine.behaviour_model() if self.spec.rollout.asynchronous else self.trainer.model
+        out.tensors["old_logprobs"] = self._logprobs(out, behaviour)
+        return Batch({k: v.cpu() for k, v in out.tensors.items()}, {**out.meta, "gen_seconds": [gen_s] * len(out)})
+
+    def _responses(self, prompts: torch.Tensor, pmask: torch.Tensor, seed: int, greedy: bool) -> Batch:
+        """One response per prompt [B, P]: `response_batch`'s tensors, and the engine's rollout_logprobs [B, R]."""
+        responses = self.engine.generate(prompts, pmask, seed=seed, greedy=greedy).to(self.device)
         eos = None if self.spec.rollout.fixed_length else self.tokenizer.eos_token_id
         out = response_batch(prompts, pmask, responses, eos)
         engine_logprobs = self.engine.rollout_logprobs()
         if engine_logprobs is not None:
             # masked again: where vLLM ends a response (a stop token kept or not) is its own
             out.tensors["rollout_logprobs"] = engine_logprobs.to(self.device) * out["response_mask"]
-        behaviour = self.engine.behaviour_model() if self.spec.rollout.asynchronous else self.trainer.model
-        out.tensors["old_logprobs"] = self._logprobs(out, behaviour)
-        return Batch({k: v.cpu() for k, v in out.tensors.items()}, {"gen_seconds": [gen_s] * len(out)})
+        return out
 
     @register(Dispatch.SPLIT, repeatable=True)
     @torch.no_grad()

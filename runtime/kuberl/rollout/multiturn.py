@@ -1,0 +1,242 @@
+"""Multi-turn rollout (spec.environment): the policy takes a turn, the environment answers, and the next turn
+continues from the whole trajectory, up to maxTurns or until the environment says done.
+
+Any `RolloutEngine` runs it through its `generate` (the engine is built with rollout.maxNewTokens set to
+maxTokensPerTurn, `turn_spec`): each turn, the trajectories still going are left-padded into one batch and
+generated together; the environments' `step` calls of that turn then run at once, at most `concurrency` at a
+time, each bounded by timeoutSeconds. An environment that raises, returns something unusable or times out fails
+its trajectory alone: it is kept in the batch with its response mask all 0 (no gradient), its reward 0, and
+counted (`env_failed`); the others go on.
+
+Observations are tokenized as they are given (the environment writes its own framing), without special tokens,
+and are never trained on (`kuberl.envs.trajectory`). A first observation given as chat messages goes through the
+tokenizer's chat template when it has one, else its contents are joined by newlines.
+
+Not yet: the environment as a role of its own (processes apart from the actor's, restarts, replicas); turns of
+different trajectories overlapping one another's environment calls (a turn's generation waits for the slowest
+environment call of the turn before, bounded by timeoutSeconds); vLLM's prefix cache is not asked for.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from kuberl.data.batch import Batch
+from kuberl.envs import EnvStepError, coerce_reset, coerce_step
+from kuberl.envs.interface import Environment, Messages
+from kuberl.envs.trajectory import Turn, build_trajectory, observation_turn, policy_turn, trajectory_batch
+from kuberl.spec import JobSpec
+from kuberl.spec.model import EnvironmentSpec
+
+from . import RolloutEngine
+
+POLL_S = 0.05  # how often the environment calls in flight are checked against timeoutSeconds
+
+
+def turn_spec(spec: JobSpec) -> JobSpec:
+    """The spec an engine of multi-turn rollout is built with: one `generate` is one turn, of at most
+    maxTokensPerTurn tokens; the prompts it sees grow to the first observation plus the whole response."""
+    env = spec.environment
+    assert env is not None
+    rollout = spec.rollout.model_copy(update={"max_new_tokens": env.max_tokens_per_turn})
+    return spec.model_copy(update={"rollout": rollout})
+
+
+@dataclass
+class Episode:
+    """One trajectory in the making: its environment, its prompt's tokens [P] and its turns so far."""
+
+    env: Environment | None
+    prompt: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.long))
+    turns: list[Turn] = field(default_factory=list)
+    rewards: list[float] = field(default_factory=list)  # one per policy turn answered
+    tools: list[int] = field(default_factory=lambda: [0, 0])  # tool calls, tool errors (as steps' info report them)
+    done: bool = False
+    failure: str | None = None
+    used: int = 0  # response tokens so far (policy and observations)
+
+    def context(self) -> torch.Tensor:
+        """[P + used] the prompt and every turn: what the policy's next turn continues."""
+        return torch.cat([self.prompt, *(t.tokens for t in self.turns)])
+
+    @property
+    def going(self) -> bool:
+        return not self.done and self.failure is None
+
+
+def left_pad(rows: Sequence[torch.Tensor], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token rows of any lengths -> (ids [B, L], mask [B, L]) left-padded to the longest, L >= 1."""
+    width = max(1, *(r.numel() for r in rows))
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, r in enumerate(rows):
+        if r.numel():
+            ids[i, width - r.numel():], mask[i, width - r.numel():] = r, 1
+    return ids, mask
+
+
+class MultiTurnRollout:
+    """Runs trajectories of spec.environment on an engine (the module's docstring). `make_env` makes one
+    environment per trajectory; the returned Batch is `kuberl.envs.trajectory.trajectory_batch`'s plus
+    env_rewards [B, R] (each policy turn's reward on its last token) and meta env_turns, env_failure."""
+
+    def __init__(self, spec: JobSpec, engine: RolloutEngine, tokenizer: Any, make_env: Callable[[], Environment]):
+        assert spec.environment is not None
+        self.env: EnvironmentSpec = spec.environment
+        self.engine, self.tok, self.make_env = engine, tokenizer, make_env
+        self.width, self.max_prompt = spec.rollout.max_new_tokens, spec.data.max_prompt_length
+        self.eos = None if spec.rollout.fixed_length else tokenizer.eos_token_id
+        self.where = self.env.module + (f".{self.env.class_}" if self.env.class_ else "")
+        self.env_s = 0.0  # the last run's seconds waiting for environment calls
+
+    def run(self, rows: Sequence[dict[str, Any]], seed: int, device: torch.device | str = "cpu") -> Batch:
+        """Data rows (one per trajectory) -> the trajectories' Batch (the class docstring), on the CPU."""
+        pool, self.env_s = cf.ThreadPoolExecutor(self.env.concurrency, thread_name_prefix="env"), 0.0
+        try:
+            episodes = self._start(pool, rows)
+            for turn in range(self.env.max_turns):
+                going = [e for e in episodes if e.going and e.used < self.width]
+                if not going:
+                    break
+                self._policy_turn(going, seed + 7919 * turn, device)
+                self._answer(pool, going, last=turn == self.env.max_turns - 1)
+        finally:
+            pool.shutdown(wait=False, cancel_futures=True)  # a hung environment call is left behind, not awaited
+        return self._batch(episodes)
+
+    def _start(self, pool: cf.Executor, rows: Sequence[dict[str, Any]]) -> list[Episode]:
+        """A new environment per row, reset on it: the prompt is its first observation."""
+        episodes = []
+        for _ in rows:
+            try:
+                episodes.append(Episode(self.make_env()))
+            except Exception as exc:  # the user's constructor
+                episodes.append(Episode(None, failure=f"{self.where}() raised {type(exc).__name__}: {exc}"))
+        calls = [(e, e.env.reset, row) for e, row in zip(episodes, rows) if e.env is not None]
+        for episode, first in self._call(pool, calls, "reset"):
+            try:
+                episode.prompt = self._encode_first(coerce_reset(first, self.where))
+            except EnvStepError as exc:
+                episode.failure = str(exc)
+        return episodes
+
+    def _policy_turn(self, going: list[Episode], seed: int, device: torch.device | str) -> None:
+        """One generate over the trajectories still going; each gets its turn, cut at EOS or maxTokensPerTurn and
+        at the room left in the response."""
+        ids, mask = left_pad([e.context() for e in going], self.tok.pad_token_id)
+        out = self.engine.generate(ids.to(device), mask.to(device), seed=seed).cpu()
+        logp = self.engine.rollout_logprobs()
+        logp = torch.zeros(out.shape) if logp is None else logp.float().cpu()
+        for i, e in enumerate(going):
+            turn = policy_turn(out[i], logp[i], self.eos, min(self.env.max_tokens_per_turn, self.width - e.used))
+            e.turns.append(turn)
+            e.used += turn.tokens.numel()
+
+    def _answer(self, pool: cf.Executor, going: list[Episode], last: bool) -> None:
+        """The environments' steps on the turns just taken; their observations join the trajectories that go on."""
+        calls = [(e, e.env.step, self.tok.decode(e.turns[-1].tokens, skip_special_tokens=True)) for e in going]
+        for episode, value in self._call(pool, calls, "step"):
+            try:
+                step = coerce_step(value, self.where)
+            except EnvStepError as exc:
+                episode.failure = str(exc)
+                continue
+            episode.rewards.append(step.reward)
+            episode.tools = [episode.tools[0] + count(step.info, "tool_calls"),
+                             episode.tools[1] + count(step.info, "tool_errors")]
+            episode.done = step.done or last or episode.used >= self.width
+            if not episode.done and step.observation:
+                obs = torch.tensor(self.tok(step.observation, add_special_tokens=False)["input_ids"], dtype=torch.long)
+                obs = obs[: self.width - episode.used]
+                episode.turns.append(observation_turn(obs))
+                episode.used += obs.numel()
+
+    def _call(self, pool: cf.Executor, calls: list[tuple[Episode, Callable[[Any], Any], Any]],
+              what: str) -> list[tuple[Episode, Any]]:
+        """Each call on the pool, at most `concurrency` at a time, each given timeoutSeconds from its own start; a
+        call that raises, or does not return in time, fails its episode (named in `failure`) and is left out of the
+        results. A call past its time is left running (a thread cannot be stopped), not waited for."""
+        started: dict[int, float] = {}
+
+        def timed(i: int, fn: Callable[[Any], Any], arg: Any) -> Any:
+            started[i] = time.monotonic()
+            return fn(arg)
+
+        t0 = time.perf_counter()
+        futures = [pool.submit(timed, i, fn, arg) for i, (_, fn, arg) in enumerate(calls)]
+        index = {f: i for i, f in enumerate(futures)}
+        pending, late = set(futures), set()
+        while pending:
+            _, pending = cf.wait(pending, timeout=POLL_S, return_when=cf.FIRST_COMPLETED)
+            now = time.monotonic()
+            late |= {f for f in pending if now - started.get(index[f], now) > self.env.timeout_seconds}
+            pending -= late
+        self.env_s += time.perf_counter() - t0
+        results = []
+        for (episode, _, _), future in zip(calls, futures):
+            if future in late:
+                episode.failure = (f"{self.where}.{what}() took longer than timeoutSeconds "
+                                   f"({self.env.timeout_seconds} s)")
+            elif future.exception() is not None:
+                exc = future.exception()
+                first = (str(exc).strip().splitlines() or [""])[0]
+                episode.failure = f"{self.where}.{what}() raised {type(exc).__name__}: {first}"
+            else:
+                results.append((episode, future.result()))
+        return results
+
+    def _encode_first(self, first: str | Messages) -> torch.Tensor:
+        """The first observation -> prompt tokens [P], its last maxPromptLength kept (as prompts are cut)."""
+        if isinstance(first, str):
+            ids = self.tok(first)["input_ids"]
+        elif getattr(self.tok, "chat_template", None):
+            ids = self.tok.apply_chat_template(first, add_generation_prompt=True, tokenize=True)
+        else:
+            ids = self.tok("\n".join(m["content"] for m in first))["input_ids"]
+        ids = torch.as_tensor(ids, dtype=torch.long).flatten()[-self.max_prompt:]
+        return ids if ids.numel() else torch.tensor([self.tok.pad_token_id])
+
+    def _batch(self, episodes: list[Episode]) -> Batch:
+        """The episodes' tensors; a failed one trains on nothing and scores 0."""
+        pad = self.tok.pad_token_id
+        trajectories = [build_trajectory(e.prompt if e.prompt.numel() else torch.tensor([pad]),  # a row needs a token
+                                         e.turns if e.failure is None else [], self.width, pad) for e in episodes]
+        # every rank's prompts as wide, so that the ranks' batches stack on the driver
+        out = trajectory_batch(trajectories, pad, self.max_prompt)
+        rewards = torch.zeros(len(episodes), self.width)
+        for row, (e, t) in enumerate(zip(episodes, trajectories)):
+            if e.failure is None:
+                for end, reward in zip(t.turn_ends, e.rewards):
+                    rewards[row, end] += reward
+        out.tensors["env_rewards"] = rewards
+        out.meta.update(env_turns=[len(e.rewards) for e in episodes], env_failure=[e.failure for e in episodes],
+                        env_tools=[tuple(e.tools) for e in episodes], env_seconds=[self.env_s] * len(episodes))
+        return out
+
+
+def count(info: dict[str, Any], key: str) -> int:
+    """A step's count under `key` in its info (the tool environment's tool_calls, tool_errors), 0 when absent."""
+    value = info.get(key, 0)
+    return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0
+
+
+def episode_stats(batch: Batch) -> dict[str, float]:
+    """A multi-turn batch's figures for the step's metrics: env_failed (trajectories), env_turns_mean (policy turns
+    answered, of those that did not fail), env_reward_mean (the environment's part of the reward, per
+    trajectory), env_truncated (trajectories cut at rollout.maxNewTokens), env_tool_calls and env_tool_errors (of
+    all trajectories, as their steps' info counted them) and env_seconds (the longest time a rank waited for its
+    environments' calls, s)."""
+    failed = [f is not None for f in batch.meta["env_failure"]]
+    turns = [t for t, bad in zip(batch.meta["env_turns"], failed) if not bad]
+    tools = batch.meta["env_tools"]
+    return {"env_failed": float(sum(failed)), "env_turns_mean": sum(turns) / len(turns) if turns else 0.0,
+            "env_reward_mean": float(batch["env_rewards"].sum(-1).mean()),
+            "env_truncated": float(sum(batch.meta["truncated"])),
+            "env_tool_calls": float(sum(t[0] for t in tools)), "env_tool_errors": float(sum(t[1] for t in tools)),
+            "env_seconds": max(batch.meta["env_seconds"])}
