@@ -73,13 +73,16 @@ def check_job(spec: JobSpec, manifest_dir: Path | None = None) -> list[dict[str,
 
 def environment_problems(spec: JobSpec) -> list[str]:
     """spec.environment's class: its module imports (from the manifest's folder first), the class is there and has
-    reset(row) and step(action_text)."""
+    reset(row) and step(action_text); a built-in is built (code_tools checks that its sandbox runs here)."""
     if spec.environment is None:
         return []
-    from .envs import EnvironmentImportError, load_environment_class
+    from .envs import EnvironmentImportError, load_environment_class, make_environment
 
     try:
-        load_environment_class(spec.environment.module, spec.environment.class_)
+        if spec.environment.builtin:
+            make_environment(spec.environment)
+        else:
+            load_environment_class(spec.environment.module, spec.environment.class_)
     except EnvironmentImportError as exc:
         return [str(exc)]
     return []

@@ -1,4 +1,5 @@
-"""The environment class of spec.environment: a user's, from `module` and `class`, or a built-in by name (`tools`).
+"""The environment class of spec.environment: a user's, from `module` and `class`, or a built-in by name (`tools`,
+`code_tools`).
 
 The module is imported as a reward module is: from the folder of the manifest first (`add_import_dir`), then the
 current folder and the installed packages. Every failure is one EnvironmentImportError line that names the field
@@ -18,12 +19,13 @@ from typing import Any
 from kuberl.rewards.loader import add_import_dir
 from kuberl.spec.model import ENVIRONMENT_BUILTINS, EnvironmentSpec
 
+from .code_tools import CodeToolEnvironment
 from .interface import Environment
 from .tools import ToolEnvironment
 
 MODULE_FIELD = "spec.environment.module"
 CLASS_FIELD = "spec.environment.class"
-BUILTIN_ENVIRONMENTS: dict[str, type] = {"tools": ToolEnvironment}
+BUILTIN_ENVIRONMENTS: dict[str, type] = {"tools": ToolEnvironment, "code_tools": CodeToolEnvironment}
 assert set(BUILTIN_ENVIRONMENTS) == set(ENVIRONMENT_BUILTINS), "a built-in environment of the spec has no class"
 METHODS = {"reset": ("a row", {}, "reset(self, row) returning the first observation (a str) or chat messages"),
            "step": ("the turn's text", "", "step(self, action_text) returning an EnvStep (kuberl.envs)")}
@@ -67,7 +69,12 @@ def make_environment(env: EnvironmentSpec, manifest_dir: Path | None = None, pro
     spec.data.promptKey, `prompt_key`), or the user's class built with no arguments."""
     cls = load_environment_class(env.module, env.class_, manifest_dir)
     if env.builtin:
-        return ToolEnvironment(prompt_key=prompt_key)
+        try:
+            return cls(prompt_key=prompt_key)
+        except Exception as exc:  # code_tools where the sandbox cannot run
+            raise EnvironmentImportError(f"{MODULE_FIELD}: the built-in {env.module} environment cannot start: "
+                                         f"{_raised(exc)} (fix: run it on Linux >= 5.13 with Landlock, where this "
+                                         f"user may create namespaces, or use module tools)") from None
     try:
         return cls()
     except Exception as exc:  # the user's constructor: report it, whatever it raised

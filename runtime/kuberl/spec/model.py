@@ -362,7 +362,7 @@ class RolloutSpec(Section):
         return self.asynchronous or self.async_ is not None
 
 
-ENVIRONMENT_BUILTINS: tuple[str, ...] = ("tools",)  # spec.environment.module names that are not user modules
+ENVIRONMENT_BUILTINS: tuple[str, ...] = ("tools", "code_tools")  # spec.environment.module names, not user modules
 MODULE_NAME = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")  # an importable module: my_env, package.my_env
 CLASS_NAME = re.compile(r"^[A-Za-z_]\w*$")
 MAX_TURNS = 256  # policy turns per trajectory
@@ -377,11 +377,12 @@ class EnvironmentSpec(Section):
         ..., min_length=1, max_length=253, json_schema_extra={"pattern": MODULE_NAME.pattern},
         description="The module holding the environment class, importable as a reward module is (a file beside the "
                     "manifest: my_env for my_env.py, or an installed package.module); or tools, the built-in "
-                    "tool-calling environment (JSON function calls, a calculator).")
+                    "tool-calling environment (JSON function calls, a calculator), or code_tools (tools and a "
+                    "python tool that runs the policy's code in a sandbox).")
     class_: str | None = Field(
         None, alias="class", max_length=253, json_schema_extra={"pattern": CLASS_NAME.pattern},
         description="The environment class in module, with reset(row) and step(action_text) (kuberl.envs); required "
-                    "for a module of one's own, unset for tools.")
+                    "for a module of one's own, unset for a built-in.")
     max_turns: int = Field(4, ge=1, le=MAX_TURNS, description="Policy turns per trajectory at most; a trajectory "
                                                               "also ends when the environment says done.")
     max_tokens_per_turn: int = Field(
@@ -397,7 +398,7 @@ class EnvironmentSpec(Section):
 
     @property
     def builtin(self) -> bool:
-        """Whether module names a built-in environment (tools) rather than a user module."""
+        """Whether module names a built-in environment (tools, code_tools) rather than a user module."""
         return self.module in ENVIRONMENT_BUILTINS
 
 
