@@ -428,3 +428,16 @@ def test_make_kl_controller_errors():
         algos.make_kl_controller("adaptive", 0.1)
     with pytest.raises(ValueError, match="fixed, adaptive"):
         algos.make_kl_controller("pid", 0.1)
+
+
+def test_a_sample_kept_apart_leaves_its_groups_statistics_and_gets_no_advantage() -> None:
+    # group 0: scores 1, 0 and a failed trajectory's 0; group 1: 0.5, 0.5. The failed one must not pull group 0's
+    # mean to 1/3: its group is then as if it held 1 and 0 alone
+    scores, groups = torch.tensor([1.0, 0.0, 0.0, 0.5, 0.5]), torch.tensor([0, 0, 0, 1, 1])
+    failed = torch.tensor([False, False, True, False, False])
+    kept = algos.apart(groups, failed)
+    assert kept[[0, 1, 3, 4]].tolist() == [0, 0, 1, 1] and int(kept[2]) not in (0, 1)
+    for estimator in (algos.grpo_advantages, algos.rloo_advantages):
+        adv = estimator(scores, kept)
+        torch.testing.assert_close(adv[:2], estimator(scores[:2], groups[:2]))
+        assert float(adv[2]) == 0.0

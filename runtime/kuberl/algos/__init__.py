@@ -10,6 +10,7 @@ built-in or a user function by import path.
 from .advantages import (
     ADVANTAGE_ESTIMATORS,
     AdvantageInputs,
+    apart,
     broadcast_to_tokens,
     gae_advantages,
     grpo_advantages,
@@ -23,7 +24,7 @@ from .shaping import overlong_penalty
 from .stats import aggregation_weights, masked_mean, masked_sum, masked_whiten
 
 __all__ = [
-    "ADVANTAGE_ESTIMATORS", "KL_ESTIMATORS", "POLICY_LOSSES", "AdaptiveKLController", "AdvantageInputs",
+    "ADVANTAGE_ESTIMATORS", "KL_ESTIMATORS", "POLICY_LOSSES", "AdaptiveKLController", "AdvantageInputs", "apart",
     "aggregation_weights", "overlong_penalty",
     "FixedKLController", "broadcast_to_tokens", "entropy_from_logits", "gae_advantages", "grpo_advantages",
     "importance_ratio", "kl_penalty", "logprobs_from_logits", "make_kl_controller", "masked_mean", "masked_sum",

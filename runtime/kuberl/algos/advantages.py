@@ -78,6 +78,14 @@ def grpo_advantages(scores: Tensor, group_index: Tensor, eps: float = 1e-6, norm
     return centred / (std[group] + eps)
 
 
+def apart(group_index: Tensor, left_out: Tensor) -> Tensor:
+    """``group_index`` [B] long with each sample where ``left_out`` [B] bool is set moved into a group of its own
+    (new ids past the largest), so that the group statistics of GRPO and RLOO are the other samples' alone and a
+    left-out sample's advantage is 0 (a trajectory whose environment failed)."""
+    fresh = group_index.max() + 1 + torch.arange(len(group_index), device=group_index.device)
+    return torch.where(left_out, fresh, group_index)
+
+
 def broadcast_to_tokens(per_sample: Tensor, mask: Tensor) -> Tensor:
     """Spread a per-sample value [B] over its response tokens: [B, T], 0 where mask is 0."""
     return per_sample[:, None] * mask.to(per_sample.dtype)

@@ -370,16 +370,18 @@ class Driver:
         env = batch.tensors.get("env_rewards")  # [B, R]: each turn's reward on its last token (in `scores` too)
         token_rewards = (algos.token_rewards(scores, mask, shaped_kl, kl_coef) if env is None else
                          algos.token_rewards(scores - env.sum(-1), mask, shaped_kl, kl_coef) + env * mask)
+        group_index = batch["group_index"]
         if env is not None:
             stats.update(multiturn.episode_stats(batch))
             failures = [f for f in batch.meta["env_failure"] if f]
             if failures:
                 log.warning(f"step {self.step + 1}: {len(failures)} trajectories failed in their environment and are "
                             f"left out of the update; the first: {failures[0]}")
+                failed = torch.tensor([f is not None for f in batch.meta["env_failure"]], device=group_index.device)
+                group_index = algos.apart(group_index, failed)  # nor in their group's mean and std
         inputs = algos.AdvantageInputs(
-            token_rewards=token_rewards, mask=mask,
-            group_index=batch["group_index"], values=batch.tensors.get("values"), gamma=algo.gamma, lam=algo.lam,
-            whiten=algo.normalize_advantages)
+            token_rewards=token_rewards, mask=mask, group_index=group_index, values=batch.tensors.get("values"),
+            gamma=algo.gamma, lam=algo.lam, whiten=algo.normalize_advantages)
         adv, returns = algos.ADVANTAGE_ESTIMATORS.get(algo.estimator)(inputs)
         if returns is not None:
             batch.tensors["returns"] = returns
