@@ -6,6 +6,7 @@ fails its trajectory alone."""
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -18,6 +19,7 @@ from kuberl.spec import JobSpec
 from kuberl.training.models import char_tokenizer, load_causal_lm
 from kuberl.training.sequence import response_logprobs
 
+SLOW_S = 1.5  # the "slow" environment's first step
 RELEASE = threading.Event()  # lets a hanging environment's thread end once its test is over
 
 
@@ -39,6 +41,9 @@ class Recorder:
             raise ValueError("tool crashed")
         if self.mode == "hangs":
             RELEASE.wait(30)
+        if self.mode == "slow" and len(self.actions) == 1:
+            time.sleep(SLOW_S)
+            self.answered_at = time.monotonic()
         if self.mode == "nonsense":
             return 42
         done = len(self.actions) >= 2
@@ -122,4 +127,23 @@ def test_an_environment_that_fails_fails_its_trajectory_alone(rollout: MultiTurn
         assert out["attention_mask"][row].sum() >= 1  # a row keeps a token: packing needs one
     assert out.meta["env_turns"][0] == 2 and out["env_rewards"][0].sum() == 3.0
     stats = episode_stats(out)
-    assert stats["env_failed"] == 4.0 and stats["env_seconds"] >= 2.0  # the hanging call was waited for its timeout
+    # the rollout waited for the hanging call (2 s) only where no other trajectory had a turn to generate
+    assert stats["env_failed"] == 4.0 and 0.0 < stats["env_seconds"] <= 2.5
+
+
+def test_a_slow_environment_holds_up_its_own_trajectory_not_the_others_turns(rollout: MultiTurnRollout) -> None:
+    calls: list[tuple[float, int]] = []  # each generate: when it started, and how many trajectories it took
+    generate = rollout.engine.generate
+
+    def recorded(ids, mask, seed):
+        calls.append((time.monotonic(), ids.shape[0]))
+        return generate(ids, mask, seed=seed)
+
+    rollout.engine.generate = recorded
+    out = rollout.run(rows("slow", "ok", "ok"), seed=5)
+    slow = next(e for e, _ in STEPS if e.mode == "slow")
+    assert out.meta["env_failure"] == [None] * 3 and out.meta["env_turns"] == [2, 2, 2]
+    # the fast trajectories' second turns were generated while the slow environment was still thinking, the slow
+    # one's second turn in a generate of its own after it answered
+    assert calls[0][1] == 3 and calls[1][1] == 2 and calls[1][0] < slow.answered_at
+    assert calls[2][1] == 1 and calls[2][0] >= slow.answered_at and len(calls) == 3

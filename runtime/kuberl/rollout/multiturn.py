@@ -2,19 +2,20 @@
 continues from the whole trajectory, up to maxTurns or until the environment says done.
 
 Any `RolloutEngine` runs it through its `generate` (the engine is built with rollout.maxNewTokens set to
-maxTokensPerTurn, `turn_spec`): each turn, the trajectories still going are left-padded into one batch and
-generated together; the environments' `step` calls of that turn then run at once, at most `concurrency` at a
-time, each bounded by timeoutSeconds. An environment that raises, returns something unusable or times out fails
-its trajectory alone: it is kept in the batch with its response mask all 0 (no gradient), its reward 0, and
-counted (`env_failed`); the others go on.
+maxTokensPerTurn, `turn_spec`). Each `generate` takes, left-padded into one batch, every trajectory whose
+environment has answered its last turn; its environments' `step` calls then run on a pool of `concurrency`
+threads, each bounded by timeoutSeconds. The next `generate` waits for them a quarter of the last one's time
+(`LINGER`) at most, and then goes ahead with those that answered: a slow environment holds up its own trajectory,
+not the others' next turns (with fast environments every trajectory's turn k is in the same k-th `generate`). An
+environment that raises, returns something unusable or times out fails its trajectory alone: it is kept in the
+batch with its response mask all 0 (no gradient), its reward 0, and counted (`env_failed`); the others go on.
 
 Observations are tokenized as they are given (the environment writes its own framing), without special tokens,
 and are never trained on (`kuberl.envs.trajectory`). A first observation given as chat messages goes through the
 tokenizer's chat template when it has one, else its contents are joined by newlines.
 
-Not yet: the environment as a role of its own (processes apart from the actor's, restarts, replicas); turns of
-different trajectories overlapping one another's environment calls (a turn's generation waits for the slowest
-environment call of the turn before, bounded by timeoutSeconds); vLLM's prefix cache is not asked for.
+Not yet: the environment as a role of its own (processes apart from the actor's, restarts, replicas); vLLM's prefix
+cache is not asked for.
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ from kuberl.spec.model import EnvironmentSpec
 from . import RolloutEngine
 
 POLL_S = 0.05  # how often the environment calls in flight are checked against timeoutSeconds
+LINGER = 0.25  # after a turn is generated, how long its environment calls are awaited before the next generate
+# goes ahead with those that answered, as a fraction of that generate's time (the others join a later one)
 
 
 def turn_spec(spec: JobSpec) -> JobSpec:
@@ -81,6 +84,54 @@ def left_pad(rows: Sequence[torch.Tensor], pad_id: int) -> tuple[torch.Tensor, t
     return ids, mask
 
 
+class Calls:
+    """The environment calls in flight on a pool of `concurrency` threads, each given `timeout_s` from its own
+    start. A call that raises, or does not return in time, fails its episode (named in `failure`); a call past its
+    time is left running (a thread cannot be stopped), not waited for."""
+
+    def __init__(self, pool: cf.Executor, timeout_s: float, where: str):
+        self.pool, self.timeout_s, self.where = pool, timeout_s, where
+        # a call in flight -> (its episode, reset or step, whether it answers the episode's last turn, [its start])
+        self.pending: dict[cf.Future, tuple[Episode, str, bool, list[float]]] = {}
+        self.waited_s = 0.0  # seconds `collect` waited: the rollout held up by its environments
+
+    def submit(self, episode: Episode, fn: Callable[[Any], Any], arg: Any, what: str, last: bool = False) -> None:
+        started: list[float] = []
+
+        def timed() -> Any:
+            started.append(time.monotonic())
+            return fn(arg)
+
+        self.pending[self.pool.submit(timed)] = (episode, what, last, started)
+
+    def collect(self, linger_s: float) -> list[tuple[Episode, Any, bool]]:
+        """Wait for the calls in flight, at most `linger_s` (and past it, until one has ended), and give the results
+        of those that ended well, in the order they were submitted: (episode, what it returned, last)."""
+        t0, deadline, ended = time.perf_counter(), time.monotonic() + linger_s, []
+        while self.pending:
+            cf.wait(self.pending, timeout=POLL_S, return_when=cf.FIRST_COMPLETED)
+            now = time.monotonic()
+            for future, (episode, what, last, started) in list(self.pending.items()):
+                late = not future.done() and bool(started) and now - started[0] > self.timeout_s
+                if future.done() or late:
+                    del self.pending[future]
+                    ended.append((future, episode, what, last, late))
+            if ended and now >= deadline:
+                break
+        self.waited_s += time.perf_counter() - t0
+        results = []
+        for future, episode, what, last, late in ended:
+            if late:
+                episode.failure = f"{self.where}.{what}() took longer than timeoutSeconds ({self.timeout_s} s)"
+            elif future.exception() is not None:
+                exc = future.exception()
+                first = (str(exc).strip().splitlines() or [""])[0]
+                episode.failure = f"{self.where}.{what}() raised {type(exc).__name__}: {first}"
+            else:
+                results.append((episode, future.result(), last))
+        return results
+
+
 class MultiTurnRollout:
     """Runs trajectories of spec.environment on an engine (the module's docstring). `make_env` makes one
     environment per trajectory; the returned Batch is `kuberl.envs.trajectory.trajectory_batch`'s plus
@@ -96,30 +147,41 @@ class MultiTurnRollout:
         self.env_s = 0.0  # the last run's seconds waiting for environment calls
 
     def run(self, rows: Sequence[dict[str, Any]], seed: int, device: torch.device | str = "cpu") -> Batch:
-        """Data rows (one per trajectory) -> the trajectories' Batch (the class docstring), on the CPU."""
+        """Data rows (one per trajectory) -> the trajectories' Batch (the class docstring), on the CPU. A turn is
+        generated for every trajectory whose environment has answered; the environment calls of the others go on
+        meanwhile (`Calls.collect`)."""
         pool, self.env_s = cf.ThreadPoolExecutor(self.env.concurrency, thread_name_prefix="env"), 0.0
+        calls = Calls(pool, self.env.timeout_seconds, self.where)
         try:
-            episodes = self._start(pool, rows)
-            for turn in range(self.env.max_turns):
-                going = [e for e in episodes if e.going and e.used < self.width]
-                if not going:
-                    break
-                self._policy_turn(going, seed + 7919 * turn, device)
-                self._answer(pool, going, last=turn == self.env.max_turns - 1)
+            episodes = self._start(calls, rows)
+            ready, generated = [e for e in episodes if e.going and e.used < self.width], 0
+            while ready or calls.pending:
+                if ready:
+                    t0 = time.perf_counter()
+                    self._policy_turn(ready, seed + 7919 * generated, device)
+                    generated, linger = generated + 1, LINGER * (time.perf_counter() - t0)
+                    for e in ready:
+                        calls.submit(e, e.env.step, self.tok.decode(e.turns[-1].tokens, skip_special_tokens=True),
+                                     "step", last=len(e.rewards) + 1 >= self.env.max_turns)
+                else:
+                    linger = 0.0
+                ready = [e for e, value, last in calls.collect(linger) if self._answered(e, value, last)]
         finally:
+            self.env_s = calls.waited_s
             pool.shutdown(wait=False, cancel_futures=True)  # a hung environment call is left behind, not awaited
         return self._batch(episodes)
 
-    def _start(self, pool: cf.Executor, rows: Sequence[dict[str, Any]]) -> list[Episode]:
+    def _start(self, calls: Calls, rows: Sequence[dict[str, Any]]) -> list[Episode]:
         """A new environment per row, reset on it: the prompt is its first observation."""
         episodes = []
-        for _ in rows:
+        for row in rows:
             try:
                 episodes.append(Episode(self.make_env()))
             except Exception as exc:  # the user's constructor
                 episodes.append(Episode(None, failure=f"{self.where}() raised {type(exc).__name__}: {exc}"))
-        calls = [(e, e.env.reset, row) for e, row in zip(episodes, rows) if e.env is not None]
-        for episode, first in self._call(pool, calls, "reset"):
+                continue
+            calls.submit(episodes[-1], episodes[-1].env.reset, row, "reset")
+        for episode, first, _ in calls.collect(float("inf")):
             try:
                 episode.prompt = self._encode_first(coerce_reset(first, self.where))
             except EnvStepError as exc:
@@ -127,7 +189,7 @@ class MultiTurnRollout:
         return episodes
 
     def _policy_turn(self, going: list[Episode], seed: int, device: torch.device | str) -> None:
-        """One generate over the trajectories still going; each gets its turn, cut at EOS or maxTokensPerTurn and
+        """One generate over the trajectories `going`; each gets its turn, cut at EOS or maxTokensPerTurn and
         at the room left in the response."""
         ids, mask = left_pad([e.context() for e in going], self.tok.pad_token_id)
         out = self.engine.generate(ids.to(device), mask.to(device), seed=seed).cpu()
@@ -138,58 +200,24 @@ class MultiTurnRollout:
             e.turns.append(turn)
             e.used += turn.tokens.numel()
 
-    def _answer(self, pool: cf.Executor, going: list[Episode], last: bool) -> None:
-        """The environments' steps on the turns just taken; their observations join the trajectories that go on."""
-        calls = [(e, e.env.step, self.tok.decode(e.turns[-1].tokens, skip_special_tokens=True)) for e in going]
-        for episode, value in self._call(pool, calls, "step"):
-            try:
-                step = coerce_step(value, self.where)
-            except EnvStepError as exc:
-                episode.failure = str(exc)
-                continue
-            episode.rewards.append(step.reward)
-            episode.tools = [episode.tools[0] + count(step.info, "tool_calls"),
-                             episode.tools[1] + count(step.info, "tool_errors")]
-            episode.done = step.done or last or episode.used >= self.width
-            if not episode.done and step.observation:
-                obs = torch.tensor(self.tok(step.observation, add_special_tokens=False)["input_ids"], dtype=torch.long)
-                obs = obs[: self.width - episode.used]
-                episode.turns.append(observation_turn(obs))
-                episode.used += obs.numel()
-
-    def _call(self, pool: cf.Executor, calls: list[tuple[Episode, Callable[[Any], Any], Any]],
-              what: str) -> list[tuple[Episode, Any]]:
-        """Each call on the pool, at most `concurrency` at a time, each given timeoutSeconds from its own start; a
-        call that raises, or does not return in time, fails its episode (named in `failure`) and is left out of the
-        results. A call past its time is left running (a thread cannot be stopped), not waited for."""
-        started: dict[int, float] = {}
-
-        def timed(i: int, fn: Callable[[Any], Any], arg: Any) -> Any:
-            started[i] = time.monotonic()
-            return fn(arg)
-
-        t0 = time.perf_counter()
-        futures = [pool.submit(timed, i, fn, arg) for i, (_, fn, arg) in enumerate(calls)]
-        index = {f: i for i, f in enumerate(futures)}
-        pending, late = set(futures), set()
-        while pending:
-            _, pending = cf.wait(pending, timeout=POLL_S, return_when=cf.FIRST_COMPLETED)
-            now = time.monotonic()
-            late |= {f for f in pending if now - started.get(index[f], now) > self.env.timeout_seconds}
-            pending -= late
-        self.env_s += time.perf_counter() - t0
-        results = []
-        for (episode, _, _), future in zip(calls, futures):
-            if future in late:
-                episode.failure = (f"{self.where}.{what}() took longer than timeoutSeconds "
-                                   f"({self.env.timeout_seconds} s)")
-            elif future.exception() is not None:
-                exc = future.exception()
-                first = (str(exc).strip().splitlines() or [""])[0]
-                episode.failure = f"{self.where}.{what}() raised {type(exc).__name__}: {first}"
-            else:
-                results.append((episode, future.result()))
-        return results
+    def _answered(self, episode: Episode, value: Any, last: bool) -> bool:
+        """The environment's step on the episode's last turn (`value`, as `step` returned it): its reward, and its
+        observation joining the trajectory unless it is done (`last`: its maxTurns-th turn). Whether it goes on."""
+        try:
+            step = coerce_step(value, self.where)
+        except EnvStepError as exc:
+            episode.failure = str(exc)
+            return False
+        episode.rewards.append(step.reward)
+        episode.tools = [episode.tools[0] + count(step.info, "tool_calls"),
+                         episode.tools[1] + count(step.info, "tool_errors")]
+        episode.done = step.done or last or episode.used >= self.width
+        if not episode.done and step.observation:
+            obs = torch.tensor(self.tok(step.observation, add_special_tokens=False)["input_ids"], dtype=torch.long)
+            obs = obs[: self.width - episode.used]
+            episode.turns.append(observation_turn(obs))
+            episode.used += obs.numel()
+        return episode.going and episode.used < self.width
 
     def _encode_first(self, first: str | Messages) -> torch.Tensor:
         """The first observation -> prompt tokens [P], its last maxPromptLength kept (as prompts are cut)."""
