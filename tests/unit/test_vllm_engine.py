@@ -324,6 +324,25 @@ def test_prefix_cache_is_used_between_syncs_and_emptied_by_a_sync(engine, weight
     assert engine.last_cached_tokens == 0, "KV blocks from before the sync were reused"
 
 
+def test_a_multi_turn_rollouts_next_turn_continues_from_the_prefix_cache(engine, weights) -> None:
+    """A second turn's prompt is the first's prompt and response: under sleep mode, inside `turns()`, its KV comes
+    from the prefix cache (the engine did not sleep, which would drop the cache, between the turns)."""
+    engine.load_weights(weights)
+    engine.sleep_after_generate = True
+    try:
+        with engine.turns():
+            ids, mask = prompts(LONG)
+            first = engine.generate(ids, mask, seed=2)
+            following = torch.cat([ids, first], 1), torch.cat([mask, (first != char_tokenizer().pad_token_id)
+                                                                .long()], 1)
+            engine.generate(*following, seed=3)
+            assert engine.last_cached_tokens >= 2 * 32, engine.last_cached_tokens  # blocks of both prompts
+        assert engine._asleep
+    finally:
+        engine.sleep_after_generate = False
+    engine.load_weights(weights)
+
+
 def test_sleep_returns_memory_and_the_next_sync_brings_the_engine_back(engine, weights) -> None:
     ids, mask = prompts(LONG)
     engine.load_weights(weights)
@@ -392,3 +411,25 @@ def test_weight_sync_in_process_mode() -> None:
            "PYTHONPATH": os.pathsep.join([str(ROOT / "runtime"), str(ROOT), os.environ.get("PYTHONPATH", "")])}
     run = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True, timeout=400)
     assert run.returncode == 0 and "IN-PROCESS OK" in run.stdout, run.stdout[-3000:] + run.stderr[-3000:]
+
+
+def test_the_turns_of_a_multi_turn_rollout_keep_a_sleeping_engine_awake(monkeypatch: pytest.MonkeyPatch,
+                                                                       tmp_path: Path) -> None:
+    """Under sleep mode the engine sleeps after a generate; inside `turns()` it sleeps once, after the last turn, so
+    every turn after the first can continue from vLLM's prefix cache (no sync, no reset between them)."""
+    import tempfile
+    import types
+
+    from kuberl.rollout.vllm import VLLMRollout
+
+    monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(LLM=_StandInLLM, SamplingParams=_StandInParams))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    eng = VLLMRollout(spec(), char_tokenizer(), torch.device("cpu"))
+    eng.load_weights(load_causal_lm(spec().model, dtype=torch.float32, seed=0).state_dict())
+    ids, mask = prompts(["say a:", "b"])
+    start = len(eng.llm.calls)
+    with eng.turns():
+        for turn in range(3):
+            eng.generate(ids, mask, seed=turn)
+            assert not eng._asleep
+    assert eng.llm.calls[start:] == ["generate"] * 3 + ["sleep 2"] and eng._asleep and eng.sleep_after_generate

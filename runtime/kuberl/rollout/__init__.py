@@ -6,6 +6,7 @@ nothing else. `response_batch` turns an engine's responses into the sequence ten
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 from typing import Protocol
 
 import torch
@@ -26,6 +27,10 @@ class RolloutEngine(Protocol):
                  greedy: bool = False) -> torch.Tensor:
         """Prompts [B, P] (left-padded) -> responses [B, R] (right-padded with pad, R = maxNewTokens);
         sampled, or with `greedy` the most likely token at each step."""
+
+    def turns(self) -> AbstractContextManager[None]:
+        """The `generate` calls inside are the turns of one multi-turn rollout (`kuberl.rollout.multiturn`): the
+        engine stays awake between them, its cached prefixes with it, and sleeps after the last as after one."""
 
     def rollout_logprobs(self) -> torch.Tensor | None:
         """[B, R] float32 (on the engine's device or the CPU): the last `generate`'s log-prob of each drawn token

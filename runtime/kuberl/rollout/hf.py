@@ -22,6 +22,7 @@ that its greedy path takes (tests/unit/test_fast_rollout.py checks both).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 from collections.abc import Callable
@@ -113,6 +114,10 @@ class HFRollout:
         drawn token under the distribution it was drawn from (`kuberl.rollout.sampling.rollout_logprobs`); None
         after a greedy transformers generate."""
         return self._logprobs
+
+    def turns(self) -> contextlib.AbstractContextManager[None]:
+        """Nothing to keep awake: this engine never sleeps."""
+        return contextlib.nullcontext()
 
     @torch.no_grad()
     def greedy_answers(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:

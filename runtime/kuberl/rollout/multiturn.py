@@ -14,8 +14,10 @@ Observations are tokenized as they are given (the environment writes its own fra
 and are never trained on (`kuberl.envs.trajectory`). A first observation given as chat messages goes through the
 tokenizer's chat template when it has one, else its contents are joined by newlines.
 
-Not yet: the environment as a role of its own (processes apart from the actor's, restarts, replicas); vLLM's prefix
-cache is not asked for.
+On vLLM the engine stays awake from the first turn to the last (`RolloutEngine.turns`), so each turn continues from
+its prefix cache rather than a new prefill of the whole trajectory (the cache is emptied by weight syncs alone).
+
+Not yet: the environment as a role of its own (processes apart from the actor's, restarts, replicas).
 """
 
 from __future__ import annotations
@@ -154,22 +156,27 @@ class MultiTurnRollout:
         calls = Calls(pool, self.env.timeout_seconds, self.where)
         try:
             episodes = self._start(calls, rows)
-            ready, generated = [e for e in episodes if e.going and e.used < self.width], 0
-            while ready or calls.pending:
-                if ready:
-                    t0 = time.perf_counter()
-                    self._policy_turn(ready, seed + 7919 * generated, device)
-                    generated, linger = generated + 1, LINGER * (time.perf_counter() - t0)
-                    for e in ready:
-                        calls.submit(e, e.env.step, self.tok.decode(e.turns[-1].tokens, skip_special_tokens=True),
-                                     "step", last=len(e.rewards) + 1 >= self.env.max_turns)
-                else:
-                    linger = 0.0
-                ready = [e for e, value, last in calls.collect(linger) if self._answered(e, value, last)]
+            with self.engine.turns():  # vllm: awake from the first turn to the last
+                self._play(calls, [e for e in episodes if e.going and e.used < self.width], seed, device)
         finally:
             self.env_s = calls.waited_s
             pool.shutdown(wait=False, cancel_futures=True)  # a hung environment call is left behind, not awaited
         return self._batch(episodes)
+
+    def _play(self, calls: Calls, ready: list[Episode], seed: int, device: torch.device | str) -> None:
+        """Turns until every episode is done or failed: a generate for those `ready`, then their steps."""
+        generated = 0
+        while ready or calls.pending:
+            if ready:
+                t0 = time.perf_counter()
+                self._policy_turn(ready, seed + 7919 * generated, device)
+                generated, linger = generated + 1, LINGER * (time.perf_counter() - t0)
+                for e in ready:
+                    calls.submit(e, e.env.step, self.tok.decode(e.turns[-1].tokens, skip_special_tokens=True),
+                                 "step", last=len(e.rewards) + 1 >= self.env.max_turns)
+            else:
+                linger = 0.0
+            ready = [e for e, value, last in calls.collect(linger) if self._answered(e, value, last)]
 
     def _start(self, calls: Calls, rows: Sequence[dict[str, Any]]) -> list[Episode]:
         """A new environment per row, reset on it: the prompt is its first observation."""

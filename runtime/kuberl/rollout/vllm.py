@@ -41,11 +41,13 @@ it was not run.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -187,6 +189,18 @@ class VLLMRollout:
         if self.sleep_after_generate:
             self.sleep()
         return responses
+
+    @contextlib.contextmanager
+    def turns(self) -> Iterator[None]:
+        """Awake between the turns of a multi-turn rollout (each continues the one before from vLLM's prefix
+        cache, not a new prefill: the cache is reset by a weight sync only); asleep after the last."""
+        sleep_after, self.sleep_after_generate = self.sleep_after_generate, False
+        try:
+            yield
+        finally:
+            self.sleep_after_generate = sleep_after
+            if sleep_after:
+                self.sleep()
 
     def greedy_answers(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """Evaluation, between a sync and the next rollout: greedy (temperature 0) up to EOS whatever
