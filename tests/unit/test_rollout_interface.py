@@ -21,7 +21,8 @@ from kuberl.spec.model import cross_field_problems
 from kuberl.training.models import char_tokenizer
 
 RUNTIME = Path(__file__).resolve().parents[2] / "runtime" / "kuberl"
-MEMBERS = {"load_weights", "generate", "rollout_logprobs", "greedy_answers", "behaviour_model", "resident_modules"}
+MEMBERS = {"load_weights", "generate", "rollout_logprobs", "greedy_answers", "behaviour_model", "resident_modules",
+           "turns"}
 R = 12
 
 
