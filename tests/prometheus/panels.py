@@ -22,7 +22,13 @@ def source(target: Target) -> str:
     return "runtime"
 
 
-RUNTIME_TARGETS = [t for t in targets(DASH) if source(t) == "runtime"]
+def for_agents(target: Target) -> bool:
+    """Whether the target reads the families only a job with spec.environment serves (kuberl_env_*)."""
+    return any(n.startswith("kuberl_env_") for n, _ in metrics_in(target.expr))
+
+
+RUNTIME_TARGETS = [t for t in targets(DASH) if source(t) == "runtime" and not for_agents(t)]
+AGENT_TARGETS = [t for t in targets(DASH) if for_agents(t)]
 OPERATOR_TARGETS = [t for t in targets(DASH) if source(t) == "operator"]
 
 

@@ -15,7 +15,7 @@ import pytest
 from tests.chart.dashboard import LABEL_VALUES, Target, fill, variable_queries
 
 from .conftest import FAULT, Scrape
-from .panels import DASH, RUNTIME_TARGETS, STEP_S, by_label, no_data, panel_target, run_query
+from .panels import AGENT_TARGETS, DASH, RUNTIME_TARGETS, STEP_S, by_label, no_data, panel_target, run_query
 
 
 @pytest.mark.parametrize("target", RUNTIME_TARGETS, ids=str)
@@ -23,6 +23,19 @@ def test_panel_returns_data(quickstart_scrape: Scrape, target: Target) -> None:
     result = run_query(quickstart_scrape, target)
     assert result, no_data(quickstart_scrape, target)
     assert all(series["values"] for series in result), f"{target}: a series without points"
+
+
+@pytest.mark.parametrize("target", AGENT_TARGETS, ids=str)
+def test_environment_panel_returns_data_for_an_agent_job(agent_scrape: Scrape, target: Target) -> None:
+    result = run_query(agent_scrape, target)
+    assert result, no_data(agent_scrape, target)
+    assert all(series["values"] for series in result), f"{target}: a series without points"
+
+
+def test_an_agent_job_turns_two_turns_a_trajectory_on_the_dashboard(agent_scrape: Scrape) -> None:
+    turns = by_label(run_query(agent_scrape, panel_target("Turns and failed trajectories")), "job")
+    failed = by_label(run_query(agent_scrape, panel_target("Turns and failed trajectories", "B")), "job")
+    assert turns == {agent_scrape.job: 2.0} and failed == {agent_scrape.job: 0.0}, (turns, failed)
 
 
 def test_dashboard_variables_list_the_job(quickstart_scrape: Scrape) -> None:
