@@ -52,14 +52,15 @@ class Scrape:
     scrape_interval_s: float = 1.0
 
 
-def driver_pod(manifest: Path, port: int) -> Pod:
-    """The driver pod the operator would create for this job (its labels and container name)."""
+def driver_pod(job_name: str, port: int, manifest: Path = REPO / "examples" / "quickstart.yaml") -> Pod:
+    """The driver pod the operator would create for `manifest`'s job (its labels and container name), named for
+    `job_name`."""
     from kuberl.spec import load_manifest
     from kuberl_operator import builders, names
 
     job = load_manifest(manifest)
     template = builders.driver_job(job, builders.BuildOptions(namespace=NAMESPACE))["spec"]["template"]
-    return Pod(NAMESPACE, f"{names.driver(job.metadata.name)}-x7k2p", template["spec"]["containers"][0]["name"],
+    return Pod(NAMESPACE, f"{names.driver(job_name)}-x7k2p", template["spec"]["containers"][0]["name"],
                f"127.0.0.1:{port}", template["metadata"]["labels"])
 
 
@@ -84,7 +85,7 @@ def scraped_run(helm: Helm, work: Path, manifest: Path, args: list[str], needle:
     values = {"podMonitor": {"enabled": True, "interval": SCRAPE, "scrapeTimeout": SCRAPE, "driver": {"port": port}}}
     monitor = one(helm.render(values), "PodMonitor")
     job = yaml.safe_load(manifest.read_text())["metadata"]["name"]
-    prom = Prometheus(work, [pod_monitor_scrape(monitor, 0, driver_pod(manifest, port))], [ALERTS])
+    prom = Prometheus(work, [pod_monitor_scrape(monitor, 0, driver_pod(job, port, manifest))], [ALERTS])
     out = work / "run"
     start = time.time()
     cmd = [sys.executable, "-m", "kuberl.cli", "run", str(manifest), "--out", str(out), *args, "--metrics-port",
