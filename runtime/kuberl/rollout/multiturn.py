@@ -93,8 +93,10 @@ class Calls:
 
     def __init__(self, pool: cf.Executor, timeout_s: float, where: str):
         self.pool, self.timeout_s, self.where = pool, timeout_s, where
-        # a call in flight -> (its episode, reset or step, whether it answers the episode's last turn, [its start])
-        self.pending: dict[cf.Future, tuple[Episode, str, bool, list[float]]] = {}
+        # a call in flight -> (its number, its episode, reset or step, whether it answers the episode's last turn,
+        # [its start])
+        self.pending: dict[cf.Future, tuple[int, Episode, str, bool, list[float]]] = {}
+        self.submitted = 0
         self.waited_s = 0.0  # seconds `collect` waited: the rollout held up by its environments
 
     def submit(self, episode: Episode, fn: Callable[[Any], Any], arg: Any, what: str, last: bool = False) -> None:
@@ -104,7 +106,8 @@ class Calls:
             started.append(time.monotonic())
             return fn(arg)
 
-        self.pending[self.pool.submit(timed)] = (episode, what, last, started)
+        self.pending[self.pool.submit(timed)] = (self.submitted, episode, what, last, started)
+        self.submitted += 1
 
     def collect(self, linger_s: float) -> list[tuple[Episode, Any, bool]]:
         """Wait for the calls in flight, at most `linger_s` (and past it, until one has ended), and give the results
@@ -113,16 +116,16 @@ class Calls:
         while self.pending:
             cf.wait(self.pending, timeout=POLL_S, return_when=cf.FIRST_COMPLETED)
             now = time.monotonic()
-            for future, (episode, what, last, started) in list(self.pending.items()):
+            for future, (number, episode, what, last, started) in list(self.pending.items()):
                 late = not future.done() and bool(started) and now - started[0] > self.timeout_s
                 if future.done() or late:
                     del self.pending[future]
-                    ended.append((future, episode, what, last, late))
+                    ended.append((number, future, episode, what, last, late))
             if ended and now >= deadline:
                 break
         self.waited_s += time.perf_counter() - t0
         results = []
-        for future, episode, what, last, late in ended:
+        for _, future, episode, what, last, late in sorted(ended, key=lambda e: e[0]):  # the next generate's rows
             if late:
                 episode.failure = f"{self.where}.{what}() took longer than timeoutSeconds ({self.timeout_s} s)"
             elif future.exception() is not None:
