@@ -236,6 +236,7 @@ def render(rows: list[dict]) -> str:  # noqa: C901 -- one table section per figu
             key = (r["model"], r["batch"], r["top_p"])
             tput.setdefault(key, {})[r["variant"]] = r["tokens_per_s"]
     cols = [("vllm-plain", "plain vLLM"), ("vllm-seeded", "vLLM, per-request seeds"),
+            ("vllm-logprobs", "vLLM, seeds + drawn log-probs"),
             ("vllm-engine", "our vLLM engine"), ("fast", "our hf fast path"), ("graphs", "hf graphs, no compile"),
             ("generate", "transformers generate"), ("generate-static", "generate, static cache + compile"),
             ("cb", "transformers continuous batching")]
@@ -258,8 +259,12 @@ def render(rows: list[dict]) -> str:  # noqa: C901 -- one table section per figu
                        f"{len(r['seconds_all'])} (copy+load {last.get('copy_and_load_s', 0):.3f} s, "
                        f"{last.get('buckets')} buckets, {last.get('bytes', 0) / 2**20:.0f} MiB)")
         elif kind == "checks":
-            out.append(f"checks {r['model']}: new weights change output {r['new_weights_change_output']}, restored "
-                       f"weights reproduce it {r['restored_weights_reproduce_output']}; prefix-cache tokens: first "
+            out.append(f"checks {r['model']}: new weights change output {r['new_weights_change_output']}; "
+                       f"restored weights restore the model {r.get('restored_weights_restore_the_model')} "
+                       f"(teacher-forced max |d log p|: same weights {r.get('logprob_gap_same_weights')}, restored "
+                       f"{r.get('logprob_gap_restored')}, other weights {r.get('logprob_gap_other_weights')}); "
+                       f"sampled tokens reproduced: restored {r['restored_weights_reproduce_output']}, same weights "
+                       f"{r.get('same_weights_reproduce_output_fresh')}; prefix-cache tokens: first "
                        f"{r['cached_tokens_first']}, repeat {r['cached_tokens_repeat']}, after a sync "
                        f"{r['cached_tokens_after_sync']}, after restoring {r['cached_tokens_after_restore']}")
         elif kind == "sleep":

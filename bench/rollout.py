@@ -17,7 +17,8 @@ counts the tokens the engine returned, over the wall time of the call, prefill i
                          (torch.compile of the forward, mode "reduce-overhead": CUDA graphs)
         cb               transformers continuous batching (`generate_batch`), CUDA graphs forced on
   vllm  vllm-plain       vLLM `LLM.generate` on token prompts, one SamplingParams for all (no seeds)
-        vllm-seeded      the same with one seed per request (what our engine sends)
+        vllm-seeded      the same with one seed per request
+        vllm-logprobs    seeded, and the drawn token's log-prob returned flat (what our engine sends)
         vllm-engine      our engine, `VLLMRollout.generate` (prompt/response tensors, per-sample seeds)
 The vLLM variants share one engine (one start-up per process: ~45 s with torch.compile and CUDA graphs);
 the prefix cache is reset before every timed call, so every call runs its prefill. Timed calls of the
@@ -53,7 +54,7 @@ from kuberl.spec.model import ModelSource  # noqa: E402
 from kuberl.training.models import builtin_config, char_tokenizer, load_causal_lm  # noqa: E402
 
 HF_VARIANTS = ("fast", "graphs", "generate", "generate-static", "cb")
-VLLM_VARIANTS = ("vllm-plain", "vllm-seeded", "vllm-engine")
+VLLM_VARIANTS = ("vllm-plain", "vllm-seeded", "vllm-logprobs", "vllm-engine")
 
 
 class Bench:
@@ -350,24 +351,69 @@ def measure_sync(b: Bench, engine, weights: dict[str, torch.Tensor]) -> None:
 
 
 def measure_checks(b: Bench, engine, weights: dict[str, torch.Tensor]) -> None:
-    """Generation reflects new weights; after a sync the prefix cache serves nothing computed before it."""
+    """Generation reflects new weights; restoring the weights restores the model; after a sync the prefix cache
+    serves nothing computed before it.
+
+    Sampled tokens are a fragile witness of the weights: a random-init model's next-token distribution is nearly
+    flat, so a last-bit difference in one logit (a different kernel split, a different CUDA graph) changes a
+    draw and every token after it. So the weights are judged by teacher forcing: the log-probs vLLM computes for
+    one fixed token sequence (prompt_logprobs) with the original, other, and restored weights. The sampled-token
+    comparisons are reported beside it, with the same-weights repeat that says how reproducible vLLM's sampling
+    is run to run without any sync."""
     ids, mask = b.prompts(8, b.vocab, 1)
     engine.load_weights(weights)
     before = engine.generate(ids, mask, seed=3)
     cached_first = engine.last_cached_tokens
-    engine.generate(ids, mask, seed=3)
+    repeat_cached = engine.generate(ids, mask, seed=3)
     cached_repeat = engine.last_cached_tokens
+    engine.llm.reset_prefix_cache()
+    repeat_fresh = engine.generate(ids, mask, seed=3)
+    scored = [torch.cat([p, r[:-1]]).tolist() for p, r in zip(ids.cpu(), before)]  # < max_model_len: room for 1
+    original = score(engine, scored)
+    original_again = score(engine, scored)
     other = actor_like_weights(b, seed=1)
     engine.load_weights(other)
     changed = engine.generate(ids, mask, seed=3)
     cached_after_sync = engine.last_cached_tokens
+    under_other = score(engine, scored)
     del other
     engine.load_weights(weights)
     restored = engine.generate(ids, mask, seed=3)
-    b.emit({"kind": "checks", "variant": "vllm-engine", "new_weights_change_output": not torch.equal(before, changed),
+    cached_after_restore = engine.last_cached_tokens
+    under_restored = score(engine, scored)
+    gap = lambda a, c: float((a - c).abs().max())  # noqa: E731 -- max |delta log p| over every scored token
+    b.emit({"kind": "checks", "variant": "vllm-engine",
+            "new_weights_change_output": not torch.equal(before, changed),
             "restored_weights_reproduce_output": torch.equal(before, restored),
+            "same_weights_reproduce_output_cached": torch.equal(before, repeat_cached),
+            "same_weights_reproduce_output_fresh": torch.equal(before, repeat_fresh),
+            "first_divergence_restored": first_divergence(before, restored),
+            "first_divergence_repeat_fresh": first_divergence(before, repeat_fresh),
+            "logprob_gap_same_weights": gap(original, original_again),
+            "logprob_gap_restored": gap(original, under_restored),
+            "logprob_gap_other_weights": gap(original, under_other),
+            "restored_weights_restore_the_model": gap(original, under_restored) <= gap(original, original_again) + 1e-3,
             "cached_tokens_first": cached_first, "cached_tokens_repeat": cached_repeat,
-            "cached_tokens_after_sync": cached_after_sync, "cached_tokens_after_restore": engine.last_cached_tokens})
+            "cached_tokens_after_sync": cached_after_sync, "cached_tokens_after_restore": cached_after_restore})
+
+
+def score(engine, sequences: list[list[int]]) -> torch.Tensor:
+    """Teacher-forced log-probs [N, L-1] (fp32) of each sequence's tokens 1.. under the engine's current weights
+    (vLLM's prompt_logprobs, one forward with no sampling; the prefix cache is reset first so nothing is reused)."""
+    engine.llm.reset_prefix_cache()
+    params = engine._SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0, detokenize=False)
+    outs = engine.llm.generate([{"prompt_token_ids": s} for s in sequences], params, use_tqdm=False)
+    return torch.tensor([[pos[tok].logprob for tok, pos in zip(s[1:], o.prompt_logprobs[1:])]
+                         for s, o in zip(sequences, outs)])
+
+
+def first_divergence(a: torch.Tensor, c: torch.Tensor) -> float | None:
+    """Mean over rows of the first response position where two [B, R] token tensors differ (None: identical)."""
+    differ = a != c
+    if not bool(differ.any()):
+        return None
+    first = torch.where(differ.any(1), differ.int().argmax(1), torch.full((a.shape[0],), a.shape[1]))
+    return float(first.float().mean())
 
 
 def vllm_throughput(b: Bench, engine, batch: int, top_p: float) -> None:
@@ -375,9 +421,11 @@ def vllm_throughput(b: Bench, engine, batch: int, top_p: float) -> None:
     engine.spec = vllm_spec(b, top_p)
     SP = engine._SamplingParams
 
-    def plain(seeded: bool, ids: torch.Tensor) -> int:
+    def plain(seeded: bool, ids: torch.Tensor, logprobs: bool = False) -> int:
         prompts = [{"prompt_token_ids": row.tolist()} for row in ids.cpu()]
         base = dict(temperature=1.0, top_p=top_p, max_tokens=r, ignore_eos=True, detokenize=False)
+        if logprobs:  # what the engine asks for: the drawn token's log-prob, flat
+            base |= dict(logprobs=0, flat_logprobs=True)
         params = [SP(seed=i, **base) for i in range(batch)] if seeded else SP(**base)
         outs = engine.llm.generate(prompts, params, use_tqdm=False)
         return sum(len(o.outputs[0].token_ids) for o in outs)
@@ -386,7 +434,7 @@ def vllm_throughput(b: Bench, engine, batch: int, top_p: float) -> None:
         return engine.generate(ids, mask, seed=0).numel()  # fixed length: every position is a generated token
 
     calls = {"vllm-plain": lambda ids, mask: plain(False, ids), "vllm-seeded": lambda ids, mask: plain(True, ids),
-             "vllm-engine": ours}
+             "vllm-logprobs": lambda ids, mask: plain(True, ids, logprobs=True), "vllm-engine": ours}
     variants = [v for v in b.args.variant_list if v in calls] or list(calls)
     ids, mask = b.prompts(batch, b.vocab, 100)
     engine.llm.reset_prefix_cache()

@@ -50,6 +50,6 @@ def test_table_puts_each_engine_in_its_column_with_the_ratios() -> None:
     text = compare_rollout.render(rows)
     line = next(x for x in text.splitlines() if x.startswith("| qwen2-0.5b | 256 | 1.0 |"))
     cells = [c.strip() for c in line.strip("|").split("|")]
-    assert cells[3] == "50.0k" and cells[5] == "48.0k" and cells[6] == "120.0k" and cells[-2] == "96.0%"
+    assert cells[3] == "50.0k" and cells[6] == "48.0k" and cells[7] == "120.0k" and cells[-2] == "96.0%"
     assert cells[-1] == "33.3%"  # best transformers path (static generate) over our fast path
     assert "unit: vllm-0.5b  exit 1" in text and "| rollout | 1.500 |" in text and "| **step total** | 2.500 |" in text

@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import types
 from pathlib import Path
 
 import pytest
@@ -147,9 +148,10 @@ class _StandInLLM:
         out = []
         for _prompt, p in zip(prompts, params):
             tokens = [3 + p.seed % 7] * p.max_tokens
-            # vLLM's shape: per token, {token id: Logprob} holding at least the drawn one (logprobs=0)
-            logprobs = None if p.logprobs is None else [{t: type("Logprob", (), {"logprob": -0.25 * (1 + i % 3)})()}
-                                                        for i, t in enumerate(tokens)]
+            # vLLM's FlatLogprobs (flat_logprobs=True, logprobs=0): per position its drawn token, then none else
+            logprobs = None if p.logprobs is None else types.SimpleNamespace(
+                start_indices=list(range(len(tokens))), token_ids=tokens,
+                logprobs=[-0.25 * (1 + i % 3) for i in range(len(tokens))])
             completion = type("Completion", (), {"token_ids": tokens, "logprobs": logprobs})()
             out.append(type("Request", (), {"outputs": [completion], "num_cached_tokens": 0})())
         return out
@@ -174,7 +176,6 @@ def test_engine_logic_with_a_stand_in_for_vllm(monkeypatch: pytest.MonkeyPatch, 
     """Without vLLM: the engine's sleep/sync state machine, its outputs and the built-in model directory
     (made once, reused). The real engine is exercised by the device tests below."""
     import tempfile
-    import types
 
     from kuberl.rollout.vllm import VLLMRollout
 
@@ -204,7 +205,6 @@ def test_greedy_answers_with_a_stand_in_for_vllm(monkeypatch: pytest.MonkeyPatch
     """Evaluation through the interface: temperature 0, a stop at EOS even under fixedLength, and the engine left
     awake for the next rollout (no sync comes between them); rollouts still ignore EOS and sleep after."""
     import tempfile
-    import types
 
     from kuberl.rollout.vllm import VLLMRollout
 
@@ -418,7 +418,6 @@ def test_the_turns_of_a_multi_turn_rollout_keep_a_sleeping_engine_awake(monkeypa
     """Under sleep mode the engine sleeps after a generate; inside `turns()` it sleeps once, after the last turn, so
     every turn after the first can continue from vLLM's prefix cache (no sync, no reset between them)."""
     import tempfile
-    import types
 
     from kuberl.rollout.vllm import VLLMRollout
 

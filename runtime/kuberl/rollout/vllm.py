@@ -174,6 +174,7 @@ class VLLMRollout:
             seed=seed,
             detokenize=False,
             logprobs=0,  # the drawn token's own log-prob (vLLM's default mode: of the raw logits, temperature 1)
+            flat_logprobs=True,  # FlatLogprobs: a few flat lists per request, not a dict and a Logprob per token
         )
 
     def sleep(self) -> None:
@@ -239,7 +240,7 @@ class VLLMRollout:
             tokens = list(out.outputs[0].token_ids)[:R]
             if tokens:
                 responses[i, : len(tokens)] = torch.tensor(tokens, dtype=torch.long)
-            drawn = [choices[token].logprob for token, choices in zip(tokens, out.outputs[0].logprobs or [])]
+            drawn = drawn_logprobs(out.outputs[0].logprobs, tokens)
             self._logprobs[i, : len(drawn)] = torch.tensor(drawn)
         return responses
 
@@ -255,3 +256,15 @@ class VLLMRollout:
         if core is not None and hasattr(core, "shutdown"):
             core.shutdown()
         self.sender.staging = None
+
+
+def drawn_logprobs(flat, tokens: list[int]) -> list[float]:
+    """Each drawn token's log-prob from vLLM's FlatLogprobs (logprobs=0: the drawn token is each position's first
+    entry, at `start_indices`); [] when vLLM returned none."""
+    if flat is None:
+        return []
+    starts = flat.start_indices[: len(tokens)]
+    if any(flat.token_ids[s] != t for s, t in zip(starts, tokens)):
+        raise RuntimeError("vllm rollout: a position's first log-prob is not its drawn token's (vLLM's FlatLogprobs "
+                           "layout changed; this engine was written against vLLM 0.26.0)")
+    return [flat.logprobs[s] for s in starts]
