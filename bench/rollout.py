@@ -392,9 +392,18 @@ def measure_checks(b: Bench, engine, weights: dict[str, torch.Tensor]) -> None:
             "logprob_gap_same_weights": gap(original, original_again),
             "logprob_gap_restored": gap(original, under_restored),
             "logprob_gap_other_weights": gap(original, under_other),
-            "restored_weights_restore_the_model": gap(original, under_restored) <= gap(original, original_again) + 1e-3,
+            "restored_weights_restore_the_model": restored_like_original(gap(original, original_again),
+                                                                         gap(original, under_restored),
+                                                                         gap(original, under_other)),
             "cached_tokens_first": cached_first, "cached_tokens_repeat": cached_repeat,
             "cached_tokens_after_sync": cached_after_sync, "cached_tokens_after_restore": cached_after_restore})
+
+
+def restored_like_original(same: float, restored: float, other: float) -> bool:
+    """Restored weights score like the original ones: their max |delta log p| is within twice (plus 0.01) what the
+    same weights show between two identical scoring calls (vLLM's own run-to-run noise, ~0.03 at 0.5B on an H100),
+    and a tenth of what other weights show."""
+    return restored <= 2 * same + 0.01 and restored * 10 < other
 
 
 def score(engine, sequences: list[list[int]]) -> torch.Tensor:
