@@ -26,3 +26,10 @@ def test_a_two_turn_environment_is_learned_on_ray(ray_session, tmp_path):
     assert all(r["env_turns_mean"] == 2.0 and r["env_failed"] == 0.0 and r["env_truncated"] == 0.0 for r in rows)
     # the reward is the environment's alone (reward.function: environment)
     assert all(abs(r["env_reward_mean"] - r["reward_mean"]) < 1e-6 for r in rows)
+    # the timeline has the environment's calls on a row of their own, inside the actor's rollout
+    for r in rows:
+        rollout = next(s for s in r["timeline"] if (s["role"], s["phase"]) == ("actor", "rollout"))
+        env = [s for s in r["timeline"] if s["role"] == "env"]
+        assert {s["phase"] for s in env} == {"env_reset", "env_step"}
+        assert all(rollout["start_s"] <= s["start_s"] < s["end_s"] <= rollout["end_s"] for s in env)
+    assert (tmp_path / "timeline.png").exists()

@@ -14,7 +14,7 @@ import torch
 
 from kuberl.envs import EnvStep
 from kuberl.rollout.hf import HFRollout
-from kuberl.rollout.multiturn import MultiTurnRollout, episode_stats, turn_spec
+from kuberl.rollout.multiturn import MultiTurnRollout, batch_env_spans, busy_spans, episode_stats, turn_spec
 from kuberl.spec import JobSpec
 from kuberl.training.models import char_tokenizer, load_causal_lm
 from kuberl.training.sequence import response_logprobs
@@ -95,6 +95,11 @@ def test_two_turns_with_the_observation_in_context_and_out_of_the_loss(rollout: 
         ends = out.meta["turn_ends"][row]
         assert out["env_rewards"][row].nonzero().flatten().tolist() == list(ends)
         assert out["env_rewards"][row, list(ends)].tolist() == [1.0, 2.0]
+    # when the environments ran, for the timeline: resets, then steps, once per rank (its first row)
+    spans = batch_env_spans(out)
+    assert spans[0][0] == "env_reset" and {name for name, *_ in spans[1:]} == {"env_step"}
+    assert out.meta["env_spans"][1:] == [[], []] and all(0 <= start < end for _, start, end in spans)
+    assert spans[0][2] <= spans[1][1] and len(spans) <= 3  # the resets, then each turn's steps (merged, or one span)
     stats = episode_stats(out)
     assert stats.pop("env_seconds") > 0
     assert stats == {"env_failed": 0.0, "env_turns_mean": 2.0, "env_reward_mean": 3.0, "env_truncated": 0.0,
@@ -147,3 +152,11 @@ def test_a_slow_environment_holds_up_its_own_trajectory_not_the_others_turns(rol
     # one's second turn in a generate of its own after it answered
     assert calls[0][1] == 3 and calls[1][1] == 2 and calls[1][0] < slow.answered_at
     assert calls[2][1] == 1 and calls[2][0] >= slow.answered_at and len(calls) == 3
+
+
+def test_busy_spans_merge_overlapping_calls_of_a_kind() -> None:
+    calls = [("step", 12.0, 13.0), ("reset", 10.0, 10.5), ("step", 12.5, 14.0), ("reset", 10.2, 10.4),
+             ("step", 15.0, 15.5)]
+    assert busy_spans(calls, t0=10.0) == [("env_step", 2.0, 4.0), ("env_step", 5.0, 5.5), ("env_reset", 0.0, 0.5)]
+    assert busy_spans(calls, t0=10.0, gap_s=1.0) == [("env_step", 2.0, 5.5), ("env_reset", 0.0, 0.5)]
+    assert busy_spans([], t0=0.0) == []

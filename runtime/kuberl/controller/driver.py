@@ -234,8 +234,15 @@ class Driver:
         if ahead is not None:
             phases.adopt(ahead.phase)
         self.loader_at_step_start, batch = current.data_before, current.prompts
-        batch.update(current.phase.finish())
+        self._finish_rollout(phases, current)
         return batch, 0 if ahead is None else 1
+
+    @staticmethod
+    def _finish_rollout(phases: Phases, rollout: Rollout) -> None:
+        """The rollout's result into its prompts' Batch; its environment calls (spec.environment) into the timeline,
+        on a row of their own."""
+        rollout.prompts.update(rollout.phase.finish())
+        phases.within(rollout.phase, "env", multiturn.batch_env_spans(rollout.prompts))
 
     def _score(self, phases: Phases, batch: Batch) -> None:
         """Reward scores [B], ref log-probs [B,R] and critic values [B,R] of the rollout, at once, into `batch`
@@ -264,7 +271,7 @@ class Driver:
         while dynamic_sampling.count_informative(parts, size) < want and len(parts) < ds.max_rounds:
             more = self._send_rollout(phases, self.step + 1, refill=len(parts))
             part = more.prompts
-            part.update(more.phase.finish())
+            self._finish_rollout(phases, more)
             self._score(phases, part)
             parts.append(part)
         out, kept = dynamic_sampling.assemble(parts, want, size, self.prompts.tokenizer.pad_token_id)

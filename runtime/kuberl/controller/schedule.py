@@ -18,7 +18,7 @@ never overlap: each phase of one waits for the others' phases in flight.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -66,6 +66,7 @@ class Phases:
     def __init__(self, roles: Roles, t0: float, sequential: bool = False):
         self.roles, self.t0, self.sequential = roles, t0, sequential
         self.phases: list[Phase] = []
+        self.inner: list[Span] = []  # work inside a phase that the role reports (`within`): not phases themselves
 
     def start(self, name: str, method: BoundRemote[..., Any], *args: Any, **kwargs: Any) -> Phase:
         """Send `method(*args, **kwargs)` to its role as phase `name`; returns at once (unless sequential).
@@ -122,14 +123,25 @@ class Phases:
         phase.end_t = time.perf_counter()
         self.phases.append(phase)
 
+    def within(self, phase: Phase, role: str, spans: Iterable[tuple[str, float, float]]) -> None:
+        """Spans of work done inside `phase` as its role reported them, (name, start, end) in seconds from when the
+        role began the call (e.g. the environment calls of a multi-turn rollout), shown on row `role`. Placed from
+        the phase's start: late by the call's dispatch, which the role's clock does not see."""
+        base = phase.start_t - self.t0
+        self.inner += [Span(role, name, base + start, base + end) for name, start, end in spans]
+
     def spans(self) -> list[Span]:
-        """Every finished phase's span, seconds from the step's start, in the order they were sent."""
+        """Every finished phase's span and the spans reported inside them (`within`), seconds from the step's
+        start, in the order they began."""
+        return sorted(self._phase_spans() + self.inner, key=lambda s: s.start_s)
+
+    def _phase_spans(self) -> list[Span]:
         return [Span(p.role, p.name, p.start_t - self.t0, p.end_t - self.t0)
                 for p in sorted(self.phases, key=lambda p: p.start_t) if p.finished]
 
     def durations(self) -> dict[str, float]:
-        """Seconds per phase name (summed where a phase ran more than once)."""
+        """Seconds per phase name (summed where a phase ran more than once); not the spans inside them."""
         out: dict[str, float] = {}
-        for s in self.spans():
+        for s in self._phase_spans():
             out[s.phase] = out.get(s.phase, 0.0) + s.end_s - s.start_s
         return out

@@ -36,7 +36,7 @@ def plot_reward_curve(jsonl: Path, png: Path, key: str = "reward_mean") -> Path:
     return png
 
 
-ROLE_ROWS = ("actor", "critic", "ref", "reward", "driver")  # top to bottom; other (extra) roles after these
+ROLE_ROWS = ("actor", "env", "critic", "ref", "reward", "driver")  # top to bottom; other (extra) roles after these
 
 
 def plot_timeline(jsonl: Path, png: Path, last: int = 4) -> Path | None:

@@ -40,6 +40,7 @@ from kuberl.spec.model import EnvironmentSpec
 from . import RolloutEngine
 
 POLL_S = 0.05  # how often the environment calls in flight are checked against timeoutSeconds
+SPAN_GAP_S = 0.01  # the timeline's environment calls closer than this are one span (a step's chart shows seconds)
 LINGER = 0.25  # after a turn is generated, how long its environment calls are awaited before the next generate
 # goes ahead with those that answered, as a fraction of that generate's time (the others join a later one)
 
@@ -98,13 +99,17 @@ class Calls:
         self.pending: dict[cf.Future, tuple[int, Episode, str, bool, list[float]]] = {}
         self.submitted = 0
         self.waited_s = 0.0  # seconds `collect` waited: the rollout held up by its environments
+        self.ended: list[tuple[str, float, float]] = []  # calls that returned or raised: (what, start, end) monotonic
 
     def submit(self, episode: Episode, fn: Callable[[Any], Any], arg: Any, what: str, last: bool = False) -> None:
         started: list[float] = []
 
         def timed() -> Any:
             started.append(time.monotonic())
-            return fn(arg)
+            try:
+                return fn(arg)
+            finally:
+                self.ended.append((what, started[0], time.monotonic()))
 
         self.pending[self.pool.submit(timed)] = (self.submitted, episode, what, last, started)
         self.submitted += 1
@@ -150,19 +155,20 @@ class MultiTurnRollout:
         self.eos = None if spec.rollout.fixed_length else tokenizer.eos_token_id
         self.where = self.env.module + (f".{self.env.class_}" if self.env.class_ else "")
         self.env_s = 0.0  # the last run's seconds waiting for environment calls
+        self.env_spans: list[tuple[str, float, float]] = []  # the last run's `busy_spans`
 
     def run(self, rows: Sequence[dict[str, Any]], seed: int, device: torch.device | str = "cpu") -> Batch:
         """Data rows (one per trajectory) -> the trajectories' Batch (the class docstring), on the CPU. A turn is
         generated for every trajectory whose environment has answered; the environment calls of the others go on
         meanwhile (`Calls.collect`)."""
         pool, self.env_s = cf.ThreadPoolExecutor(self.env.concurrency, thread_name_prefix="env"), 0.0
-        calls = Calls(pool, self.env.timeout_seconds, self.where)
+        calls, t0 = Calls(pool, self.env.timeout_seconds, self.where), time.monotonic()
         try:
             episodes = self._start(calls, rows)
             with self.engine.turns():  # vllm: awake from the first turn to the last
                 self._play(calls, [e for e in episodes if e.going and e.used < self.width], seed, device)
         finally:
-            self.env_s = calls.waited_s
+            self.env_s, self.env_spans = calls.waited_s, busy_spans(list(calls.ended), t0)
             pool.shutdown(wait=False, cancel_futures=True)  # a hung environment call is left behind, not awaited
         return self._batch(episodes)
 
@@ -254,8 +260,31 @@ class MultiTurnRollout:
                     rewards[row, end] += reward
         out.tensors["env_rewards"] = rewards
         out.meta.update(env_turns=[len(e.rewards) for e in episodes], env_failure=[e.failure for e in episodes],
-                        env_tools=[tuple(e.tools) for e in episodes], env_seconds=[self.env_s] * len(episodes))
+                        env_tools=[tuple(e.tools) for e in episodes], env_seconds=[self.env_s] * len(episodes),
+                        env_spans=[self.env_spans] + [[]] * (len(episodes) - 1))  # once per rank: its first row
         return out
+
+
+def busy_spans(calls: Sequence[tuple[str, float, float]], t0: float,
+               gap_s: float = SPAN_GAP_S) -> list[tuple[str, float, float]]:
+    """Environment calls (what, start, end; monotonic s) -> when calls of each kind ran: ("env_reset" or "env_step",
+    start, end) in seconds from `t0`, calls of a kind that overlap or are less than `gap_s` apart in one span."""
+    out: list[tuple[str, float, float]] = []
+    for what in dict.fromkeys(w for w, _, _ in calls):
+        open_at = close_at = None
+        for _, start, end in sorted(c for c in calls if c[0] == what):
+            if close_at is not None and start > close_at + gap_s:
+                out.append((f"env_{what}", open_at - t0, close_at - t0))
+                open_at = None
+            open_at = start if open_at is None else open_at
+            close_at = end if close_at is None else max(close_at, end)
+        out.append((f"env_{what}", open_at - t0, close_at - t0))
+    return out
+
+
+def batch_env_spans(batch: Batch) -> list[tuple[str, float, float]]:
+    """Every rank's `busy_spans` of a multi-turn batch (none for a single-turn one)."""
+    return [tuple(span) for row in batch.meta.get("env_spans", []) for span in row]
 
 
 def count(info: dict[str, Any], key: str) -> int:
