@@ -19,7 +19,9 @@ A figure more than 10 % worse than its baseline fails the check (exit 1), as doe
 that was not measured. Each kind of GPU has its own baseline (the device call may give an H100 or an H200, which
 differ by about a fifth in memory-bound figures): a run is compared with its own device's only, and where that has
 none, its figures say "no baseline". The baseline changes only with --update-baseline and a reason, both kept in
-the file.
+the file, with the host it was measured on. Each run records its host first (`host_figures`: the CPU, its cores,
+and one core's Python and host-copy speed) and says under the table whether the baseline's was another (2026-12-07:
+two H100 hosts, one tree, gave PPO steps 18-27 % apart while the memory-bound fast path agreed within 0.2 %).
 """
 
 from __future__ import annotations
@@ -27,7 +29,10 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
+import platform
 import sys
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -146,6 +151,49 @@ def table(rows: list[dict], baseline: dict[str, float]) -> tuple[str, bool]:
     return "\n".join(lines), ok
 
 
+def host_figures() -> dict:
+    """The machine beside the GPU, which moves the launch- and copy-bound figures (the PPO step, the checkpoint's
+    training-path part) where the memory-bound fast path does not: the CPU's model and cores, and two short
+    measurements on one core: Python's additions per second (millions) and a host copy of 256 MiB (GB/s)."""
+    import torch
+
+    cpu = platform.processor()
+    with open("/proc/cpuinfo") as f:
+        cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+    t, n = time.perf_counter(), 0
+    for i in range(3_000_000):
+        n += i
+    python = 3.0 / (time.perf_counter() - t)
+    src = torch.ones(256 << 20, dtype=torch.uint8)
+    dst = torch.empty_like(src)
+    dst.copy_(src)  # the pages touched once before the timing
+    t = time.perf_counter()
+    for _ in range(4):
+        dst.copy_(src)
+    memcpy = 4 * src.numel() / (time.perf_counter() - t) / 1e9
+    return {"kind": "host", "cpu": cpu, "cores": os.cpu_count(), "python_madds_per_s": python,
+            "memcpy_gb_per_s": memcpy}
+
+
+def host_note(rows: list[dict], baseline: dict) -> str:
+    """One line on this run's host against the baseline's: a different CPU, or one core more than 10 % apart in
+    either measurement, says the figures compare two machines, not only two trees."""
+    now = next((r for r in reversed(rows) if r.get("kind") == "host"), None)
+    then = baseline.get("host")
+    if now is None:
+        return "host: not recorded in these results"
+    line = (f"host: {now['cpu']}, {now['cores']} cores, Python {now['python_madds_per_s']:.1f} M adds/s, "
+            f"host copy {now['memcpy_gb_per_s']:.1f} GB/s")
+    if then is None:
+        return line + "; the baseline's host was not recorded"
+    apart = now["cpu"] != then["cpu"] or any(abs(now[k] / then[k] - 1) > TOLERANCE
+                                             for k in ("python_madds_per_s", "memcpy_gb_per_s"))
+    verdict = (": ANOTHER HOST, so a launch- or copy-bound figure's change may be the machine's, not the code's "
+               "(run the baseline's tree in the same lease to tell)" if apart else ": the same host kind")
+    return line + (f"; the baseline's: {then['cpu']}, Python {then['python_madds_per_s']:.1f}, host copy "
+                   f"{then['memcpy_gb_per_s']:.1f} GB/s{verdict}")
+
+
 def read_baselines(path: Path = BASELINE) -> dict[str, dict]:
     """Device name (as torch names it) -> its baseline: measured (date), reason, figures."""
     return json.loads(path.read_text())["devices"] if path.exists() else {}
@@ -161,6 +209,9 @@ def write_baseline(rows: list[dict], reason: str, device: str, path: Path = BASE
     """Write this run's figures as `device`'s baseline, the other devices' kept; returns the new entry."""
     values = {k: v for k, v in measured(rows).items() if v is not None}
     doc = {"measured": datetime.date.today().isoformat(), "reason": reason, "figures": values}
+    host = next((r for r in reversed(rows) if r.get("kind") == "host"), None)
+    if host is not None:
+        doc["host"] = {k: v for k, v in host.items() if k != "kind"}
     path.write_text(json.dumps({"devices": {**read_baselines(path), device: doc}}, indent=1) + "\n")
     return doc
 
@@ -187,6 +238,7 @@ def main(argv: list[str] | None = None) -> int:
         rows = load([Path(p) for p in args.table])
     else:
         runner = Runner(Path(args.out), BUDGET_S)
+        runner.record(host_figures())
         for unit in (u for u in UNITS if not args.units or u.name in args.units.split(",")):
             runner.run(unit, vllm_ok=False)
         rows = load([runner.results])
@@ -197,6 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\ngpu-check on {device}, baseline of {baseline.get('measured', 'none')} "
           f"({baseline.get('reason', f'no baseline for this device; other devices with one: {others}')}):")
     print(text)
+    print(host_note(rows, baseline))
     if args.update_baseline:
         doc = write_baseline(rows, args.reason, device_name(rows))
         print(f"baseline written: {BASELINE.relative_to(REPO)} ({len(doc['figures'])} figures)")

@@ -82,3 +82,22 @@ def test_the_device_is_read_from_the_ppo_summary_when_no_fast_path_ran() -> None
 def test_the_baseline_in_the_repository_is_keyed_by_device() -> None:
     baselines = gpu_check.read_baselines()
     assert baselines and all(doc["reason"] and doc["figures"] for doc in baselines.values())
+
+
+def test_the_host_is_measured_and_another_host_is_named() -> None:
+    host = gpu_check.host_figures()
+    assert host["kind"] == "host" and host["cpu"] and host["cores"] >= 1
+    assert host["python_madds_per_s"] > 0 and host["memcpy_gb_per_s"] > 0
+    same = {k: v for k, v in host.items() if k != "kind"}
+    assert gpu_check.host_note([host], {"host": same}).endswith(": the same host kind")
+    slower = {**same, "python_madds_per_s": host["python_madds_per_s"] * 1.3}
+    assert "ANOTHER HOST" in gpu_check.host_note([host], {"host": slower})
+    assert "ANOTHER HOST" in gpu_check.host_note([host], {"host": {**same, "cpu": "another CPU"}})
+    assert gpu_check.host_note([host], {}).endswith("the baseline's host was not recorded")
+    assert gpu_check.host_note(rows(), {"host": same}) == "host: not recorded in these results"
+
+
+def test_the_baseline_keeps_the_host_it_was_measured_on(tmp_path: Path) -> None:
+    host = {"kind": "host", "cpu": "a CPU", "cores": 16, "python_madds_per_s": 30.0, "memcpy_gb_per_s": 10.0}
+    doc = gpu_check.write_baseline([*rows(), host], "a reason", "NVIDIA H200", tmp_path / "b.json")
+    assert doc["host"] == {"cpu": "a CPU", "cores": 16, "python_madds_per_s": 30.0, "memcpy_gb_per_s": 10.0}
