@@ -126,7 +126,7 @@ class Phases:
     def within(self, phase: Phase, role: str, spans: Iterable[tuple[str, float, float]]) -> None:
         """Spans of work done inside `phase` as its role reported them, (name, start, end) in seconds from when the
         role began the call (e.g. the environment calls of a multi-turn rollout), shown on row `role`. Placed from
-        the phase's start: late by the call's dispatch, which the role's clock does not see."""
+        the phase's start as the driver sent it: early by the time the call took to reach the role."""
         base = phase.start_t - self.t0
         self.inner += [Span(role, name, base + start, base + end) for name, start, end in spans]
 
