@@ -271,14 +271,13 @@ def busy_spans(calls: Sequence[tuple[str, float, float]], t0: float,
     start, end) in seconds from `t0`, calls of a kind that overlap or are less than `gap_s` apart in one span."""
     out: list[tuple[str, float, float]] = []
     for what in dict.fromkeys(w for w, _, _ in calls):
-        open_at = close_at = None
+        merged: list[list[float]] = []
         for _, start, end in sorted(c for c in calls if c[0] == what):
-            if close_at is not None and start > close_at + gap_s:
-                out.append((f"env_{what}", open_at - t0, close_at - t0))
-                open_at = None
-            open_at = start if open_at is None else open_at
-            close_at = end if close_at is None else max(close_at, end)
-        out.append((f"env_{what}", open_at - t0, close_at - t0))
+            if merged and start <= merged[-1][1] + gap_s:
+                merged[-1][1] = max(merged[-1][1], end)
+            else:
+                merged.append([start, end])
+        out += [(f"env_{what}", start - t0, end - t0) for start, end in merged]
     return out
 
 
