@@ -260,11 +260,11 @@ class VLLMRollout:
 
 def drawn_logprobs(flat, tokens: list[int]) -> list[float]:
     """Each drawn token's log-prob from vLLM's FlatLogprobs (logprobs=0: the drawn token is each position's first
-    entry, at `start_indices`); [] when vLLM returned none."""
+    entry, at `start_indices`; checked at the first position, not per token); [] when vLLM returned none."""
     if flat is None:
         return []
     starts = flat.start_indices[: len(tokens)]
-    if any(flat.token_ids[s] != t for s, t in zip(starts, tokens)):
+    if starts and flat.token_ids[starts[0]] != tokens[0]:
         raise RuntimeError("vllm rollout: a position's first log-prob is not its drawn token's (vLLM's FlatLogprobs "
                            "layout changed; this engine was written against vLLM 0.26.0)")
     return [flat.logprobs[s] for s in starts]
