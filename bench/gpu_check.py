@@ -175,11 +175,15 @@ def host_figures() -> dict:
             "memcpy_gb_per_s": memcpy}
 
 
+def last_host(rows: list[dict]) -> dict | None:
+    """The run's `host_figures` row (the last one, where results were joined), or None."""
+    return next((r for r in reversed(rows) if r.get("kind") == "host"), None)
+
+
 def host_note(rows: list[dict], baseline: dict) -> str:
     """One line on this run's host against the baseline's: a different CPU, or one core more than 10 % apart in
     either measurement, says the figures compare two machines, not only two trees."""
-    now = next((r for r in reversed(rows) if r.get("kind") == "host"), None)
-    then = baseline.get("host")
+    now, then = last_host(rows), baseline.get("host")
     if now is None:
         return "host: not recorded in these results"
     line = (f"host: {now['cpu']}, {now['cores']} cores, Python {now['python_madds_per_s']:.1f} M adds/s, "
@@ -209,7 +213,7 @@ def write_baseline(rows: list[dict], reason: str, device: str, path: Path = BASE
     """Write this run's figures as `device`'s baseline, the other devices' kept; returns the new entry."""
     values = {k: v for k, v in measured(rows).items() if v is not None}
     doc = {"measured": datetime.date.today().isoformat(), "reason": reason, "figures": values}
-    host = next((r for r in reversed(rows) if r.get("kind") == "host"), None)
+    host = last_host(rows)
     if host is not None:
         doc["host"] = {k: v for k, v in host.items() if k != "kind"}
     path.write_text(json.dumps({"devices": {**read_baselines(path), device: doc}}, indent=1) + "\n")
