@@ -66,6 +66,22 @@ def test_one_worker_group_per_enabled_role() -> None:
     assert [g["groupName"] for g in grpo] == ["actor", "ref", "reward"]
 
 
+def test_an_environment_gets_a_cpu_worker_group_of_its_own_with_no_api_token() -> None:
+    spec = job(environment={"module": "tools", "maxTurns": 2, "maxTokensPerTurn": 16}, rollout={"maxNewTokens": 64},
+               roles={"env": {"replicas": 3, "resources": {"cpu": "2", "memory": "1Gi"}}})
+    groups = {g["groupName"]: g for g in builders.ray_cluster(spec, OPTS)["spec"]["workerGroupSpecs"]}
+    assert list(groups) == ["actor", "critic", "ref", "reward", "env"]
+    env = groups["env"]
+    pod, (container,) = env["template"]["spec"], env["template"]["spec"]["containers"]
+    assert (env["replicas"], env["minReplicas"], env["maxReplicas"]) == (3, 3, 3)
+    assert container["resources"]["limits"]["cpu"] == "2" and "nvidia.com/gpu" not in container["resources"]["limits"]
+    assert pod["automountServiceAccountToken"] is False and "tolerations" not in pod
+    assert json.loads(env["rayStartParams"]["resources"].strip("'"))["kuberl_role_env"] == 1
+    off = job(environment={"module": "tools", "maxTurns": 2, "maxTokensPerTurn": 16}, rollout={"maxNewTokens": 64},
+              roles={"env": {"enabled": False}})
+    assert "env" not in [g["groupName"] for g in builders.ray_cluster(off, OPTS)["spec"]["workerGroupSpecs"]]
+
+
 def test_worker_group_settings() -> None:
     spec = job(roles={"actor": {"replicas": 2, "gpus": 4, "resources": {"cpu": "16", "memory": "64Gi"}}},
                rollout={"engine": "hf", "tensorParallelSize": 2}, trainer={"microBatchSize": 2})

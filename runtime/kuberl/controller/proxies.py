@@ -29,7 +29,7 @@ from collections.abc import Callable
 from typing import Any, Concatenate, Generic, ParamSpec, Protocol, TypeVar, overload
 
 from kuberl import logs
-from kuberl.workers import ActorWorker, CriticWorker, RefWorker, RewardWorker, RolloutWorker, Worker
+from kuberl.workers import ActorWorker, CriticWorker, EnvWorker, RefWorker, RewardWorker, RolloutWorker, Worker
 from kuberl.workers.dispatch import Dispatch, method_info
 from kuberl.workers.groups import GroupCall, LinkBroken, RoleError, WorkerFailure, WorkerGroup
 
@@ -215,6 +215,7 @@ class ActorProxy(RoleProxy):
     evaluate = remote(ActorWorker.evaluate)  # held-out prompts -> greedy responses (kuberl.controller.evaluation)
     compute_logprobs = remote(ActorWorker.compute_logprobs)  # the trained policy's log-probs (spec.rollout.async)
     policy_weights = remote_all(ActorWorker.policy_weights)  # full weights (rank 0's), pushed to the rollout role
+    connect_env = remote_all(ActorWorker.connect_env)  # the env role's ranks, which hold the environments
 
 
 class CriticProxy(RoleProxy):
@@ -236,5 +237,9 @@ class RolloutProxy(RoleProxy):
     push_weights = remote_all(RolloutWorker.push_weights)  # the actor's weights and their version
 
 
+class EnvProxy(RoleProxy):
+    open_environments = remote_all(EnvWorker.open_environments)  # per rank (the actor calls the ranks directly)
+
+
 PROXIES: dict[str, type[RoleProxy]] = {"actor": ActorProxy, "critic": CriticProxy, "ref": RefProxy,
-                                       "reward": RewardProxy, "rollout": RolloutProxy}
+                                       "reward": RewardProxy, "rollout": RolloutProxy, "env": EnvProxy}

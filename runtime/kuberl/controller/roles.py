@@ -45,6 +45,7 @@ from kuberl.controller.proxies import (
     PROXIES,
     ActorProxy,
     CriticProxy,
+    EnvProxy,
     RefProxy,
     RewardProxy,
     RoleProxy,
@@ -127,6 +128,7 @@ class Roles:
             self.groups[role].wait_ready()
             self.proxies[role] = PROXIES.get(role, RoleProxy)(self.groups[role], self)
             self._enable_snapshots(role)
+        self._wire_env()
         self.check_placement()
 
     def _new_group(self, role: str) -> WorkerGroup:
@@ -185,6 +187,16 @@ class Roles:
         """The rollout role of spec.rollout.async, else None."""
         return self.proxy("rollout", RolloutProxy) if "rollout" in self.proxies else None
 
+    @property
+    def env(self) -> EnvProxy | None:
+        """The env role of spec.environment (spec.roles.env), else None (no environment, or in the actor's ranks)."""
+        return self.proxy("env", EnvProxy) if "env" in self.proxies else None
+
+    def _wire_env(self) -> None:
+        """Give the actor's ranks the env role's, which its rollouts call directly: after either (re)started."""
+        if "env" in self.proxies and "actor" in self.proxies:
+            self.actor.connect_env(self.groups["env"].endpoints())
+
     def proxy(self, role: str, cls: type[T] = RoleProxy) -> T:  # type: ignore[assignment]
         """Role `role` behind proxy class `cls` (an extra role's own `RoleProxy` subclass)."""
         current = self.proxies[role]
@@ -231,7 +243,10 @@ class Roles:
         """The step is complete once its updates have returned: their snapshots are copied in the background,
         beside the next step's first phases (each role's next update waits for its own), and a role that dies
         before its copy is whole runs the update again (`recover`). A checkpoint started in an earlier step is
-        committed at the first step's end that finds its writes done: none waits for them here."""
+        committed at the first step's end that finds its writes done: none waits for them here. The env role's
+        ranks are checked here too, so a dead one is restarted even if no trajectory of the step reached it."""
+        if self.env is not None:
+            self.env.open_environments()
         if self.saved.pending and not self._writing():
             self.commit(snapshots=False)
         for role in self._stateful():
@@ -431,6 +446,8 @@ class Roles:
                 rec.detail = f"{rec.detail}; recreating it failed: {again.detail}"
         if role in TRAINING_ROLES:  # committed updates the restore did not bring back
             rec.steps_lost = self.saved.restored(role, held)
+        if role in ("actor", "env"):
+            self._wire_env()
         self.check_placement([role])
         rec.hosts = list(self.hosts.get(role, []))
         rec.ready_s = time.perf_counter() - t0
@@ -469,6 +486,8 @@ class Roles:
             if self.step > 0:
                 self.proxies[role].load(self.saved.checkpoint_of(role, self.step), self.step)
             self.saved.loaded(role, self.step)
+        if role in ("actor", "env"):
+            self._wire_env()
         self.check_placement([role])
         return before
 

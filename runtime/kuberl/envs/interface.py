@@ -8,7 +8,8 @@
             done = self.answer in action_text
             return EnvStep("" if done else "try again", float(done), done, {})
 
-One instance runs one trajectory at a time: `reset` starts it, each `step` answers one policy turn. What a user's
+One instance runs one trajectory at a time: `reset` starts it, each `step` answers one policy turn, and an optional
+`close()` is called once the rollout is over (`close_all`). What a user's
 method returns is checked here (`coerce_step`, `coerce_reset`), so a wrong shape is one line naming
 spec.environment.class and the fix, not a failure deep in the rollout.
 """
@@ -16,9 +17,12 @@ spec.environment.class and the fix, not a failure deep in the rollout.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from numbers import Real
 from typing import Any, Protocol, runtime_checkable
+
+from kuberl import logs
 
 FIELD = "spec.environment.class"
 Messages = list[dict[str, str]]
@@ -104,3 +108,16 @@ def coerce_reset(value: Any, where: str = "") -> str | Messages:
             raise EnvStepError(f"{at}: reset()'s message [{i}] is {_kind(message)} without a str role and a str "
                                f"content {fix}")
     return value
+
+
+def close_all(envs: Iterable[Any], where: str = "") -> None:
+    """A rollout's environments, dropped: each one's own `close()` called, where it has one. One that raises is
+    logged (a warning naming spec.environment.class) and the others are closed still."""
+    for env in envs:
+        close = getattr(env, "close", None)
+        if not callable(close):
+            continue
+        try:
+            close()
+        except Exception as exc:  # the user's code: reported, not fatal
+            logs.get("rollout").warning(f"{FIELD} {where}: close() raised {type(exc).__name__}: {exc}; ignored")

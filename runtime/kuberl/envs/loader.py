@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -67,20 +68,30 @@ def load_environment_class(module: str, class_name: str | None, manifest_dir: Pa
 def make_environment(env: EnvironmentSpec, manifest_dir: Path | None = None, prompt_key: str = "prompt") -> Environment:
     """A new environment as spec.environment describes it: the built-in tool environment (reading the prompt under
     spec.data.promptKey, `prompt_key`), or the user's class built with no arguments."""
+    return environment_factory(env, manifest_dir, prompt_key)()
+
+
+def environment_factory(env: EnvironmentSpec, manifest_dir: Path | None = None,
+                        prompt_key: str = "prompt") -> Callable[[], Environment]:
+    """`make_environment` with the class imported once, now: what a process that builds environments from many
+    threads at once calls (an import, and the invalidation of the import caches before it, is not thread-safe)."""
     cls = load_environment_class(env.module, env.class_, manifest_dir)
-    if env.builtin:
+
+    def make() -> Environment:
+        if env.builtin:
+            try:
+                return cls(prompt_key=prompt_key)
+            except Exception as exc:  # code_tools where the sandbox cannot run
+                raise EnvironmentImportError(f"{MODULE_FIELD}: the built-in {env.module} environment cannot start: "
+                                             f"{_raised(exc)} (fix: run it on Linux >= 5.13 with Landlock, where "
+                                             f"this user may create namespaces, or use module tools)") from None
         try:
-            return cls(prompt_key=prompt_key)
-        except Exception as exc:  # code_tools where the sandbox cannot run
-            raise EnvironmentImportError(f"{MODULE_FIELD}: the built-in {env.module} environment cannot start: "
-                                         f"{_raised(exc)} (fix: run it on Linux >= 5.13 with Landlock, where this "
-                                         f"user may create namespaces, or use module tools)") from None
-    try:
-        return cls()
-    except Exception as exc:  # the user's constructor: report it, whatever it raised
-        raise EnvironmentImportError(f"{CLASS_FIELD}: {env.module}.{env.class_}() raised {_raised(exc)} (fix: make "
-                                     f"the class constructible with no arguments; read settings from the "
-                                     f"environment or a file beside it)") from None
+            return cls()
+        except Exception as exc:  # the user's constructor: report it, whatever it raised
+            raise EnvironmentImportError(f"{CLASS_FIELD}: {env.module}.{env.class_}() raised {_raised(exc)} (fix: "
+                                         f"make the class constructible with no arguments; read settings from the "
+                                         f"environment or a file beside it)") from None
+    return make
 
 
 def _import(module: str) -> Any:

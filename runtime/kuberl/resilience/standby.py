@@ -191,6 +191,9 @@ class StandbyGroup(WorkerGroup):
     def identities(self) -> list[dict[str, Any]]:
         return self.active.identities()
 
+    def endpoints(self) -> list[Any]:
+        return self.active.endpoints()
+
     def shutdown(self) -> None:
         """Kill the active ranks and the standby."""
         self.active.shutdown()

@@ -17,7 +17,9 @@ tokenizer's chat template when it has one, else its contents are joined by newli
 On vLLM the engine stays awake from the first turn to the last (`RolloutEngine.turns`), so each turn continues from
 its prefix cache rather than a new prefill of the whole trajectory (the cache is emptied by weight syncs alone).
 
-Not yet: the environment as a role of its own (processes apart from the actor's, restarts, replicas).
+The environments are made by `make_env`: in this process, or (the env role, spec.roles.env) in the env role's
+processes (`kuberl.envs.remote`), where a rank that dies fails its trajectories as any raising call does. After the
+rollout `release` drops them (by default each one's own `close()`, where it has one).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ import torch
 
 from kuberl.data.batch import Batch
 from kuberl.envs import EnvStepError, coerce_reset, coerce_step
-from kuberl.envs.interface import Environment, Messages
+from kuberl.envs.interface import Environment, Messages, close_all
 from kuberl.envs.trajectory import Turn, build_trajectory, observation_turn, policy_turn, trajectory_batch
 from kuberl.spec import JobSpec
 from kuberl.spec.model import EnvironmentSpec
@@ -144,16 +146,21 @@ class Calls:
 
 class MultiTurnRollout:
     """Runs trajectories of spec.environment on an engine (the module's docstring). `make_env` makes one
-    environment per trajectory; the returned Batch is `kuberl.envs.trajectory.trajectory_batch`'s plus
-    env_rewards [B, R] (each policy turn's reward on its last token) and meta env_turns, env_failure."""
+    environment per trajectory, `release` drops a rollout's environments after it (default: `close_all`), and
+    `concurrency` calls run at once (default spec.environment.concurrency); the returned Batch is
+    `kuberl.envs.trajectory.trajectory_batch`'s plus env_rewards [B, R] (each policy turn's reward on its last
+    token) and meta env_turns, env_failure."""
 
-    def __init__(self, spec: JobSpec, engine: RolloutEngine, tokenizer: Any, make_env: Callable[[], Environment]):
+    def __init__(self, spec: JobSpec, engine: RolloutEngine, tokenizer: Any, make_env: Callable[[], Environment],
+                 release: Callable[[list[Environment]], None] | None = None, concurrency: int | None = None):
         assert spec.environment is not None
         self.env: EnvironmentSpec = spec.environment
         self.engine, self.tok, self.make_env = engine, tokenizer, make_env
+        self.where = self.env.module + (f".{self.env.class_}" if self.env.class_ else "")
+        self.release = release or (lambda envs: close_all(envs, self.where))
+        self.concurrency = concurrency or self.env.concurrency
         self.width, self.max_prompt = spec.rollout.max_new_tokens, spec.data.max_prompt_length
         self.eos = None if spec.rollout.fixed_length else tokenizer.eos_token_id
-        self.where = self.env.module + (f".{self.env.class_}" if self.env.class_ else "")
         self.env_s = 0.0  # the last run's seconds waiting for environment calls
         self.env_spans: list[tuple[str, float, float]] = []  # the last run's `busy_spans`
 
@@ -161,8 +168,8 @@ class MultiTurnRollout:
         """Data rows (one per trajectory) -> the trajectories' Batch (the class docstring), on the CPU. A turn is
         generated for every trajectory whose environment has answered; the environment calls of the others go on
         meanwhile (`Calls.collect`)."""
-        pool, self.env_s = cf.ThreadPoolExecutor(self.env.concurrency, thread_name_prefix="env"), 0.0
-        calls, t0 = Calls(pool, self.env.timeout_seconds, self.where), time.monotonic()
+        pool, self.env_s = cf.ThreadPoolExecutor(self.concurrency, thread_name_prefix="env"), 0.0
+        calls, t0, episodes = Calls(pool, self.env.timeout_seconds, self.where), time.monotonic(), []
         try:
             episodes = self._start(calls, rows)
             with self.engine.turns():  # vllm: awake from the first turn to the last
@@ -170,6 +177,7 @@ class MultiTurnRollout:
         finally:
             self.env_s, self.env_spans = calls.waited_s, busy_spans(list(calls.ended), t0)
             pool.shutdown(wait=False, cancel_futures=True)  # a hung environment call is left behind, not awaited
+            self.release([e.env for e in episodes if e.env is not None])
         return self._batch(episodes)
 
     def _play(self, calls: Calls, ready: list[Episode], seed: int, device: torch.device | str) -> None:

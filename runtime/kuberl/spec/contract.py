@@ -209,8 +209,9 @@ class ReplicasDocument(_Doc):
 
 
 # roles the driver resizes between two steps, with no other role restarted: ref and reward reload the model
-# path; actor and critic restart at the new world size from the checkpoint of the last completed step
-LIVE_RESIZED = ("actor", "critic", "ref", "reward")
+# path; actor and critic restart at the new world size from the checkpoint of the last completed step; env (its
+# environments live one rollout) starts anew and the actor is given its new workers
+LIVE_RESIZED = ("actor", "critic", "ref", "reward", "env")
 PROGRESS_KEY = "progress"  # ConfigMap <job>-progress: the driver's ProgressDocument (driver -> operator)
 REPLICAS_KEY = "replicas"  # ConfigMap <job>-progress: the spec's ReplicasDocument (operator -> driver)
 # The same two documents as files in Env.PROGRESS_DIR, between the driver (which holds no API token) and the

@@ -25,7 +25,7 @@ PLURAL = "rltrainingjobs"
 SHORT_NAME = "rltj"
 API_VERSION = f"{GROUP}/{VERSION}"
 
-ROLES: tuple[str, ...] = ("actor", "critic", "ref", "reward", "rollout")  # the built-in roles (spec.roles.<role>)
+ROLES: tuple[str, ...] = ("actor", "critic", "ref", "reward", "rollout", "env")  # the built-in roles: spec.roles.<role>
 TRAINING_ROLES: tuple[str, ...] = ("actor", "critic")  # the roles with an optimizer (offload and LoRA apply to these)
 ROLE_NAME = re.compile(r"^[a-z]([-a-z0-9]{0,18}[a-z0-9])?$")  # an extra role's name: a short DNS label
 
@@ -711,6 +711,12 @@ class RolesSpec(Section):
     reward: RoleSpec = Field(default_factory=RoleSpec)
     rollout: RoleSpec = Field(default_factory=RoleSpec,
                               description="The rollout workers of spec.rollout.async (runs only with it).")
+    env: RoleSpec = Field(default_factory=RoleSpec,
+                          description="The environment workers of spec.environment (runs only with it): CPU processes "
+                                      "(on Kubernetes, pods) that hold the environments and answer the actor's reset "
+                                      "and step calls, each replica up to spec.environment.concurrency at once; "
+                                      "restarted alone when one dies. enabled: false runs the environments in the "
+                                      "actor's own processes instead.")
     extra: dict[str, ExtraRoleSpec] = Field(
         default_factory=dict, json_schema_extra={"maxProperties": EXTRA_MAX_ROLES},
         description=f"Roles of one's own, by name (lowercase letters, digits, '-'; at most 20), at most "
@@ -933,7 +939,7 @@ class CrossFieldError(ValueError):
 
 def enabled_roles(spec: JobSpec) -> list[str]:
     """Roles that run for this spec, built-in ones first, then extra ones: the critic runs for ppo only, the rollout
-    role with spec.rollout.async only;
+    role with spec.rollout.async only, the env role with spec.environment only;
     a role can be disabled with `enabled: false` or `replicas: 0` (actor and reward cannot be)."""
     roles = []
     for role in (*ROLES, *spec.roles.extra):
@@ -942,6 +948,8 @@ def enabled_roles(spec: JobSpec) -> list[str]:
         if role == "critic" and spec.algorithm.name != "ppo":
             continue
         if role == "rollout" and spec.rollout.async_ is None:
+            continue
+        if role == "env" and spec.environment is None:
             continue
         roles.append(role)
     return roles
@@ -1046,6 +1054,9 @@ def _environment_problems(spec: JobSpec) -> list[Problem]:
     if spec.data.eval is not None:
         out.append(("environment", "is set with data.eval, whose held-out answers are single-turn",
                     "remove spec.data.eval"))
+    if spec.roles.env.gpus and "env" in enabled_roles(spec):
+        out.append(("roles.env.gpus", f"is {spec.roles.env.gpus}, but the environment workers run on CPU (the policy "
+                                      f"generates on the actor's GPUs)", "set spec.roles.env.gpus to 0, or remove it"))
     policy, room = env.max_turns * env.max_tokens_per_turn, spec.rollout.max_new_tokens
     if policy > room:
         most = room // env.max_turns
@@ -1116,7 +1127,8 @@ def _batch_problems(spec: JobSpec) -> list[Problem]:
                     f"is {budget}, less than one sequence can be (data.maxPromptLength + rollout.maxNewTokens = "
                     f"{longest})", f"set spec.trainer.maxTokensPerMicroBatch to at least {longest}"))
     for role in enabled_roles(spec):
-        out += _rank_problems(spec, role)
+        if role != "env":  # it gets no share of a batch: the actor's trajectories go to its ranks in turn
+            out += _rank_problems(spec, role)
     return out
 
 

@@ -5,12 +5,13 @@ from kuberl.spec import JobSpec
 from .actor import ActorWorker
 from .base import Worker
 from .critic import CriticWorker
+from .env import EnvWorker
 from .ref import RefWorker
 from .reward import RewardWorker
 from .rollout import RolloutWorker
 
 WORKERS: dict[str, type[Worker]] = {"actor": ActorWorker, "critic": CriticWorker, "ref": RefWorker,
-                                    "reward": RewardWorker, "rollout": RolloutWorker}
+                                    "reward": RewardWorker, "rollout": RolloutWorker, "env": EnvWorker}
 
 
 def worker_class(spec: JobSpec, role: str) -> type[Worker]:
@@ -28,5 +29,5 @@ def worker_class(spec: JobSpec, role: str) -> type[Worker]:
     return cls
 
 
-__all__ = ["WORKERS", "ActorWorker", "CriticWorker", "RefWorker", "RewardWorker", "RolloutWorker", "Worker",
-           "worker_class"]
+__all__ = ["WORKERS", "ActorWorker", "CriticWorker", "EnvWorker", "RefWorker", "RewardWorker", "RolloutWorker",
+           "Worker", "worker_class"]

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import torch
 
 from kuberl import algos
 from kuberl.data.batch import Batch
-from kuberl.envs import make_environment
+from kuberl.envs import environment_factory
+from kuberl.envs.remote import EnvEndpoints
 from kuberl.rollout import make_engine, response_batch
 from kuberl.rollout.multiturn import MultiTurnRollout, turn_spec
+from kuberl.spec import enabled_roles
 from kuberl.training import lora
 from kuberl.training.micro import map_rows, micro_rows
 from kuberl.training.models import load_causal_lm
@@ -33,9 +36,20 @@ class ActorWorker(Worker):
         self.trainer = FSDPTrainer.for_role(self, policy)
         env = self.spec.environment
         self.engine = make_engine(turn_spec(self.spec) if env else self.spec, self.device, self.dtype, self.tokenizer)
-        self.episodes = None if env is None else MultiTurnRollout(
-            self.spec, self.engine, self.tokenizer, lambda: make_environment(env, prompt_key=self.spec.data.prompt_key))
+        in_actor = env is not None and "env" not in enabled_roles(self.spec)  # else `connect_env` makes it
+        self.episodes = MultiTurnRollout(self.spec, self.engine, self.tokenizer, environment_factory(
+            env, prompt_key=self.spec.data.prompt_key)) if in_actor else None
         self.sync_weights()
+
+    @register(Dispatch.ALL, faults=False, state=False, repeatable=True)
+    def connect_env(self, ranks: list[Any]) -> None:
+        """The env role's ranks (spec.roles.env: Ray actor handles, or in-process workers) that hold this rank's
+        trajectories' environments from now on; sent after that role or this one (re)started."""
+        env = self.spec.environment
+        assert env is not None, "connect_env: this job has no spec.environment"
+        endpoints = EnvEndpoints(ranks, self.rank, env.timeout_seconds, env.concurrency)
+        self.episodes = MultiTurnRollout(self.spec, self.engine, self.tokenizer, endpoints.make, endpoints.release,
+                                         endpoints.concurrency)
 
     def resident_modules(self) -> list[torch.nn.Module]:
         """The policy, and the engine's own (the hf engine's model unless CUDA graphs captured its buffers)."""
@@ -66,7 +80,9 @@ class ActorWorker(Worker):
         multi-turn trajectories (`kuberl.rollout.multiturn`): observations inside them are masked out of
         response_mask; env_rewards [B, R] and meta env_turns, env_failure, turn_ends, truncated come too."""
         t0 = time.perf_counter()
-        if self.episodes is not None:
+        if self.spec.environment is not None:
+            if self.episodes is None:
+                raise RuntimeError("the env role's ranks were never given to the actor (Roles wires them: connect_env)")
             out = self.episodes.run(batch.meta["row"], seed + self.rank, self.device).to(self.device)
         else:
             out = self._responses(batch["prompt_ids"], batch["prompt_mask"], seed + self.rank, greedy)

@@ -157,6 +157,11 @@ class WorkerGroup(ABC):
     def identities(self) -> list[dict[str, Any]]:
         return self.call(Worker.identity)
 
+    @abstractmethod
+    def endpoints(self) -> list[Any]:
+        """The ranks as another role's process reaches them directly (the env role's, by the actor): Ray actor
+        handles, or the in-process workers."""
+
     def resize(self, spec: JobSpec) -> None:
         """Take ``spec`` (the role's replicas changed) for the next start: its world size follows."""
         self.spec, self.world_size = spec, world_size(spec, self.role)
@@ -225,6 +230,9 @@ class LocalWorkerGroup(WorkerGroup):
     def resize(self, spec: JobSpec) -> None:
         raise ValueError("the in-process backend runs one worker per role: resizing a role needs --backend ray")
 
+    def endpoints(self) -> list[Any]:
+        return [self.worker]
+
 
 class RayWorkerGroup(WorkerGroup):
     """`world_size` Ray actors of one role in the role's own placement group (one bundle per rank), or, for
@@ -259,8 +267,14 @@ class RayWorkerGroup(WorkerGroup):
         return out
 
     def concurrency(self) -> int:
-        """Calls one rank runs at once: under spec.rollout.asynchronous the actor generates beside its update."""
+        """Calls one rank runs at once: under spec.rollout.asynchronous the actor generates beside its update; an env
+        rank answers spec.environment.concurrency environment calls, and the driver's check beside them."""
+        if self.role == "env" and self.spec.environment is not None:
+            return self.spec.environment.concurrency + 1
         return 2 if self.role == "actor" and self.spec.rollout.asynchronous else 1
+
+    def endpoints(self) -> list[Any]:
+        return list(self.actors)
 
     def launch(self) -> None:
         """Reserve the placement group and create the actors without waiting (processes start in the background)."""
