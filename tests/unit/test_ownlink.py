@@ -90,6 +90,19 @@ def test_a_cut_off_driver_whose_node_ended_exits_ray_lost(tmp_path: Path) -> Non
     assert "this driver's Ray node ended while it was cut off from the head" in done.stderr, done.stderr
 
 
+def test_a_driver_whose_node_the_head_declared_dead_exits_ray_lost_before_blaming_a_role(tmp_path: Path) -> None:
+    """The chaos run's 90 s driver cut: the link came back, the raylet had not heard yet that its node was dead, and
+    the driver restarted the actor into a job Ray had already ended (a placement group nobody removes)."""
+    link = f"ownlink.OwnLink(address, {str(tmp_path / 'raylet')!r}, declared_dead=lambda: {{}})"
+    head = "head = socket.create_server(('127.0.0.1', 0)); address = f'127.0.0.1:{head.getsockname()[1]}'\n"
+    done = run_link(f"{head}{link.format('True')}.wait_if_cut_off()\nprint('went on')", tmp_path)
+    assert done.returncode == ExitCode.RAY_LOST and "went on" not in done.stdout, done
+    assert "the Ray head declared this driver's node dead" in done.stderr, done.stderr
+    (tmp_path / "raylet").unlink()
+    done = run_link(f"{head}print({link.format('False')}.wait_if_cut_off())", tmp_path)
+    assert done.returncode == 0 and done.stdout.strip() == "None", done
+
+
 def test_the_watch_ends_a_driver_whose_raylet_is_gone_and_stop_ends_the_watch(tmp_path: Path) -> None:
     link = f"ownlink.OwnLink('127.0.0.1:1', {str(tmp_path / 'raylet')!r})"
     t0 = time.monotonic()

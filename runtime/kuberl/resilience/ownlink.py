@@ -13,6 +13,12 @@ complete checkpoint (a checkpoint marked complete is whole, whatever moment the 
 does not count against the Job's backoffLimit. A driver whose run raises while its raylet goes (Ray's client
 raising on the new cluster's ID after the head's loss) exits the same way: `kuberl.run` asks `lost` and raises
 `RayLost`.
+
+The raylet hears of its node's death only some seconds after the link is back (22 s in a chaos run), and by then
+the head has killed the roles' actors (their owner's node died) and ended the driver's job. A driver that blamed a
+role meanwhile would restart it into a job Ray already cleaned up: the placement group it reserves is never removed,
+holds the role's pod, and the next driver waits for that pod forever. So before any role is blamed, the driver asks
+the head whether its own node is still alive (`declared_dead`), and exits `RAY_LOST` when it is not.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kuberl import logs
@@ -67,17 +74,45 @@ def abandon(why: str) -> None:
     os._exit(ExitCode.RAY_LOST)
 
 
+def node_declared_dead(node_id: str) -> bool:
+    """Whether the head lists the Ray node `node_id` as dead (declared so after missed health checks, its raylet
+    perhaps not told yet). A head that cannot be asked says nothing: False."""
+    import ray
+
+    try:
+        nodes = ray.nodes()
+    except Exception:  # any failure to ask is no verdict; the caller's own checks go on
+        return False
+    return any(n.get("NodeID") == node_id and not n.get("Alive", True) for n in nodes)
+
+
+def never() -> bool:
+    return False
+
+
 @dataclass
 class OwnLink:
-    """The driver's GCS address (`host:port`) and its raylet's Unix socket."""
+    """The driver's GCS address (`host:port`), its raylet's Unix socket, and how to ask the head whether the driver's
+    node is declared dead (`node_declared_dead` for a Ray driver)."""
 
     gcs_address: str
     raylet_socket: str
     stopped: threading.Event = field(default_factory=threading.Event)  # set: the watch ends (Ray shuts down)
+    declared_dead: Callable[[], bool] = never
 
     def wait_if_cut_off(self) -> float | None:
         """None when the GCS answers; else wait until it does and return the seconds waited. Should the driver's
-        raylet go meanwhile (Ray declared its node dead), `abandon`."""
+        raylet go meanwhile, or the head have declared its node dead once the link is back, `abandon`: the roles'
+        actors died with their owner's node, and nothing the driver starts now would be cleaned up."""
+        waited = self._wait_for_link()
+        if self.declared_dead():
+            abandon("the Ray head declared this driver's node dead (it missed its health checks"
+                    + (f" while cut off for {waited:.0f}s" if waited is not None else "")
+                    + "): the roles' actors died with it, so no role is blamed")
+        return waited
+
+    def _wait_for_link(self) -> float | None:
+        """None when the GCS answers; else the seconds until it does (`abandon` should the raylet go meanwhile)."""
         if gcs_answers(self.gcs_address):
             return None
         t0 = time.monotonic()
@@ -116,7 +151,8 @@ def start() -> OwnLink:
 
     global _current
     node = ray._private.worker.global_worker.node
-    _current = OwnLink(node.gcs_address, node.raylet_socket_name)
+    node_id = ray.get_runtime_context().get_node_id()
+    _current = OwnLink(node.gcs_address, node.raylet_socket_name, declared_dead=lambda: node_declared_dead(node_id))
     _current.watch()
     return _current
 
