@@ -106,9 +106,9 @@ class OwnLink:
         actors died with their owner's node, and nothing the driver starts now would be cleaned up."""
         waited = self._wait_for_link()
         if self.declared_dead():
-            abandon("the Ray head declared this driver's node dead (it missed its health checks"
-                    + (f" while cut off for {waited:.0f}s" if waited is not None else "")
-                    + "): the roles' actors died with it, so no role is blamed")
+            abandon("this driver's Ray node is gone: the Ray head declared it dead"
+                    + (f" (it missed its health checks while cut off for {waited:.0f}s)" if waited is not None else "")
+                    + ", and the roles' actors with it, so no role is blamed")
         return waited
 
     def _wait_for_link(self) -> float | None:
