@@ -105,11 +105,16 @@ class OwnLink:
         raylet go meanwhile, or the head have declared its node dead once the link is back, `abandon`: the roles'
         actors died with their owner's node, and nothing the driver starts now would be cleaned up."""
         waited = self._wait_for_link()
+        self.abandon_if_declared_dead(waited)
+        return waited
+
+    def abandon_if_declared_dead(self, waited: float | None = None) -> None:
+        """`abandon` when the head declared this driver's node dead (`waited`: the seconds it was cut off before):
+        asked before a role is blamed, and before a role's placement group is reserved."""
         if self.declared_dead():
             abandon("this driver's Ray node is gone: the Ray head declared it dead"
                     + (f" (it missed its health checks while cut off for {waited:.0f}s)" if waited is not None else "")
                     + ", and the roles' actors with it, so no role is blamed")
-        return waited
 
     def _wait_for_link(self) -> float | None:
         """None when the GCS answers; else the seconds until it does (`abandon` should the raylet go meanwhile)."""

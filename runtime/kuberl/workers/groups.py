@@ -283,6 +283,8 @@ class RayWorkerGroup(WorkerGroup):
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         bundle = self.bundle()
+        if (link := ownlink.current()) is not None:  # a group reserved for a job Ray ended is never removed
+            link.abandon_if_declared_dead()
         if self.shared is not None:
             self.pg = self.shared.acquire(self.role, self.world_size)
         else:
