@@ -36,6 +36,8 @@ def guide_steps() -> list[tuple[str, str]]:
 
 def test_the_user_guide_runs_as_written(netns, tmp_path: Path) -> None:
     shutil.copytree(REPO / "examples" / "byo", tmp_path / "examples" / "byo")
+    for name in ("agent.yaml", "letter_env.py"):  # section 14's agent
+        shutil.copy(REPO / "examples" / name, tmp_path / "examples" / name)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "runtime"), str(REPO / "operator")])}
     outputs = []
     for kind, text in guide_steps():
@@ -58,3 +60,5 @@ def test_the_user_guide_runs_as_written(netns, tmp_path: Path) -> None:
     assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6] and "eval_reward_mean" in rows[3]
     assert (run / "model" / "model.safetensors").is_file() and (run / "tensorboard").is_dir()
     assert (tmp_path / "runs" / "byo-step4" / "config.json").is_file()
+    assert "done: job 'agent', 4 steps" in said and (tmp_path / "runs" / "agent-model" / "config.json").is_file()
+    assert [r["env_turns_mean"] for r in read_jsonl(tmp_path / "runs" / "agent" / "metrics.jsonl")] == [2.0] * 4

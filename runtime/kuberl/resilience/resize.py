@@ -156,7 +156,7 @@ def cmd_scale(args) -> int:
 def add_scale_parser(sub) -> None:
     p = sub.add_parser("scale", help="resize a role of a running local job between two steps")
     p.add_argument("job", help="the job's metadata.name (its run folder is runs/<job> unless --out)")
-    p.add_argument("role", help="actor, critic, ref or reward (actor and critic restart from the last step)")
+    p.add_argument("role", help="actor, critic, ref, reward or env (actor and critic restart from the last step)")
     p.add_argument("replicas", type=int, help="the new spec.roles.<role>.replicas")
     p.add_argument("--out", help="the run's output folder, as given to `kuberl run --out`")
     p.set_defaults(func=cmd_scale)
