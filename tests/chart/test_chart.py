@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -148,6 +149,17 @@ def test_the_job_policy_bounds_config_depth_as_the_spec_model_does(helm: Helm) -
     assert f"all(c{CONFIG_MAX_DEPTH}, type(c{CONFIG_MAX_DEPTH}) != map" in rule["expression"]
     assert f"c{CONFIG_MAX_DEPTH + 1}" not in rule["expression"]
     assert f"more than {CONFIG_MAX_DEPTH} deep" in rule["message"]
+
+
+def test_the_job_policy_holds_every_built_in_role(helm: Helm) -> None:
+    """Its per-role rules (images, node selection, tolerations) reach every role the spec has, the env role's
+    pods of user code included."""
+    from kuberl.spec import ROLES
+
+    policy = next(o for o in helm.render() if o["kind"] == "ValidatingAdmissionPolicy"
+                  and o["metadata"]["name"].endswith("-jobs"))
+    (roles,) = [v["expression"] for v in policy["spec"]["variables"] if v["name"] == "roles"]
+    assert re.findall(r"has\(object\.spec\.roles\.(\w+)\)", roles) == list(ROLES)
 
 
 @pytest.mark.parametrize("values, cases", [({}, DEFAULT_REFUSED), (STRICT, STRICT_REFUSED)],
