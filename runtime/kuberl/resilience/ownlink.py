@@ -74,16 +74,19 @@ def abandon(why: str) -> None:
     os._exit(ExitCode.RAY_LOST)
 
 
-def node_declared_dead(node_id: str) -> bool:
-    """Whether the head lists the Ray node `node_id` as dead (declared so after missed health checks, its raylet
-    perhaps not told yet). A head that cannot be asked says nothing: False."""
+def node_declared_dead(node_id: str, timeout_s: float = 5.0) -> bool:
+    """Whether the head lists the Ray node `node_id` (hex) as dead (declared so after missed health checks, its raylet
+    perhaps not told yet). A head that cannot be asked says nothing: False. Asked through the worker's GCS client,
+    which raises on an error: `ray.nodes()` aborts the process when the GCS restarted (a failed check in Ray's
+    GlobalStateAccessor on `WrongClusterID`), which ended the driver at the head's loss in a chaos run."""
     import ray
+    from ray.core.generated import gcs_pb2
 
     try:
-        nodes = ray.nodes()
+        nodes = ray._private.worker.global_worker.gcs_client.get_all_node_info(timeout=timeout_s)
     except Exception:  # any failure to ask is no verdict; the caller's own checks go on
         return False
-    return any(n.get("NodeID") == node_id and not n.get("Alive", True) for n in nodes)
+    return any(key.hex() == node_id and info.state == gcs_pb2.GcsNodeInfo.DEAD for key, info in nodes.items())
 
 
 def never() -> bool:
