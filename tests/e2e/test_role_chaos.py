@@ -22,10 +22,8 @@ Faults come from the host into the pod's own namespaces (`tests/e2e/chaos.py`). 
 (docs/operations.md, "Chaos") promise is checked: which role restarted (only the hit one, or none), the cause the
 recovery names, the seconds to detect and to recover, and that no completed step was lost. The figures are printed.
 
-Marked slow (18 minutes on this machine, so `make test-all`, not `make test`): two of its later scenarios failed
-once each in the last three runs (a driver cut in CI; the ref pod replaced too while both operators restarted), see
-docs/operations.md, "Chaos on the real node". Real pods' role restarts stay in the default run
-(test_role_failures.py).
+Marked slow (18 minutes on this machine, so `make test-all`, not `make test`); see docs/operations.md, "Chaos on the
+real node", for what is not yet understood. Real pods' role restarts stay in the default run (test_role_failures.py).
 """
 
 from __future__ import annotations
@@ -434,13 +432,14 @@ def head_lost(job: Chaos, operators_blink: RestartBlink) -> Resumed:
 
 
 def test_a_lost_head_restarts_the_whole_cluster_and_the_driver_resumes_saying_what_it_lost(
-        head_lost: Resumed) -> None:
+        job: Chaos, head_lost: Resumed) -> None:
     """docs/operator.md, "The Ray head is the whole cluster": every pod of the Ray cluster is made anew, and the
-    driver's next pod (the first one crashes on the new cluster's ID and exits 5, which its Job retries) resumes
+    driver's next pod (the first one crashes on the new cluster's ID and exits 6, which its Job retries) resumes
     from the newest complete checkpoint, its status saying from which step and how many completed steps it trains
     again (at most about one checkpoint interval: 5 steps, and the steps done while the checkpoint after it was
-    written). The docs say no role's budget is charged: in the first run on the real node ref and reward each
-    counted one restart as well (a pod of theirs exiting 1 around the head's loss); printed, not yet asserted."""
+    written). The docs say no role's budget is charged: in some runs actor, ref and reward each counted one restart
+    as well (a new pod of theirs exiting 1 after the head's loss, cause not known); printed, with the roles' last
+    failure, not yet asserted."""
     hit, before, after = head_lost
     assert {"head", "actor", "critic", "ref", "reward"} <= hit.replaced, hit
     assert after["head"]["restarts"] == before["head"]["restarts"] + 1, after["head"]
@@ -452,7 +451,18 @@ def test_a_lost_head_restarts_the_whole_cluster_and_the_driver_resumes_saying_wh
     assert lost is not None and 0 <= lost <= 10, after
     print(f"head container killed at step {hit.step}: counted in status after {hit.step_s['counted']:.1f}s, the "
           f"driver resumed from step {resumed}, {lost} steps lost, past the step of the loss after "
-          f"{hit.step_s['past']:.1f}s ({after['head'].get('lastFailure')}); role restarts counted meanwhile {counted}")
+          f"{hit.step_s['past']:.1f}s ({after['head'].get('lastFailure')}); role restarts counted meanwhile {counted}"
+          + "".join(f"; {r}: {after['roles'][r].get('lastFailure')}, its raylets' last words "
+                    f"{raylet_last_words(job, r)}" for r, n in counted.items() if n))
+
+
+def raylet_last_words(job: Chaos, role: str) -> list[str]:
+    """The lines of the role's pods' logs (every pod it had, from the node's pod-logs folder) where a raylet or
+    `ray start --block` said why it ended: what a role's pod that exited after the head's loss died of."""
+    logs = (job.cluster.state / "node" / "pod-logs").glob(f"{JOB}_{JOB}-{role}-worker-*/ray-worker/*.log")
+    marks = ("Exiting because", "marked as dead", "Raylet is terminated")
+    lines = [line for log in sorted(logs) for line in log.read_text(errors="replace").splitlines()]
+    return [line.split(" ", 3)[-1][:300] for line in lines if any(m in line for m in marks)]
 
 
 def resumed(job: Chaos, before: dict[str, Any], at: int) -> bool:
@@ -495,7 +505,10 @@ def driver_lost(job: Chaos, head_lost: Resumed) -> Resumed:
 
 def test_a_driver_cut_off_past_rays_reconnect_limit_is_replaced_and_resumes(driver_lost: Resumed) -> None:
     """Ray ends a driver that cannot reach its GCS for 60 s: the driver Job's next pod resumes from the newest
-    complete checkpoint, on the same Ray cluster (no pod of it made anew), saying how many steps it trains again."""
+    complete checkpoint, on the same Ray cluster (no pod of it made anew), saying how many steps it trains again. No
+    role is restarted: the old driver exits once it learns that the head declared its node dead, before it blames a
+    role (before, it restarted the actor into a job Ray had ended, whose placement group then held the actor's pod
+    from the next driver, and the fixture timed out)."""
     hit, before, after = driver_lost
     assert hit.step_s["drivers_made"] >= 1, hit
     assert not hit.replaced & {"head", "actor", "critic", "ref", "reward"}, hit
@@ -504,6 +517,7 @@ def test_a_driver_cut_off_past_rays_reconnect_limit_is_replaced_and_resumes(driv
     assert resumed_from is not None and resumed_from % 5 == 0 and resumed_from >= hit.step - 10, (hit.step, after)
     assert lost is not None and 0 <= lost <= 10, after
     counted = {r: s["restarts"] - before["roles"][r]["restarts"] for r, s in after["roles"].items()}
+    assert hit.recoveries == [] and not any(counted.values()), (hit, counted)
     print(f"driver cut off 90 s at step {hit.step}: {hit.step_s['drivers_made']:.0f} driver pods made, resumed from "
           f"step {resumed_from}, {lost} steps lost, past the step of the cut {hit.step_s['past']:.1f}s after it "
           f"began; role restarts counted {counted}")
