@@ -76,7 +76,8 @@ def abandon(why: str) -> None:
 
 def node_declared_dead(node_id: str, timeout_s: float = 5.0) -> bool:
     """Whether the head lists the Ray node `node_id` (hex) as dead (declared so after missed health checks, its raylet
-    perhaps not told yet). A head that cannot be asked says nothing: False. Asked through the worker's GCS client,
+    perhaps not told yet), or answers with another cluster's ID (the head restarted: the driver's cluster is gone).
+    A head that cannot be asked otherwise says nothing: False. Asked through the worker's GCS client,
     which raises on an error: `ray.nodes()` aborts the process when the GCS restarted (a failed check in Ray's
     GlobalStateAccessor on `WrongClusterID`), which ended the driver at the head's loss in a chaos run."""
     import ray
@@ -84,8 +85,8 @@ def node_declared_dead(node_id: str, timeout_s: float = 5.0) -> bool:
 
     try:
         nodes = ray._private.worker.global_worker.gcs_client.get_all_node_info(timeout=timeout_s)
-    except Exception:  # any failure to ask is no verdict; the caller's own checks go on
-        return False
+    except Exception as exc:  # no verdict, unless the GCS is another cluster's; the caller's own checks go on
+        return "WrongClusterID" in str(exc)
     return any(key.hex() == node_id and info.state == gcs_pb2.GcsNodeInfo.DEAD for key, info in nodes.items())
 
 
@@ -115,7 +116,7 @@ class OwnLink:
         """`abandon` when the head declared this driver's node dead (`waited`: the seconds it was cut off before):
         asked before a role is blamed, and before a role's placement group is reserved."""
         if self.declared_dead():
-            abandon("this driver's Ray node is gone: the Ray head declared it dead"
+            abandon("this driver's Ray node is gone: the Ray head declared it dead, or restarted"
                     + (f" (it missed its health checks while cut off for {waited:.0f}s)" if waited is not None else "")
                     + ", and the roles' actors with it, so no role is blamed")
 
