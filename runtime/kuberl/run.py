@@ -108,6 +108,7 @@ def start_local_ray(spec: JobSpec) -> None:
     resources = {role_resource(r): float(sets[r] * world_size(spec, r)) for r in roles}
     try:
         ray.init(
+            address="local",  # a Ray of its own, even where `ray start` left another cluster's address file
             _node_ip_address="127.0.0.1",
             num_cpus=max(int(need_cpu + 0.999), os.cpu_count() or 1),
             resources=resources,

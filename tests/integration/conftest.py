@@ -25,8 +25,8 @@ def ray_session(netns):
 
     # num_gpus: GPUs Ray can hand out (none exist here), for the colocation tests' fractional requests;
     # workers run on device cpu whatever Ray reserved for them
-    ray.init(_node_ip_address="127.0.0.1", num_cpus=8, num_gpus=2, include_dashboard=False, configure_logging=False,
-             resources={role_resource(r): 16.0 for r in (*ROLES, *EXTRA_ROLES)})
+    ray.init(address="local", _node_ip_address="127.0.0.1", num_cpus=8, num_gpus=2, include_dashboard=False,
+             configure_logging=False, resources={role_resource(r): 16.0 for r in (*ROLES, *EXTRA_ROLES)})
     yield ray
     ray.shutdown()
 

@@ -112,6 +112,23 @@ def test_default_output_folder_is_per_job(netns, tmp_path: Path) -> None:
     assert (tmp_path / "runs" / "my-job" / "model" / "model.safetensors").is_file()
 
 
+def test_a_local_run_starts_a_ray_of_its_own_where_another_clusters_address_file_is_left(netns, tmp_path: Path) -> None:
+    """`ray start` leaves /tmp/ray/ray_current_cluster, and Ray's own default joins the cluster it names: a local run
+    (no --ray-address) starts a private Ray anyway. Seen here: a stale file failed every local run."""
+    marker = Path("/tmp/ray/ray_current_cluster")
+    if marker.exists():
+        pytest.skip(f"{marker} is there already (a Ray cluster of someone's): not this test's to replace")
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.write_text("127.0.0.1:9\n")  # a cluster that is not there
+    try:
+        job = write_job(tmp_path / "mine.yaml", metadata__name="own-ray", spec__trainer__steps=1)
+        proc = kuberl("run", str(job), "--no-progress", "--out", str(tmp_path / "run"), cwd=tmp_path)
+    finally:
+        marker.unlink(missing_ok=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "done: job 'own-ray', 1 steps" in proc.stdout
+
+
 BAD_INPUTS = [  # (spec changes, the field the one error line names)
     ({"spec__data": {"files": ["/nonexistent/prompts.jsonl"]}}, "spec.data.files[0]"),
     ({"spec__reward": {"function": "no_such_pkg.rewards:score"}}, "spec.reward.function"),
