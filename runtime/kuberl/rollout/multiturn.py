@@ -156,7 +156,7 @@ class MultiTurnRollout:
         assert spec.environment is not None
         self.env: EnvironmentSpec = spec.environment
         self.engine, self.tok, self.make_env = engine, tokenizer, make_env
-        self.where = self.env.module + (f".{self.env.class_}" if self.env.class_ else "")
+        self.where = self.env.where
         self.release = release or (lambda envs: close_all(envs, self.where))
         self.concurrency = concurrency or self.env.concurrency
         self.width, self.max_prompt = spec.rollout.max_new_tokens, spec.data.max_prompt_length

@@ -401,6 +401,11 @@ class EnvironmentSpec(Section):
         """Whether module names a built-in environment (tools, code_tools) rather than a user module."""
         return self.module in ENVIRONMENT_BUILTINS
 
+    @property
+    def where(self) -> str:
+        """The environment's name in error lines: module.Class, or the built-in's module name."""
+        return self.module + (f".{self.class_}" if self.class_ else "")
+
 
 class CheckpointSpec(Section):
     path: str | None = Field(None, description="Directory for checkpoints; defaults to <out>/checkpoints "

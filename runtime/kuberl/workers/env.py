@@ -26,7 +26,7 @@ class EnvWorker(Worker):
     def setup(self) -> None:
         assert self.spec.environment is not None, "the env role runs only with spec.environment"
         self.env_spec = self.spec.environment
-        self.where = self.env_spec.module + (f".{self.env_spec.class_}" if self.env_spec.class_ else "")
+        self.where = self.env_spec.where
         self.make = environment_factory(self.env_spec, prompt_key=self.spec.data.prompt_key)  # imported once, here
         self.open: dict[str, Environment] = {}  # trajectory key -> its environment, from reset to close
         self.lock = threading.Lock()
