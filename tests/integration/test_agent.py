@@ -2,10 +2,11 @@
 observation, for another letter; GRPO on real Ray actors learns it, every trajectory takes both turns, and the
 environment's figures are in metrics.jsonl. The environments live in the env role's processes: the role grows
 from two to three between two steps (`kuberl scale`), and one killed during the run is restarted alone, and
-training goes on."""
+training goes on. A rank whose hung environment calls hold its slots is restarted too."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import threading
@@ -90,3 +91,31 @@ def test_a_two_turn_environment_is_learned_on_ray(ray_session, tmp_path, caplog)
         assert {s["phase"] for s in env} == {"env_reset", "env_step"}
         assert all(rollout["start_s"] <= s["start_s"] < s["end_s"] <= rollout["end_s"] for s in env)
     assert (tmp_path / "timeline.png").exists()
+
+
+def test_an_env_rank_whose_hung_calls_hold_its_slots_is_restarted(ray_session, tmp_path):
+    """One env rank with 2 call slots; an environment's step hangs for good in step HANG_AT. Its trajectory fails
+    after timeoutSeconds; the step-end check finds the call still running and restarts the env role alone
+    (WorkerHung, naming the slots), which frees the thread; every other step's trajectories all succeed."""
+    marker, hang_at = tmp_path / "hung", 3
+    rows = [{"prompt": f"say {c}:", "answer": c} for c in "abcdefgh"]
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows * (hang_at - 1)) +
+                    "".join(json.dumps(r | {"hang": str(marker)}) + "\n" for r in rows[:1]) +
+                    "".join(json.dumps(r) + "\n" for r in rows * 4))
+    job = load_example("agent.yaml", **{
+        "environment.module": "tests.integration.hanging_env", "environment.class": "HangsOnce",
+        "environment.timeoutSeconds": 1, "environment.concurrency": 2, "roles.env.replicas": 1,
+        "data.task": None, "data.files": [str(data)], "data.shuffle": False, "trainer.steps": 6})
+    run_job(job, tmp_path / "out", backend="ray", progress=False)
+    rows_out = read_jsonl(tmp_path / "out" / "metrics.jsonl")
+    assert [r["step"] for r in rows_out] == list(range(1, 7)) and marker.exists()
+    recs = [(r["step"], rec) for r in rows_out for rec in r.get("recoveries", [])]
+    print(f"hung env call in step {hang_at}: recoveries {[(s, rec['role'], rec['reason']) for s, rec in recs]}; "
+          f"env_failed per step {[r['env_failed'] for r in rows_out]}")
+    ((step, rec),) = recs
+    assert step == hang_at and rec["role"] == "env" and rec["reason"] == "WorkerHung"
+    assert "1 of its 2 environment call slots held by calls running past timeoutSeconds (1s)" in rec["detail"]
+    assert rows_out[-1]["restarts_env"] == 1 and all(rows_out[-1][f"restarts_{r}"] == 0 for r in ("actor", "ref"))
+    assert rows_out[hang_at - 1]["env_failed"] >= 1
+    assert all(r["env_failed"] == 0.0 for r in rows_out if r["step"] != hang_at)

@@ -5,6 +5,8 @@ actor's own process. Its Ray side (processes, a rank that dies, restarts) is tes
 from __future__ import annotations
 
 import sys
+import threading
+import time
 from typing import Any
 
 import pytest
@@ -19,6 +21,7 @@ from kuberl.spec import JobSpec, enabled_roles
 from kuberl.spec.model import cross_field_problems
 from kuberl.training.models import char_tokenizer
 from kuberl.workers import EnvWorker
+from kuberl.workers.env import EnvHealth, stuck_problem
 
 MODULE = __name__
 
@@ -103,7 +106,7 @@ def test_trajectories_through_env_workers_are_those_of_environments_in_the_actor
     assert torch.equal(here["env_rewards"], apart["env_rewards"])
     assert apart.meta["env_turns"] == [2, 2, 2, 2] and apart.meta["env_failure"] == [None] * 4
     # round robin over the two ranks; every environment dropped (and closed) after the rollout
-    assert Counter.closed == 4 and [w.open_environments() for w in workers] == [0, 0]
+    assert Counter.closed == 4 and [w.env_health().open for w in workers] == [0, 0]
     assert endpoints.concurrency == 4
 
 
@@ -116,7 +119,7 @@ def test_an_environment_raising_in_an_env_worker_fails_its_trajectory_alone(engi
     failure, ok = out.meta["env_failure"]
     assert failure == f"{MODULE}.Counter.reset() raised RuntimeError: level missing" and ok is None
     assert out["response_mask"][0].sum() == 0 and out["response_mask"][1].sum() > 0
-    assert worker.open_environments() == 0
+    assert worker.env_health() == EnvHealth(0, ())
 
 
 def test_a_step_of_the_wrong_shape_is_named_in_the_env_worker() -> None:
@@ -126,6 +129,32 @@ def test_a_step_of_the_wrong_shape_is_named_in_the_env_worker() -> None:
     worker.open["k"].step = lambda text: 42  # what a user's step might return
     with pytest.raises(ValueError, match=r"spec.environment.class .*Counter: step\(\) returned an int"):
         worker.env_step("k", "x")
+
+
+def test_a_hung_call_is_counted_stuck_once_its_trajectory_failed() -> None:
+    """A step that never returns keeps its thread: once it has run past timeoutSeconds (its trajectory failed on
+    the actor's side), the step-end check counts it, and a rank whose stuck calls hold half its slots is to be
+    restarted."""
+    spec = job({"timeoutSeconds": 0.2})
+    (worker,) = env_workers(spec, 1)
+    worker.env_reset("k", rows(1)[0])
+    release = threading.Event()
+    worker.open["k"].step = lambda text: release.wait() and EnvStep("", 0.0, True, {})
+    hung = threading.Thread(target=worker.env_step, args=("k", "x"))
+    hung.start()
+    try:
+        assert worker.env_health() == EnvHealth(1, ())  # running, not yet past its timeout
+        time.sleep(0.3)
+        health = worker.env_health()
+        assert health.open == 1 and len(health.stuck) == 1 and health.stuck[0] >= 0.2
+        assert stuck_problem([EnvHealth(0, ()), health], 3, 0.2) is None  # 1 of 3 slots: the rank serves on
+        problem = stuck_problem([EnvHealth(0, ()), health], 2, 0.2)
+        assert problem is not None and problem.startswith("env rank 1: 1 of its 2 environment call slots held by "
+                                                          "calls running past timeoutSeconds (0.2s)")
+    finally:
+        release.set()
+        hung.join()
+    assert worker.env_health() == EnvHealth(1, ())  # the call ended: nothing stuck
 
 
 assert sys.modules[MODULE].Counter is Counter  # the env workers import this module by its name

@@ -238,7 +238,7 @@ class RolloutProxy(RoleProxy):
 
 
 class EnvProxy(RoleProxy):
-    open_environments = remote_all(EnvWorker.open_environments)  # per rank (the actor calls the ranks directly)
+    env_health = remote_all(EnvWorker.env_health)  # per rank (the actor calls the ranks directly)
 
 
 PROXIES: dict[str, type[RoleProxy]] = {"actor": ActorProxy, "critic": CriticProxy, "ref": RefProxy,

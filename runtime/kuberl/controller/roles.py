@@ -57,11 +57,12 @@ from kuberl.metrics.record import Recovery, RoleStep
 from kuberl.resilience import checkpoint, saves
 from kuberl.spec import JobSpec, enabled_roles
 from kuberl.spec.colocation import sharing
-from kuberl.spec.contract import restart_budget_spent
+from kuberl.spec.contract import Reason, restart_budget_spent
 from kuberl.spec.model import TRAINING_ROLES
 from kuberl.training import gcfreeze
 from kuberl.workers import Worker
 from kuberl.workers.dispatch import method_info
+from kuberl.workers.env import stuck_problem
 from kuberl.workers.groups import WorkerFailure, WorkerGroup
 
 log = logs.get("resilience")
@@ -244,15 +245,26 @@ class Roles:
         beside the next step's first phases (each role's next update waits for its own), and a role that dies
         before its copy is whole runs the update again (`recover`). A checkpoint started in an earlier step is
         committed at the first step's end that finds its writes done: none waits for them here. The env role's
-        ranks are checked here too, so a dead one is restarted even if no trajectory of the step reached it."""
+        ranks are checked here too (`_check_env`)."""
         if self.env is not None:
-            self.env.open_environments()
+            self._check_env()
         if self.saved.pending and not self._writing():
             self.commit(snapshots=False)
         for role in self._stateful():
             self._follow(role, self.saved.trained[role])
         self._settle()
         self.step += 1
+
+    def _check_env(self) -> None:
+        """The env role's step-end check: a dead rank is restarted (the supervised call fails) even if no
+        trajectory of the step reached it, and so is the role when a rank's hung environment calls hold half its
+        slots (`kuberl.workers.env.stuck_problem`)."""
+        env = self.spec.environment
+        assert self.env is not None and env is not None
+        health = self.env.env_health()
+        if problem := stuck_problem(health, env.concurrency, env.timeout_seconds):  # detected: the oldest call's age
+            self.recover(WorkerFailure("env", Reason.WORKER_HUNG, problem), self._phase or "end of step",
+                         detect_s=max(h.stuck[0] for h in health if h.stuck))
 
     def _writing(self) -> bool:
         """Whether any stateful role's checkpoint write is still in flight."""

@@ -3,16 +3,22 @@
 Each rank holds the environments of the trajectories routed to it, one per trajectory, by key. The actor's
 multi-turn rollout reaches them through `kuberl.envs.remote` (its `EnvEndpoints`), calling `env_reset`, `env_step`
 and `env_close` directly, up to spec.environment.concurrency at once per rank (the Ray actor's threads), not
-through the driver. The driver's only call is `open_environments`, once a step (`kuberl.controller.roles.Roles`):
+through the driver. The driver's only call is `env_health`, once a step (`kuberl.controller.roles.Roles`):
 the role's liveness check, and where an injected fault hits it. A rank that dies takes its trajectories' calls
 with it (each fails its trajectory on the actor's side); the supervisor restarts this role alone and hands the
-actor the new ranks. The environments hold user code and no state worth keeping past a rollout: nothing is
+actor the new ranks. A call that hangs fails its trajectory on the actor's side after timeoutSeconds, but its
+thread here cannot be stopped: it holds one of the rank's `concurrency` slots until the process ends. The health
+check counts such calls, and a rank whose stuck calls hold half its slots or more is restarted like a dead one
+(`stuck_problem`). The environments hold user code and no state worth keeping past a rollout: nothing is
 restored.
 """
 
 from __future__ import annotations
 
+import itertools
 import threading
+import time
+from dataclasses import dataclass
 from typing import Any
 
 from kuberl.envs import environment_factory
@@ -22,6 +28,27 @@ from kuberl.workers.dispatch import Dispatch, register
 from .base import Worker
 
 
+@dataclass(frozen=True)
+class EnvHealth:
+    """One env rank's answer to the driver's step-end check."""
+
+    open: int  # environments held (0 between rollouts: none leaked)
+    stuck: tuple[float, ...]  # seconds each call still running past timeoutSeconds has run, oldest first
+
+
+def stuck_problem(health: list[EnvHealth], concurrency: int, timeout_s: float) -> str | None:
+    """Why the env role must restart, or None: a rank whose stuck calls (`EnvHealth.stuck`) hold at least half of
+    its `concurrency` slots (at least one) serves the rest of its trajectories late or not at all, and only ending
+    its process frees them."""
+    for rank, h in enumerate(health):
+        if h.stuck and 2 * len(h.stuck) >= concurrency:
+            ages = ", ".join(f"{s:.0f}s" for s in h.stuck[:4]) + (" ..." if len(h.stuck) > 4 else "")
+            return (f"env rank {rank}: {len(h.stuck)} of its {concurrency} environment call slots held by calls "
+                    f"running past timeoutSeconds ({timeout_s:g}s): {ages}; a hung environment call is only freed "
+                    f"by restarting its process")
+    return None
+
+
 class EnvWorker(Worker):
     def setup(self) -> None:
         assert self.spec.environment is not None, "the env role runs only with spec.environment"
@@ -29,6 +56,8 @@ class EnvWorker(Worker):
         self.where = self.env_spec.where
         self.make = environment_factory(self.env_spec, prompt_key=self.spec.data.prompt_key)  # imported once, here
         self.open: dict[str, Environment] = {}  # trajectory key -> its environment, from reset to close
+        self.running: dict[int, float] = {}  # the environment calls in progress: call number -> its start (monotonic)
+        self.calls = itertools.count()
         self.lock = threading.Lock()
 
     def env_reset(self, key: str, row: dict[str, Any]) -> str | Messages:
@@ -37,14 +66,25 @@ class EnvWorker(Worker):
         env = self.make()
         with self.lock:
             self.open[key] = env
-        return env.reset(row)
+        return self._timed(env.reset, row)
 
     def env_step(self, key: str, action_text: str) -> EnvStep:
         """Trajectory `key`'s environment answers one policy turn; checked here, so that what crosses the process
         boundary is an EnvStep (a wrong shape raises EnvStepError naming spec.environment.class)."""
         with self.lock:
             env = self.open[key]
-        return coerce_step(env.step(action_text), self.where)
+        return coerce_step(self._timed(env.step, action_text), self.where)
+
+    def _timed(self, call: Any, arg: Any) -> Any:
+        """The environment's `call(arg)`, in `running` while it runs (what `env_health` counts as stuck)."""
+        n = next(self.calls)
+        with self.lock:
+            self.running[n] = time.monotonic()
+        try:
+            return call(arg)
+        finally:
+            with self.lock:
+                del self.running[n]
 
     def env_close(self, keys: list[str]) -> None:
         """The trajectories `keys` are over: their environments are dropped (a `close()` of their own is called)."""
@@ -53,7 +93,10 @@ class EnvWorker(Worker):
         close_all(gone, self.where)
 
     @register(Dispatch.ALL, state=False, repeatable=True)
-    def open_environments(self) -> int:
-        """The environments this rank holds now (0 between rollouts: none leaked)."""
+    def env_health(self) -> EnvHealth:
+        """The environments this rank holds now, and its calls stuck: running for longer than timeoutSeconds, so
+        their trajectories have failed on the actor's side, and their threads are lost."""
+        now, limit = time.monotonic(), self.env_spec.timeout_seconds
         with self.lock:
-            return len(self.open)
+            ages = sorted((now - t for t in self.running.values()), reverse=True)
+            return EnvHealth(len(self.open), tuple(a for a in ages if a > limit))
