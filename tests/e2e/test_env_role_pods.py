@@ -83,4 +83,3 @@ def test_the_env_role_runs_in_its_own_pod_and_restarts_alone(installed: Kubectl)
     logs = k("logs", f"job/{JOB}-driver", timeout=60)
     assert "role env failed" in logs and "restarting env only" in logs, logs[-3000:]
     k.delete("rltj", JOB, wait=True)
-

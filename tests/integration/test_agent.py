@@ -95,27 +95,26 @@ def test_a_two_turn_environment_is_learned_on_ray(ray_session, tmp_path, caplog)
 
 def test_an_env_rank_whose_hung_calls_hold_its_slots_is_restarted(ray_session, tmp_path):
     """One env rank with 2 call slots; an environment's step hangs for good in step HANG_AT. Its trajectory fails
-    after timeoutSeconds; the step-end check finds the call still running and restarts the env role alone
-    (WorkerHung, naming the slots), which frees the thread; every other step's trajectories all succeed."""
-    marker, hang_at = tmp_path / "hung", 3
-    rows = [{"prompt": f"say {c}:", "answer": c} for c in "abcdefgh"]
+    after timeoutSeconds; once the call has run past the actor's wait too, a step-end check finds it and restarts
+    the env role alone (WorkerHung, naming the slots), which frees the thread; no other step loses a trajectory."""
+    marker, hang_at, steps = tmp_path / "hung", 3, 10  # 1.6 s a step at least after the hang: found by step 8
+    letters = [{"prompt": f"say {c}:", "answer": c, "hang": str(marker)} for c in "abcdefgh"]
+    rows = letters * (hang_at - 1) + [letters[0] | {"hang_here": True}] + letters * (steps - hang_at + 1)
     data = tmp_path / "rows.jsonl"
-    data.write_text("".join(json.dumps(r) + "\n" for r in rows * (hang_at - 1)) +
-                    "".join(json.dumps(r | {"hang": str(marker)}) + "\n" for r in rows[:1]) +
-                    "".join(json.dumps(r) + "\n" for r in rows * 4))
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     job = load_example("agent.yaml", **{
         "environment.module": "tests.integration.hanging_env", "environment.class": "HangsOnce",
-        "environment.timeoutSeconds": 1, "environment.concurrency": 2, "roles.env.replicas": 1,
-        "data.task": None, "data.files": [str(data)], "data.shuffle": False, "trainer.steps": 6})
+        "environment.timeoutSeconds": 2, "environment.concurrency": 2, "roles.env.replicas": 1,
+        "data.task": None, "data.files": [str(data)], "data.shuffle": False, "trainer.steps": steps})
     run_job(job, tmp_path / "out", backend="ray", progress=False)
-    rows_out = read_jsonl(tmp_path / "out" / "metrics.jsonl")
-    assert [r["step"] for r in rows_out] == list(range(1, 7)) and marker.exists()
-    recs = [(r["step"], rec) for r in rows_out for rec in r.get("recoveries", [])]
+    out = read_jsonl(tmp_path / "out" / "metrics.jsonl")
+    assert [r["step"] for r in out] == list(range(1, steps + 1)) and marker.exists()
+    recs = [(r["step"], rec) for r in out for rec in r.get("recoveries", [])]
     print(f"hung env call in step {hang_at}: recoveries {[(s, rec['role'], rec['reason']) for s, rec in recs]}; "
-          f"env_failed per step {[r['env_failed'] for r in rows_out]}")
+          f"env_failed per step {[r['env_failed'] for r in out]}")
     ((step, rec),) = recs
-    assert step == hang_at and rec["role"] == "env" and rec["reason"] == "WorkerHung"
-    assert "1 of its 2 environment call slots held by calls running past timeoutSeconds (1s)" in rec["detail"]
-    assert rows_out[-1]["restarts_env"] == 1 and all(rows_out[-1][f"restarts_{r}"] == 0 for r in ("actor", "ref"))
-    assert rows_out[hang_at - 1]["env_failed"] >= 1
-    assert all(r["env_failed"] == 0.0 for r in rows_out if r["step"] != hang_at)
+    assert step > hang_at and rec["role"] == "env" and rec["reason"] == "WorkerHung" and rec["detect_s"] > 7
+    assert "1 of its 2 environment call slots held by calls running past timeoutSeconds (2s)" in rec["detail"]
+    assert out[-1]["restarts_env"] == 1 and all(out[-1][f"restarts_{r}"] == 0 for r in ("actor", "ref"))
+    assert out[hang_at - 1]["env_failed"] >= 1
+    assert all(r["env_failed"] == 0.0 for r in out if r["step"] != hang_at)

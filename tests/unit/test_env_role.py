@@ -131,26 +131,29 @@ def test_a_step_of_the_wrong_shape_is_named_in_the_env_worker() -> None:
         worker.env_step("k", "x")
 
 
-def test_a_hung_call_is_counted_stuck_once_its_trajectory_failed() -> None:
-    """A step that never returns keeps its thread: once it has run past timeoutSeconds (its trajectory failed on
-    the actor's side), the step-end check counts it, and a rank whose stuck calls hold half its slots is to be
-    restarted."""
-    spec = job({"timeoutSeconds": 0.2})
+def test_a_hung_call_is_counted_stuck_once_the_actor_stopped_waiting(monkeypatch) -> None:
+    """A step that never returns keeps its thread: once it has run past timeoutSeconds + the actor's margin (here
+    0), the step-end check counts it, and a rank whose stuck calls hold half its slots is to be restarted."""
+    monkeypatch.setattr("kuberl.workers.env.CALL_MARGIN_S", 0.0)
+    spec = job({"timeoutSeconds": 2})
     (worker,) = env_workers(spec, 1)
     worker.env_reset("k", rows(1)[0])
-    release = threading.Event()
-    worker.open["k"].step = lambda text: release.wait() and EnvStep("", 0.0, True, {})
+    release, started = threading.Event(), threading.Event()
+    worker.open["k"].step = lambda text: started.set() or release.wait() and EnvStep("", 0.0, True, {})
     hung = threading.Thread(target=worker.env_step, args=("k", "x"))
+    t0 = time.monotonic()
     hung.start()
     try:
-        assert worker.env_health() == EnvHealth(1, ())  # running, not yet past its timeout
-        time.sleep(0.3)
+        started.wait()
+        if time.monotonic() - t0 < 1.5:
+            assert worker.env_health() == EnvHealth(1, ())  # running, not yet past its timeout
+        time.sleep(max(0.0, 2.2 - (time.monotonic() - t0)))
         health = worker.env_health()
-        assert health.open == 1 and len(health.stuck) == 1 and health.stuck[0] >= 0.2
-        assert stuck_problem([EnvHealth(0, ()), health], 3, 0.2) is None  # 1 of 3 slots: the rank serves on
-        problem = stuck_problem([EnvHealth(0, ()), health], 2, 0.2)
-        assert problem is not None and problem.startswith("env rank 1: 1 of its 2 environment call slots held by "
-                                                          "calls running past timeoutSeconds (0.2s)")
+        assert health.open == 1 and len(health.stuck) == 1 and health.stuck[0] >= 2
+        assert stuck_problem([EnvHealth(0, ()), health], 3, 2) is None  # 1 of 3 slots: the rank serves on
+        detail, oldest_s = stuck_problem([EnvHealth(0, ()), health], 2, 2)
+        assert detail.startswith("env rank 1: 1 of its 2 environment call slots held by calls running past "
+                                 "timeoutSeconds (2s)") and oldest_s == health.stuck[0]
     finally:
         release.set()
         hung.join()

@@ -258,13 +258,15 @@ class Roles:
     def _check_env(self) -> None:
         """The env role's step-end check: a dead rank is restarted (the supervised call fails) even if no
         trajectory of the step reached it, and so is the role when a rank's hung environment calls hold half its
-        slots (`kuberl.workers.env.stuck_problem`)."""
-        env = self.spec.environment
+        slots (`kuberl.workers.env.stuck_problem`), where its ranks have processes of their own (in-process, each
+        rollout has threads of its own and a restart would end none). No rollout is in flight here: one sent ahead
+        (`rollout.asynchronous`) has been waited for with the step's updates."""
+        env, group = self.spec.environment, self.groups["env"]
         assert self.env is not None and env is not None
         health = self.env.env_health()
-        if problem := stuck_problem(health, env.concurrency, env.timeout_seconds):  # detected: the oldest call's age
-            self.recover(WorkerFailure("env", Reason.WORKER_HUNG, problem), self._phase or "end of step",
-                         detect_s=max(h.stuck[0] for h in health if h.stuck))
+        if group.own_processes and (stuck := stuck_problem(health, env.concurrency, env.timeout_seconds)):
+            detail, oldest_s = stuck
+            self.recover(WorkerFailure("env", Reason.WORKER_HUNG, detail), self._phase, detect_s=oldest_s)
 
     def _writing(self) -> bool:
         """Whether any stateful role's checkpoint write is still in flight."""

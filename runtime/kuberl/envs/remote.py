@@ -25,8 +25,9 @@ class EnvWorkerDied(RuntimeError):
 
 class EnvEndpoints:
     """The env role's `ranks` (Ray actor handles, or in-process EnvWorkers) for actor rank `rank`: environments
-    made round robin over them, each call bounded by `timeout_s`; `concurrency` calls at once in all (each rank's
-    spec.environment.concurrency)."""
+    made round robin over them, each Ray call waited for `timeout_s` + CALL_MARGIN_S at most (an in-process call runs
+    in the rollout's thread, which the rollout stops waiting for after timeoutSeconds); `concurrency` calls at once
+    in all (each rank's spec.environment.concurrency)."""
 
     def __init__(self, ranks: Sequence[Any], rank: int, timeout_s: float, per_rank_concurrency: int):
         if not ranks:

@@ -108,6 +108,7 @@ class WorkerGroup(ABC):
     world_size: int
     generation: int = 0  # bumped by every (re)start: a call sent to an older generation died with it
     standby_capable = False  # whether spec.resilience.standby can keep a second set of these ranks warm
+    own_processes = False  # whether its ranks are processes of their own (a restart ends their threads)
 
     def submit(self, fn: Callable[..., Any], args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None,
                fault: str | None = None) -> GroupCall:
@@ -239,6 +240,7 @@ class RayWorkerGroup(WorkerGroup):
     a role that shares its GPUs (`kuberl.spec.colocation`), in its colocation set's group, asking 1/k of a GPU."""
 
     standby_capable = True  # separate processes: a second set can be kept warm (kuberl.resilience.standby)
+    own_processes = True
 
     def __init__(self, role: str, spec: JobSpec, device: str = "auto", timeout_s: float | None = None,
                  ready_timeout_s: float | None = None, worker_cls: type[Worker] | None = None,
