@@ -5,6 +5,8 @@ The environments run in the RayCluster's `env` worker group: a CPU pod of its ow
 ServiceAccount token, which the actor's pod calls directly over Ray. Its pod deleted during training, only the env
 role restarts (a new pod; every other pod keeps its UID, their restarts stay 0), and the job completes: 162 s with
 the real cluster's start, alone on the 2-core VM (2026-12-07). Its pod template is tests/operator/test_builders.py's.
+The file's name sorts after test_node_lifecycle.py, which needs the network namespace before the package's real
+cluster starts (one real node per namespace at a time).
 """
 
 from __future__ import annotations
