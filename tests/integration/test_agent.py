@@ -94,7 +94,7 @@ def test_a_two_turn_environment_is_learned_on_ray(ray_session, tmp_path, caplog)
 
 
 def test_an_env_rank_whose_hung_calls_hold_its_slots_is_restarted(ray_session, tmp_path):
-    """One env rank with 2 call slots; an environment's step hangs for good in step HANG_AT. Its trajectory fails
+    """One env rank with 2 call slots; an environment's step hangs for good in step 3. Its trajectory fails
     after timeoutSeconds; once the call has run past the actor's wait too, a step-end check finds it and restarts
     the env role alone (WorkerHung, naming the slots), which frees the thread; no other step loses a trajectory."""
     marker, hang_at, steps = tmp_path / "hung", 3, 10  # 1.6 s a step at least after the hang: found by step 8
